@@ -1,0 +1,33 @@
+"""popxl-cpu: the PopXL programming model on ordinary CPUs.
+
+Trace ops into an ``Ir`` inside ``with ir.main_graph:``, move data with host streams, and run
+the program in a ``popxl.Session``.
+"""
+__version__ = "0.1.0"
+
+from popxl import dtypes
+from popxl.context import (gcg, get_current_graph, get_ir, get_main_graph, gir, gmg, in_sequence, io_tiles, ipu,
+                           name_scope)
+from popxl.dtypes import (bool, complex64, complex128, double, dtype, float, float8_143, float8_152, float16,
+                          float32, float64, half, int8, int16, int32, int64, uint8, uint16, uint32, uint64)
+from popxl.graph import Graph
+from popxl.ir import Ir
+from popxl.module import Module
+from popxl.random_seed import create_seeds
+from popxl.replica_grouping import ReplicaGrouping
+from popxl.streams import DeviceToHostStream, HostToDeviceStream, d2h_stream, h2d_stream
+from popxl.tensor import Constant, Tensor, TensorByRef, TensorSpec, Variable, constant, graph_input, graph_output, variable
+from popxl.tensorlocation import (ExecutionContext, ReplicatedTensorSharding, TensorLocation, TensorStorage,
+                                  TileSet)
+from popxl import ops, transforms  # noqa: E402  (ops register themselves on import)
+from popxl.session import Session
+
+__all__ = [
+    "get_current_graph", "get_main_graph", "get_ir", "gcg", "gmg", "gir", "in_sequence", "name_scope", "ipu",
+    "io_tiles", "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "half",
+    "float8_143", "float8_152", "float16", "float", "float32", "double", "float64", "complex64", "complex128",
+    "Graph", "Ir", "Module", "create_seeds", "ReplicaGrouping", "HostToDeviceStream", "DeviceToHostStream",
+    "h2d_stream", "d2h_stream", "Tensor", "variable", "constant", "graph_input", "graph_output", "TensorByRef",
+    "TensorSpec", "TensorStorage", "TensorLocation", "ReplicatedTensorSharding", "TileSet", "ExecutionContext",
+    "Session",
+]

@@ -1,0 +1,95 @@
+"""The Executable: the contract between lowering and every engine.
+
+It is plain data (no Python callables, no IR objects) and round-trips through JSON, so the C++
+engine can load exactly what the reference engine runs. Layout:
+
+- ``arena_bytes``: size of one replica's device memory. Every tensor lives at a fixed place in it.
+- ``buffers``: list of ``{"offset", "shape", "strides", "dtype"}`` (bytes, bytes, dtype name);
+  a buffer is a strided view into the arena. Several buffers may view the same bytes (aliases).
+- ``constants``: ``{"buffer", "data"}``: raw C-order bytes written at load.
+- ``variables``: ``{"name", "buffer"}``: device state kept between runs, written by
+  weights_from_host and read by weights_to_host.
+- ``h2d`` / ``d2h``: streams ``{"name", "shape", "dtype"}``; indices are used by instructions.
+- ``graphs``: list of ``{"id", "program"}``; graph 0 is the main program, run once per ``run``.
+- ``num_host_transfers``, ``replication_factor``.
+
+Instructions (``program`` entries), executed in order:
+
+- ``{"kind": "op", "type", "inputs": [buf], "outputs": [buf], "attrs": {...}}``: run the kernel
+  registered for ``type`` on the input views and write its results into the output views.
+  Attrs are JSON values; a dtype is encoded as ``{"dtype": name}``.
+  Collective ops (registry flag) run across all replicas at once.
+- ``{"kind": "call", "graph", "copy_in": [[src, dst]], "copy_out": [[src, dst]]}``: copy, run, copy.
+- ``{"kind": "repeat", "graph", "count", "copy_in", "carry", "copy_out"}``: copy in once; run
+  ``count`` times, after each iteration applying ``carry`` (output -> input pairs, all read before
+  any is written); then copy out from the graph's inputs/outputs as listed. ``count == 0`` runs
+  nothing: ``copy_out`` then names the carried inputs, which hold the initial values.
+- ``{"kind": "if", "cond": buf, "then": {"graph", "copy_in", "copy_out"}, "else": {...}}``.
+- ``{"kind": "host_load", "stream", "output": buf}`` / ``{"kind": "host_store", "stream", "input": buf}``:
+  move the next slice of the stream's host buffer for this replica.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Dict, List
+
+import attrs
+
+FORMAT = "popxl-executable"
+VERSION = 1
+
+
+@attrs.define
+class Executable:
+    arena_bytes: int
+    buffers: List[Dict[str, Any]]
+    constants: List[Dict[str, Any]]
+    variables: List[Dict[str, Any]]
+    h2d: List[Dict[str, Any]]
+    d2h: List[Dict[str, Any]]
+    graphs: List[Dict[str, Any]]
+    num_host_transfers: int = 1
+    replication_factor: int = 1
+
+    def to_json(self) -> str:
+        d = attrs.asdict(self)
+        d["constants"] = [{"buffer": c["buffer"], "data": base64.b64encode(c["data"]).decode()} for c in self.constants]
+        return json.dumps({"format": FORMAT, "version": VERSION, **d})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Executable":
+        d = json.loads(text)
+        if d.pop("format", None) != FORMAT or d.pop("version", None) != VERSION:
+            raise ValueError("not a popxl executable of this version")
+        d["constants"] = [{"buffer": c["buffer"], "data": base64.b64decode(c["data"])} for c in d["constants"]]
+        d["buffers"] = [{**b, "shape": tuple(b["shape"]), "strides": tuple(b["strides"])} for b in d["buffers"]]
+        return cls(**d)
+
+
+def encode_attr(value: Any) -> Any:
+    """IR attribute -> JSON value (dtypes become ``{"dtype": name}``)."""
+    from popxl import dtypes
+    if isinstance(value, dtypes.dtype):
+        return {"dtype": value.name}
+    if isinstance(value, (list, tuple)):
+        return [encode_attr(v) for v in value]
+    if isinstance(value, dict):
+        return {k: encode_attr(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "item"):  # NumPy scalar
+        return value.item()
+    raise TypeError(f"attribute value {value!r} cannot be put in an executable")
+
+
+def decode_attr(value: Any) -> Any:
+    """JSON value -> kernel argument (the inverse of encode_attr; lists become tuples)."""
+    from popxl import dtypes
+    if isinstance(value, dict):
+        if set(value) == {"dtype"}:
+            return dtypes.dtype.from_name(value["dtype"])
+        return {k: decode_attr(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(decode_attr(v) for v in value)
+    return value

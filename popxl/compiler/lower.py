@@ -1,0 +1,243 @@
+"""Lower an Ir to an Executable.
+
+1. Schedule: ops run in creation order. That order is topological (an op can only use tensors
+   that already exist), honours every ``in_sequence`` mode, and makes in-place updates visible to
+   exactly the reads traced after them.
+2. Aliases: a view op's output (``reshape_``, ``transpose_``, ``slice_``, ...) is placed inside its
+   input's storage; an in-place op's output *is* its input's storage. Each tensor therefore has a
+   root storage and a strided view of it.
+3. Memory plan: variables and constants get permanent places; each graph gets its own region in
+   which root storages are packed first-fit by liveness (a storage is live from the op that
+   defines it to the last op that reads any view of it; graph inputs and outputs for the whole
+   graph). Regions of different graphs never overlap, so a graph may call another freely.
+4. Program tree: one instruction list per graph; see executable.py for the instruction set.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from popxl import dtypes
+from popxl.compiler.executable import Executable, encode_attr
+from popxl.graph import Graph, op_called_graphs
+from popxl.op import Op
+from popxl.tensor import Constant, Tensor, Variable
+
+ALIGN = 64
+
+Desc = Tuple[int, Tuple[int, ...], Tuple[int, ...], str]  # offset, shape, byte strides, dtype name
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _contiguous_desc(offset: int, t: Tensor) -> Desc:
+    item = dtypes.ml_dtype(t.dtype).itemsize
+    strides, acc = [], item
+    for d in reversed(t.shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return offset, tuple(t.shape), tuple(reversed(strides)), t.dtype.name
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.nelms * dtypes.ml_dtype(t.dtype).itemsize
+
+
+def _view_desc(op: Op, src: Desc) -> Desc:
+    """Apply the op's NumPy view function to a stand-in array to learn the output's place."""
+    offset, shape, strides, dt_name = src
+    np_dt = dtypes.ml_dtype(dtypes.dtype.from_name(dt_name))
+    base = np.zeros(1, dtype=np_dt)
+    fake = np.lib.stride_tricks.as_strided(base, shape=shape, strides=strides)
+    view = op.opdef.view(fake, **op.attrs)
+
+    def root(a):
+        while isinstance(a, np.ndarray) and a.base is not None:
+            a = a.base
+        return a
+
+    if root(view) is not root(fake):
+        raise ValueError(f"{op.type} {op.name!r} (at {op.location}): this view cannot be expressed without a "
+                         f"copy (input layout shape={shape} strides={strides}); use the copying op instead.")
+    delta = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return offset + delta, tuple(view.shape), tuple(view.strides), dt_name
+
+
+class _Lowering:
+    def __init__(self, ir) -> None:
+        self.ir = ir
+        self.buffers: List[Dict] = []
+        self.buffer_ids: Dict[Desc, int] = {}
+        self.desc: Dict[Tensor, Desc] = {}
+        self.h2d: Dict[object, int] = {}
+        self.d2h: Dict[object, int] = {}
+        self.arena = 0
+        self.graphs = self._reachable_graphs()
+        self.graph_index = {g: i for i, g in enumerate(self.graphs)}
+
+    def _reachable_graphs(self) -> List[Graph]:
+        order, todo = [], [self.ir.main_graph]
+        while todo:
+            g = todo.pop(0)
+            if g in order:
+                continue
+            order.append(g)
+            for op in g._ops:
+                todo.extend(op_called_graphs(op))
+        return order
+
+    def buf(self, t: Tensor) -> int:
+        d = self.desc[t]
+        if d not in self.buffer_ids:
+            self.buffer_ids[d] = len(self.buffers)
+            self.buffers.append({"offset": d[0], "shape": d[1], "strides": d[2], "dtype": d[3]})
+        return self.buffer_ids[d]
+
+    # memory ---------------------------------------------------------------------------------------
+    def place_permanent(self) -> None:
+        for g in self.graphs:
+            for t in g._tensors.values():
+                if isinstance(t, (Variable, Constant)):
+                    self.desc[t] = _contiguous_desc(self.arena, t)
+                    self.arena += _align(_nbytes(t))
+
+    def place_graph(self, g: Graph) -> None:
+        ops = g._ops
+        root: Dict[Tensor, Tensor] = {}
+        for t in g._tensors.values():
+            root[t] = t
+        for op in ops:
+            for k, out in enumerate(op.outputs):
+                if k == 0 and op.opdef.view is not None:
+                    root[out] = root[op.inputs[0]]
+                elif k == 0 and op.opdef.inplace is not None:
+                    root[out] = root[op.inputs[op.opdef.inplace]]
+        end = len(ops)
+        live: Dict[Tensor, List[int]] = {}
+        for t in g._inputs:
+            live[t] = [-1, end]
+        for pos, op in enumerate(ops):
+            for out in op.outputs:
+                r = root[out]
+                if r is out:
+                    live.setdefault(r, [pos, pos])
+            for t in op.inputs:
+                r = root[t]
+                if r in live:
+                    live[r][1] = max(live[r][1], pos)
+            for out in op.outputs:  # an in-place write is a use of the storage too
+                r = root[out]
+                if r in live:
+                    live[r][1] = max(live[r][1], pos)
+        for t in g._outputs:
+            if root[t] in live:
+                live[root[t]][1] = end
+        # first-fit packing of root storages within this graph's region
+        placed: List[Tuple[int, int, int, int]] = []  # offset, size, start, end
+        region = 0
+        for r, (start, stop) in sorted(live.items(), key=lambda kv: (kv[1][0], -_nbytes(kv[0]))):
+            size = _align(_nbytes(r))
+            offset = 0
+            for o, s, a, b in sorted((p for p in placed if not (p[3] < start or p[2] > stop))):
+                if offset + size <= o:
+                    break
+                offset = max(offset, o + s)
+            placed.append((offset, size, start, stop))
+            region = max(region, offset + size)
+            self.desc[r] = _contiguous_desc(self.arena + offset, r)
+        self.arena += region
+        for op in ops:  # views: derived from their input's place
+            if op.opdef.view is not None:
+                self.desc[op.outputs[0]] = _view_desc(op, self.desc[op.inputs[0]])
+            elif op.opdef.inplace is not None and op.outputs:
+                self.desc[op.outputs[0]] = self.desc[op.inputs[op.opdef.inplace]]
+
+    # programs -------------------------------------------------------------------------------------
+    def stream_index(self, table: Dict, stream) -> int:
+        if stream not in table:
+            table[stream] = len(table)
+        return table[stream]
+
+    def copies(self, pairs) -> List[List[int]]:
+        return [[self.buf(a), self.buf(b)] for a, b in pairs]
+
+    def program(self, g: Graph) -> List[Dict]:
+        prog = []
+        for op in g._ops:
+            a = op.attrs
+            if op.opdef.view is not None:
+                continue
+            if op.type == "host_load":
+                prog.append({"kind": "host_load", "stream": self.stream_index(self.h2d, a["stream"]),
+                             "output": self.buf(op.outputs[0])})
+            elif op.type == "host_store":
+                prog.append({"kind": "host_store", "stream": self.stream_index(self.d2h, a["stream"]),
+                             "input": self.buf(op.inputs[0])})
+            elif op.type in ("call", "repeat"):
+                sub = a["graph"]
+                gin = [sub._inputs[i] for i in a["input_index"]]
+                modified = [(sub._inputs[i], op.inputs[a["input_index"].index(i)]) for i in a["modified"]]
+                instr = {"kind": op.type, "graph": self.graph_index[sub],
+                         "copy_in": self.copies(zip(op.inputs, gin))}
+                if op.type == "call":
+                    instr["copy_out"] = self.copies(list(zip(sub._outputs, op.outputs)) + modified)
+                else:
+                    n = len(sub._outputs)
+                    instr["count"] = a["repeat_count"]
+                    instr["carry"] = self.copies(zip(sub._outputs, sub._inputs[:n]))
+                    instr["copy_out"] = self.copies(list(zip(sub._inputs[:n], op.outputs)) + modified)
+                prog.append(instr)
+            elif op.type == "if":
+                n_then = len(a["then_index"])
+                branches = {}
+                for key, sub, index, parents in (
+                        ("then", a["then_graph"], a["then_index"], op.inputs[1:1 + n_then]),
+                        ("else", a["else_graph"], a["else_index"], op.inputs[1 + n_then:])):
+                    branches[key] = {"graph": self.graph_index[sub],
+                                     "copy_in": self.copies(zip(parents, [sub._inputs[i] for i in index])),
+                                     "copy_out": self.copies(zip(sub._outputs, op.outputs))}
+                prog.append({"kind": "if", "cond": self.buf(op.inputs[0]), **branches})
+            elif op.opdef.control:
+                raise NotImplementedError(f"lowering of control op {op.type!r} is not implemented")
+            else:
+                prog.append({"kind": "op", "type": op.type, "name": op.name,
+                             "inputs": [self.buf(t) for t in op.inputs],
+                             "outputs": [self.buf(t) for t in op.outputs],
+                             "attrs": {k: encode_attr(v) for k, v in a.items()}})
+        return prog
+
+    def run(self) -> Executable:
+        self.place_permanent()
+        for g in self.graphs:
+            self.place_graph(g)
+        graphs = [{"id": g.id, "program": self.program(g)} for g in self.graphs]
+        constants, variables = [], []
+        for g in self.graphs:
+            for t in g._tensors.values():
+                if isinstance(t, Constant):
+                    data = np.ascontiguousarray(t._host_data_value).view(np.uint8).tobytes()
+                    constants.append({"name": t.id, "buffer": self.buf(t), "data": data})
+                elif isinstance(t, Variable):
+                    variables.append({"name": t.id, "buffer": self.buf(t)})
+
+        def streams(table):
+            return [{"name": s.tensor_id, "shape": list(s.shape), "dtype": s.dtype.name}
+                    for s, _ in sorted(table.items(), key=lambda kv: kv[1])]
+
+        return Executable(arena_bytes=_align(self.arena), buffers=self.buffers, constants=constants,
+                          variables=variables, h2d=streams(self.h2d), d2h=streams(self.d2h), graphs=graphs,
+                          num_host_transfers=self.ir.num_host_transfers,
+                          replication_factor=self.ir.replication_factor)
+
+
+def lower(ir) -> Executable:
+    """Compile ``ir`` into an Executable (deterministic for a given IR)."""
+    return _Lowering(ir).run()
+
+
+def stream_order(exe: Executable) -> Tuple[List[str], List[str]]:
+    """Names of the h2d and d2h streams in executable order."""
+    return [s["name"] for s in exe.h2d], [s["name"] for s in exe.d2h]

@@ -1,0 +1,190 @@
+"""Tracing context: which graph ops go into, and the placement/naming state around them.
+
+PopXL keeps one global context. Entering a graph (``with g:``) pushes it; ops created while
+a graph is current are appended to it at once (eager tracing).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Literal, Optional, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    from popxl.graph import Graph
+    from popxl.ir import Ir
+    from popxl.op import Op
+
+__all__ = [
+    "Context", "get_current_context", "get_current_graph", "get_main_graph", "get_ir", "gcg", "gmg",
+    "gir", "in_sequence", "name_scope", "ipu", "io_tiles", "op_debug_context",
+    "debug_context_frame_offset",
+]
+
+
+class Context:
+    """The tracing state: graph stack, placement, name scopes, in-sequence mode, op hooks."""
+
+    def __init__(self) -> None:
+        self._graphs: List["Graph"] = []
+        self.ipu_id: int = 0
+        self.io_tile_set: bool = False
+        self.name_scopes: List[str] = []
+        # Stack of in_sequence modes; the schedule is creation order, which honours any mode.
+        self._in_sequence: List[Union[bool, str]] = []
+        self._hooks: Dict[int, Callable[["Op"], None]] = {}
+        self._hook_ids = itertools.count(1)
+        self.debug_frame_offset: int = 0
+
+    # graphs -----------------------------------------------------------------------------------
+    @property
+    def graph(self) -> "Graph":
+        if not self._graphs:
+            raise RuntimeError(
+                "No graph is being traced. Enter one first, e.g. `with ir.main_graph:`.")
+        return self._graphs[-1]
+
+    @property
+    def main_graph(self) -> "Graph":
+        return self.graph.ir.main_graph
+
+    @property
+    def ir(self) -> "Ir":
+        return self.graph.ir
+
+    def push_graph(self, g: "Graph") -> None:
+        if self._graphs and self._graphs[-1].ir is not g.ir:
+            raise RuntimeError(
+                f"Cannot enter {g!r} of {g.ir!r} while {self._graphs[-1]!r} of "
+                f"{self._graphs[-1].ir!r} is being traced: graphs of different IRs cannot be mixed.")
+        self._graphs.append(g)
+
+    def pop_graph(self) -> "Graph":
+        return self._graphs.pop()
+
+    @property
+    def in_sequence(self) -> Optional[Union[bool, str]]:
+        return self._in_sequence[-1] if self._in_sequence else None
+
+    @property
+    def scope_prefix(self) -> str:
+        return "".join(s + "/" for s in self.name_scopes)
+
+    # hooks ------------------------------------------------------------------------------------
+    def register_op_created_hook(self, fn: Callable[["Op"], None]) -> int:
+        handle = next(self._hook_ids)
+        self._hooks[handle] = fn
+        return handle
+
+    def remove_op_created_hook(self, handle: int) -> None:
+        if handle not in self._hooks:
+            raise ValueError(f"No op-created hook with handle {handle}.")
+        del self._hooks[handle]
+
+    def _op_created(self, op: "Op") -> None:
+        for fn in list(self._hooks.values()):
+            fn(op)
+
+
+_CONTEXT = Context()
+
+
+def get_current_context() -> Context:
+    return _CONTEXT
+
+
+def get_current_graph() -> "Graph":
+    """The graph ops are currently added to (RuntimeError if none is entered)."""
+    return _CONTEXT.graph
+
+
+def get_main_graph() -> "Graph":
+    """The main graph of the IR currently being traced."""
+    return _CONTEXT.main_graph
+
+
+def get_ir() -> "Ir":
+    """The IR currently being traced."""
+    return _CONTEXT.ir
+
+
+gcg = get_current_graph
+gmg = get_main_graph
+gir = get_ir
+
+
+@contextlib.contextmanager
+def in_sequence(mode: Union[bool, Literal["pass"]] = True) -> Iterator[None]:
+    """Ops created inside run in creation order (True), in any order (False) or as outside ("pass").
+
+    Our scheduler always runs ops in creation order, which satisfies all three modes; the mode
+    is still validated and recorded so transforms can see it.
+    """
+    if mode is None or not (isinstance(mode, bool) or mode == "pass"):
+        raise TypeError(f"in_sequence mode must be True, False or 'pass', not {mode!r}.")
+    _CONTEXT._in_sequence.append(mode)
+    try:
+        yield
+    finally:
+        _CONTEXT._in_sequence.pop()
+
+
+@contextlib.contextmanager
+def name_scope(name: str) -> Iterator[None]:
+    """Prefix the names of ops and tensors created inside with ``name/`` (nests)."""
+    _CONTEXT.name_scopes.append(str(name))
+    try:
+        yield
+    finally:
+        _CONTEXT.name_scopes.pop()
+
+
+@contextlib.contextmanager
+def ipu(ipu: int) -> Iterator[None]:
+    """Place ops created inside on virtual IPU ``ipu``."""
+    if not isinstance(ipu, int) or ipu < 0:
+        raise ValueError(f"ipu must be a non-negative int, not {ipu!r}.")
+    prev, _CONTEXT.ipu_id = _CONTEXT.ipu_id, ipu
+    try:
+        yield
+    finally:
+        _CONTEXT.ipu_id = prev
+
+
+@contextlib.contextmanager
+def io_tiles() -> Iterator[None]:
+    """Place ops created inside on the IO tiles."""
+    prev, _CONTEXT.io_tile_set = _CONTEXT.io_tile_set, True
+    try:
+        yield
+    finally:
+        _CONTEXT.io_tile_set = prev
+
+
+def debug_context_frame_offset(i: int) -> Callable:
+    """Decorator: skip ``i`` more frames when attributing ops to the user's source line."""
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            _CONTEXT.debug_frame_offset += i
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _CONTEXT.debug_frame_offset -= i
+
+        return inner
+
+    return wrap
+
+
+def op_debug_context(name_or_fn=None):
+    """Decorator for op functions (bare or with a name). Source lines are found from the stack,
+    so this only marks the function; kept for API compatibility with PopXL client code."""
+    if callable(name_or_fn):
+        return name_or_fn
+
+    def wrap(fn: Callable) -> Callable:
+        return fn
+
+    return wrap

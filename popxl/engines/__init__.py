@@ -1,0 +1,27 @@
+"""Engines run an Executable. ``reference`` (NumPy) is the oracle; ``native`` (C++) is the fast one.
+
+Every engine offers the same small interface, used by the Session:
+
+- ``Engine(executable)``: load (prepare kernels and views); no device memory yet.
+- ``attach()`` / ``detach()``: allocate / release the device memory (one arena per replica);
+  constants are written on attach; variable values are lost on detach.
+- ``write_variable(index, replica, array)`` / ``read_variable(index, replica) -> array``.
+- ``run(inputs, outputs)``: run the main program once. ``inputs[i]`` / ``outputs[i]`` are the
+  host buffers of ``executable.h2d[i]`` / ``d2h[i]``, shaped ``(num_host_transfers, replicas, *shape)``.
+"""
+from __future__ import annotations
+
+import os
+
+from popxl.compiler.executable import Executable
+
+ENV_VAR = "POPXL_ENGINE"
+
+
+def create_engine(exe: Executable, name: str = None):
+    """The engine named by ``name``, else by the ``POPXL_ENGINE`` environment variable, else ``reference``."""
+    name = name or os.environ.get(ENV_VAR, "reference")
+    if name == "reference":
+        from popxl.engines.reference import ReferenceEngine
+        return ReferenceEngine(exe)
+    raise ValueError(f"Unknown engine {name!r} (from {ENV_VAR}); available: 'reference'.")

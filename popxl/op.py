@@ -1,0 +1,168 @@
+"""Ops: the op registry (one `OpDef` per op) and the IR node (`Op`) that tracing appends.
+
+Every op is declared once, with:
+- ``infer``: the shape/dtype rule ``(specs, **attrs) -> [TensorSpec, ...]``. It validates and
+  raises ``ValueError``/``TypeError`` with a plain message; `create_op` adds the op name and the
+  user's source line. It runs at trace time, so bad calls fail where they are written.
+- ``reference``: the NumPy kernel ``(*arrays, **attrs) -> array | tuple`` used by the reference
+  engine (the oracle). Collective kernels take one list of inputs per replica instead.
+- ``view``: for ops whose output is a *view* of input 0 (``reshape_``, ``transpose_``, ...):
+  a NumPy view function. Lowering uses it to place the output inside the input's storage; no
+  kernel runs.
+- ``inplace``: index of the input whose storage the output overwrites (``add_``, ``relu_``,
+  var updates): the kernel computes, the engine writes into that input.
+- ``grad``: the gradient decision, used by ``popxl.transforms.autodiff``.
+- ``control``: ops the engine runs as program structure (call, repeat, host I/O, ...), not kernels.
+
+Kernels for the native engine are registered in C++ under the same names.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import attrs
+
+from popxl.context import get_current_context
+
+if TYPE_CHECKING:  # pragma: no cover
+    from popxl.graph import Graph
+    from popxl.tensor import Tensor, TensorSpec
+
+__all__ = ["OpDef", "Op", "REGISTRY", "register", "create_op", "user_location"]
+
+
+class Grad:
+    """Gradient decisions that are not a rule (a rule is a callable, see transforms.autodiff)."""
+
+    STOP = "stop"  # no gradient op: gradient does not flow through
+    ZERO = "zero"  # differentiable with zero gradient (floor, ceil, sign)
+    RAISE = "raise"  # differentiating through it is an error
+
+
+@attrs.frozen
+class OpDef:
+    name: str
+    infer: Callable[..., List["TensorSpec"]]
+    reference: Optional[Callable[..., Any]] = None
+    view: Optional[Callable[..., Any]] = None
+    inplace: Optional[int] = None
+    grad: Any = None
+    control: bool = False
+    collective: bool = False
+    side_effect: bool = False
+    family: str = ""
+
+
+REGISTRY: Dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    if opdef.name in REGISTRY:
+        raise RuntimeError(f"op {opdef.name!r} is registered twice")
+    REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_SKIP_DIRS = (_PKG_DIR, os.path.dirname(os.path.abspath(__file__ + "/../popart/x")))
+
+
+def user_location() -> str:
+    """``file:line`` of the innermost frame outside popxl/popart: the user's line that made the op."""
+    f = sys._getframe(1)
+    skip = get_current_context().debug_frame_offset
+    while f is not None:
+        fn = os.path.abspath(f.f_code.co_filename)
+        if not fn.startswith(_SKIP_DIRS) and "contextlib" not in fn and "functools" not in fn:
+            if skip <= 0:
+                return f"{f.f_code.co_filename}:{f.f_lineno}"
+            skip -= 1
+        f = f.f_back
+    return "<unknown>"
+
+
+class Op:
+    """One op in a graph: its definition, input and output tensors, attributes and placement."""
+
+    def __init__(self, opdef: OpDef, graph: "Graph", inputs: Tuple["Tensor", ...],
+                 attrs_: Dict[str, Any], name: str, location: str) -> None:
+        ctx = get_current_context()
+        self.opdef = opdef
+        self.graph = graph
+        self.inputs: Tuple["Tensor", ...] = inputs
+        self.outputs: Tuple["Tensor", ...] = ()
+        self.attrs = attrs_
+        self.name = name
+        self.location = location
+        self.ipu: int = ctx.ipu_id
+        self.tile_set: str = "io" if ctx.io_tile_set else "compute"
+        self.in_sequence = ctx.in_sequence
+
+    @property
+    def type(self) -> str:
+        return self.opdef.name
+
+    def __repr__(self) -> str:
+        ins = ", ".join(t.id for t in self.inputs)
+        outs = ", ".join(t.id for t in self.outputs)
+        return f"Op[{self.type} {self.name!r} ({ins}) -> ({outs})]"
+
+
+def _describe(specs: Sequence["TensorSpec"]) -> str:
+    return ", ".join(f"{tuple(s.shape)} {s.dtype.name}" for s in specs)
+
+
+def check_tensor(graph: "Graph", t: Any, what: str, opname: str) -> "Tensor":
+    """Check ``t`` is a Tensor of ``graph``; the error explains how subgraphs receive values."""
+    from popxl.tensor import Tensor
+
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{opname}: {what} must be a popxl.Tensor, not {type(t).__name__} ({t!r}).")
+    if t.graph is not graph:
+        if t.ir is not graph.ir:
+            raise ValueError(f"{opname}: tensor {t.id!r} belongs to a different Ir ({t.ir!r}).")
+        raise ValueError(
+            f"{opname}: tensor {t.id!r} belongs to graph {t.graph.id!r}, but this op is being added "
+            f"to graph {graph.id!r}. A subgraph sees values of its parent only through its inputs: "
+            f"pass the tensor as an argument of the traced function (ir.create_graph(fn, {t.name}, ...)), "
+            f"or create `popxl.graph_input(...)` inside the function and bind it at the call site with "
+            f"`ops.call(graph, ..., inputs_dict={{that_input: {t.name}}})`.")
+    return t
+
+
+def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str, Any]] = None,
+              name: Optional[str] = None, output_names: Optional[Sequence[Optional[str]]] = None,
+              graph: Optional["Graph"] = None, return_op: bool = False) -> Any:
+    """Trace one op into the current graph: check inputs, infer outputs, append.
+    Returns the output tensors (or the Op itself with ``return_op``)."""
+    from popxl.tensor import Tensor
+
+    opdef = REGISTRY[opname]
+    g = graph if graph is not None else get_current_context().graph
+    g.ir._check_mutable()
+    location = user_location()
+    attrs_ = dict(attrs_ or {})
+    try:
+        ins = tuple(check_tensor(g, t, f"input {i}", opname) for i, t in enumerate(inputs))
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{e} (at {location})") from None
+    try:
+        specs = opdef.infer([t.spec for t in ins], **attrs_)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise type(e)(
+            f"ops.{opname}: {e} [inputs: {_describe([t.spec for t in ins]) or 'none'}] (at {location})"
+        ) from None
+    scope = get_current_context().scope_prefix
+    op = Op(opdef, g, ins, attrs_, scope + (name or opname), location)
+    names = list(output_names or [])
+    outs = []
+    for i, spec in enumerate(specs):
+        nm = names[i] if i < len(names) and names[i] else (name or opname)
+        outs.append(Tensor._create(g, nm, spec, producer=op))
+    op.outputs = tuple(outs)
+    g._ops.append(op)
+    get_current_context()._op_created(op)
+    g._op_created(op)
+    return op if return_op else op.outputs

@@ -1,0 +1,316 @@
+"""Control flow: ``call``, ``repeat`` and ``conditional`` of subgraphs, and their site infos.
+
+A called graph sees parent values only through its inputs. Inputs pass by value; by-reference
+inputs (``TensorByRef`` / ``graph_input(by_ref=True)``) write their in-place changes back to
+the parent tensor after the call.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable as _Iterable
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from popxl.graph import Graph
+from popxl.op import Op, OpDef, create_op, register, user_location
+from popxl.ops.utils import spec
+from popxl.tensor import Tensor, TensorLike, constant
+
+__all__ = ["call", "call_with_info", "repeat", "repeat_with_info", "conditional", "conditional_with_info",
+           "CallSiteInfo", "ConditionalSiteInfo"]
+
+
+def _check_bound(specs: Sequence, graph: Graph, index: Sequence[int]) -> None:
+    for s, i in zip(specs, index):
+        g_in = graph._inputs[i]
+        if s.shape != g_in.shape or s.dtype is not g_in.dtype:
+            raise ValueError(f"graph {graph.id!r} input {i} ({g_in.name!r}) expects {g_in.shape} "
+                             f"{g_in.dtype.name}, got {s.shape} {s.dtype.name}")
+
+
+def _call_infer(specs, graph, input_index, modified):
+    _check_bound(specs, graph, input_index)
+    return [spec(t.shape, t.dtype, t.meta_shape) for t in graph._outputs]
+
+
+def _repeat_infer(specs, graph, input_index, modified, repeat_count):
+    _check_bound(specs, graph, input_index)
+    if repeat_count < 0:
+        raise ValueError(f"repeat_count must be >= 0, got {repeat_count}")
+    n_out, n_in = len(graph._outputs), len(graph._inputs)
+    if n_in < n_out:
+        raise ValueError(f"graph {graph.id!r} has {n_out} outputs but only {n_in} inputs; each output i "
+                         f"feeds input i of the next iteration, so inputs must be at least as many")
+    for i, out in enumerate(graph._outputs):
+        g_in = graph._inputs[i]
+        if out.shape != g_in.shape or out.dtype is not g_in.dtype:
+            raise ValueError(f"loop-carried output {i} ({out.name!r}: {out.shape} {out.dtype.name}) does not "
+                             f"match input {i} ({g_in.name!r}: {g_in.shape} {g_in.dtype.name})")
+        if i not in input_index:
+            raise ValueError(f"loop-carried input {i} ({g_in.name!r}) of {graph.id!r} needs an initial value")
+    return [spec(t.shape, t.dtype, t.meta_shape) for t in graph._outputs]
+
+
+def _if_infer(specs, then_graph, else_graph, then_index, else_index):
+    cond = specs[0]
+    if cond.shape not in ((), (1,)) or not (cond.dtype.name == "bool" or cond.dtype.is_int):
+        raise ValueError(f"condition must be a scalar bool, got {cond.shape} {cond.dtype.name}")
+    n_then = len(then_index)
+    _check_bound(specs[1:1 + n_then], then_graph, then_index)
+    _check_bound(specs[1 + n_then:], else_graph, else_index)
+    a, b = then_graph._outputs, else_graph._outputs
+    if len(a) != len(b):
+        raise ValueError(f"branches have different numbers of outputs: {then_graph.id!r} has {len(a)}, "
+                         f"{else_graph.id!r} has {len(b)}")
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape or x.dtype is not y.dtype:
+            raise ValueError(f"branch output {i} differs: {x.shape} {x.dtype.name} vs {y.shape} {y.dtype.name}")
+    return [spec(x.shape, x.dtype) for x in a]
+
+
+register(OpDef("call", _call_infer, control=True, family="control"))
+register(OpDef("repeat", _repeat_infer, control=True, family="control"))
+register(OpDef("if", _if_infer, control=True, family="control"))
+
+
+def _bind(graph: Graph, inputs: Sequence[Any], inputs_dict: Optional[Mapping[Tensor, TensorLike]],
+          check_inputs: bool, where: str) -> Dict[int, Tensor]:
+    """Bind positional and dict inputs to graph input indices, making constants for host values."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"{where}: expected a popxl.Graph, not {type(graph).__name__}.")
+    flat: List[Any] = []
+    for v in inputs:  # non-str iterables are flattened one level, as in PopXL
+        if isinstance(v, _Iterable) and not isinstance(v, (str, Tensor, np.ndarray)):
+            flat.extend(v)
+        else:
+            flat.append(v)
+    g_inputs = graph._inputs
+    if len(flat) > len(g_inputs):
+        raise ValueError(f"{where}: {len(flat)} positional inputs given but graph {graph.id!r} has only "
+                         f"{len(g_inputs)} inputs ({[t.name for t in g_inputs]}).")
+    bound: Dict[int, Any] = dict(enumerate(flat))
+    for k, v in (inputs_dict or {}).items():
+        if not isinstance(k, Tensor) or k.graph is not graph or k not in g_inputs:
+            name = k.id if isinstance(k, Tensor) else repr(k)
+            raise ValueError(f"{where}: inputs_dict key {name} is not an input of graph {graph.id!r} "
+                             f"(its inputs: {[t.name for t in g_inputs]}).")
+        i = g_inputs.index(k)
+        if i in bound:
+            raise ValueError(f"{where}: graph input {k.name!r} of {graph.id!r} is given twice.")
+        bound[i] = v
+    if check_inputs:
+        missing = [t.name for i, t in enumerate(g_inputs) if i not in bound]
+        if missing:
+            raise ValueError(f"{where}: graph {graph.id!r} inputs {missing} are not connected; pass them "
+                             f"positionally or through inputs_dict.")
+    for i, v in bound.items():
+        if not isinstance(v, Tensor):
+            try:
+                bound[i] = constant(v, g_inputs[i].dtype, name=g_inputs[i].name)
+            except Exception as e:
+                raise TypeError(f"{where}: cannot convert {v!r} for graph input {g_inputs[i].name!r}: {e}") from None
+    return dict(sorted(bound.items()))
+
+
+class CallSiteInfo:
+    """How one call/repeat site connects its parent tensors to the called graph."""
+
+    def __init__(self, op: Op) -> None:
+        self._op = op
+
+    @property
+    def called_graph(self) -> Graph:
+        return self._op.attrs["graph"]
+
+    @property
+    def _index(self) -> Tuple[int, ...]:
+        return self._op.attrs["input_index"]
+
+    @property
+    def inputs(self) -> Tuple[Tensor, ...]:
+        return self._op.inputs
+
+    @property
+    def outputs(self) -> Tuple[Tensor, ...]:
+        return self._op.outputs
+
+    def parent_input(self, idx: int) -> Tensor:
+        """The parent tensor bound to graph input ``idx``."""
+        return self._op.inputs[self.graph_to_parent_input_index(idx)]
+
+    def parent_output(self, idx: int) -> Tensor:
+        return self._op.outputs[idx]
+
+    def graph_to_parent_input_index(self, idx: int) -> int:
+        try:
+            return self._index.index(idx)
+        except ValueError:
+            raise ValueError(f"graph input {idx} of {self.called_graph.id!r} is not connected at this site") from None
+
+    def parent_to_graph_input_index(self, idx: int) -> int:
+        return self._index[idx]
+
+    def graph_to_parent_output_index(self, idx: int) -> int:
+        return idx
+
+    def parent_to_graph_output_index(self, idx: int) -> int:
+        return idx
+
+    def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
+        g = self.called_graph
+        if graph_tensor in g._inputs:
+            return self.parent_input(g._inputs.index(graph_tensor))
+        if graph_tensor in g._outputs:
+            return self._op.outputs[g._outputs.index(graph_tensor)]
+        raise ValueError(f"{graph_tensor!r} is neither an input nor an output of {g.id!r}.")
+
+    def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
+        for pos, t in enumerate(self._op.inputs):
+            if t is parent_tensor:
+                return self.called_graph._inputs[self._index[pos]]
+        raise ValueError(f"{parent_tensor!r} is not an input of this call site.")
+
+    def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False) -> None:
+        """Treat ``parent_tensor``'s graph input as modified in place: changes are copied back."""
+        gi = self.called_graph._inputs.index(self.parent_to_graph(parent_tensor))
+        self._op.attrs["modified"] = tuple(sorted(set(self._op.attrs["modified"]) | {gi}))
+
+    def __repr__(self) -> str:
+        return f"CallSiteInfo[{self._op.type} of {self.called_graph.id!r}]"
+
+
+def _site(optype: str, graph: Graph, inputs: Sequence[Any], inputs_dict, check_inputs: bool,
+          extra: Optional[Dict[str, Any]] = None) -> CallSiteInfo:
+    bound = _bind(graph, inputs, inputs_dict, check_inputs, f"ops.{optype} (at {user_location()})")
+    modified = tuple(i for i in bound if graph._inputs[i] in graph._by_ref_inputs)
+    attrs = {"graph": graph, "input_index": tuple(bound), "modified": modified, **(extra or {})}
+    op = create_op(optype, list(bound.values()), attrs, name=graph.id,
+                   output_names=[t.name for t in graph._outputs], return_op=True)
+    return CallSiteInfo(op)
+
+
+def call_with_info(graph: Graph, *inputs: Union[TensorLike, Iterable[TensorLike]],
+                   inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
+                   check_inputs: bool = True) -> CallSiteInfo:
+    """Call ``graph`` and return the call site's info."""
+    return _site("call", graph, inputs, inputs_dict, check_inputs)
+
+
+def call(graph: Graph, *inputs: Union[TensorLike, Iterable[TensorLike]],
+         inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None) -> Tuple[Tensor, ...]:
+    """Call ``graph``: positionals bind to its inputs in order, ``inputs_dict`` maps graph inputs to
+    parent values. Returns the parent tensors of all its outputs (always a tuple)."""
+    return call_with_info(graph, *inputs, inputs_dict=inputs_dict).outputs
+
+
+def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Union[TensorLike, Iterable[TensorLike]],
+                     inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
+                     check_inputs: bool = True) -> CallSiteInfo:
+    """Repeat ``graph`` and return the site's info."""
+    if not isinstance(repeat_count, (int, np.integer)) or repeat_count < 0:
+        raise ValueError(f"ops.repeat: repeat_count must be an int >= 0, got {repeat_count!r}.")
+    return _site("repeat", graph, inputs, inputs_dict, check_inputs, {"repeat_count": int(repeat_count)})
+
+
+def repeat(graph: Graph, repeat_count: int, *inputs: Union[TensorLike, Iterable[TensorLike]],
+           inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None) -> Tuple[Tensor, ...]:
+    """Run ``graph`` ``repeat_count`` times. With N outputs, output i of one iteration is input i
+    of the next; other inputs stay as bound (by-reference inputs keep their in-place changes).
+    Returns the outputs of the last iteration."""
+    return repeat_with_info(graph, repeat_count, *inputs, inputs_dict=inputs_dict).outputs
+
+
+class ConditionalSiteInfo:
+    """How a conditional site connects parent tensors to its two branches."""
+
+    def __init__(self, op: Op) -> None:
+        self._op = op
+
+    @property
+    def called_graph(self) -> Tuple[Graph, Graph]:
+        return self._op.attrs["then_graph"], self._op.attrs["else_graph"]
+
+    @property
+    def inputs(self) -> Tuple[Tensor, ...]:
+        return self._op.inputs
+
+    @property
+    def outputs(self) -> Tuple[Tensor, ...]:
+        return self._op.outputs
+
+    def _branch(self, then_branch: bool) -> Tuple[Graph, Tuple[int, ...], int]:
+        a = self._op.attrs
+        n_then = len(a["then_index"])
+        return (a["then_graph"], a["then_index"], 1) if then_branch else (a["else_graph"], a["else_index"], 1 + n_then)
+
+    def parent_input(self, idx: int, then_branch: bool = True) -> Tensor:
+        return self._op.inputs[self.graph_to_parent_input_index(idx, then_branch)]
+
+    def parent_output(self, idx: int) -> Tensor:
+        return self._op.outputs[idx]
+
+    def graph_to_parent_input_index(self, idx: int, then_branch: bool = True) -> int:
+        g, index, base = self._branch(then_branch)
+        if idx not in index:
+            raise ValueError(f"input {idx} of {g.id!r} is not connected at this site")
+        return base + index.index(idx)
+
+    def parent_to_graph_input_index(self, idx: int, then_branch: bool = True) -> int:
+        g, index, base = self._branch(then_branch)
+        return index[idx - base]
+
+    def graph_to_parent_output_index(self, idx: int, then_branch: bool = True) -> int:
+        return idx
+
+    def parent_to_graph_output_index(self, idx: int, then_branch: bool = True) -> int:
+        return idx
+
+    def graph_to_parent(self, graph_tensor: Tensor, then_branch: bool = True) -> Tensor:
+        g, _, _ = self._branch(then_branch)
+        if graph_tensor in g._inputs:
+            return self.parent_input(g._inputs.index(graph_tensor), then_branch)
+        if graph_tensor in g._outputs:
+            return self._op.outputs[g._outputs.index(graph_tensor)]
+        raise ValueError(f"{graph_tensor!r} is neither an input nor an output of {g.id!r}.")
+
+    def parent_to_graph(self, parent_tensor: Tensor, then_branch: bool = True) -> Tensor:
+        g, index, base = self._branch(then_branch)
+        for pos, i in enumerate(index):
+            if self._op.inputs[base + pos] is parent_tensor:
+                return g._inputs[i]
+        raise ValueError(f"{parent_tensor!r} is not an input of this branch.")
+
+    def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False) -> None:
+        raise NotImplementedError("conditional: modified (by-reference) inputs are not supported, as in PopXL.")
+
+
+def conditional_with_info(cond: Tensor, then_branch: Graph, else_branch: Graph,
+                          then_inputs: Optional[Iterable[TensorLike]] = None,
+                          else_inputs: Optional[Iterable[TensorLike]] = None,
+                          then_inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
+                          else_inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
+                          check_inputs: bool = True) -> ConditionalSiteInfo:
+    """Run ``then_branch`` if ``cond`` else ``else_branch``; return the site's info."""
+    where = f"ops.conditional (at {user_location()})"
+    for g in (then_branch, else_branch):
+        if isinstance(g, Graph) and g._by_ref_inputs:
+            raise NotImplementedError(f"{where}: branch {g.id!r} has by-reference inputs; conditional "
+                                      f"branches take inputs by value only (as in PopXL).")
+    t_bound = _bind(then_branch, list(then_inputs or []), then_inputs_dict, check_inputs, where + " then_branch")
+    e_bound = _bind(else_branch, list(else_inputs or []), else_inputs_dict, check_inputs, where + " else_branch")
+    attrs = {"then_graph": then_branch, "else_graph": else_branch, "then_index": tuple(t_bound),
+             "else_index": tuple(e_bound)}
+    names = [f"{a.name}_or_{b.name}" for a, b in zip(then_branch._outputs, else_branch._outputs)]
+    op = create_op("if", [cond, *t_bound.values(), *e_bound.values()], attrs, name="conditional",
+                   output_names=names, return_op=True)
+    return ConditionalSiteInfo(op)
+
+
+def conditional(cond: Tensor, then_branch: Graph, else_branch: Graph,
+                then_inputs: Optional[Iterable[TensorLike]] = None,
+                else_inputs: Optional[Iterable[TensorLike]] = None,
+                then_inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
+                else_inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None) -> Tuple[Tensor, ...]:
+    """Run one of two graphs with matching outputs depending on the scalar ``cond``."""
+    return conditional_with_info(cond, then_branch, else_branch, then_inputs, else_inputs,
+                                 then_inputs_dict, else_inputs_dict).outputs

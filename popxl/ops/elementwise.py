@@ -1,0 +1,366 @@
+"""Elementwise ops: unary math, binary arithmetic with NumPy broadcasting, comparisons, logic,
+casts and identities. Each op is declared once; in-place variants (``name_``) share the rule
+and kernel of their op and write into their first input."""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Optional, Sequence, Union
+
+import numpy as np
+
+from popxl import dtypes
+from popxl.op import Grad, OpDef, create_op, register
+from popxl.ops.utils import as_tensor, broadcast_shapes, same_dtype, spec
+from popxl.tensor import Tensor, TensorSpec
+
+_FLOAT, _SIGNED, _NUMERIC, _ANY = "float", "signed", "numeric", "any"
+
+
+def _check_kind(s: TensorSpec, kind: str) -> None:
+    dt = s.dtype
+    ok = {
+        _FLOAT: dt.is_floating_point,
+        _SIGNED: dt.is_floating_point or (dt.is_int and dt.is_signed),
+        _NUMERIC: dt.is_floating_point or dt.is_int,
+        _ANY: True,
+    }[kind]
+    if not ok:
+        need = {_FLOAT: "a floating point", _SIGNED: "a signed numeric", _NUMERIC: "a numeric"}[kind]
+        raise TypeError(f"needs {need} dtype, got {dt.name}")
+
+
+def _unary_infer(kind: str, out_dtype: Optional[dtypes.dtype] = None) -> Callable:
+    def infer(specs):
+        _check_kind(specs[0], kind)
+        return [spec(specs[0].shape, out_dtype or specs[0].dtype)]
+    return infer
+
+
+def _in_float(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """Compute in at least float32 (float16/float8 inputs), return in the input dtype."""
+    def k(x):
+        wide = x.astype(np.promote_types(x.dtype, np.float32)) if x.dtype.itemsize < 4 else x
+        return np.asarray(fn(wide)).astype(x.dtype, copy=False)
+    return k
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _gelu_erf(x):
+    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)).astype(x.dtype))
+
+
+def _sign(x):
+    return np.nan_to_num(np.sign(x), nan=0.0) if x.dtype.kind == "f" else np.sign(x)
+
+
+def _make_fn(opname: str, doc: str) -> Callable[[Tensor], Tensor]:
+    def fn(t: Tensor) -> Tensor:
+        return create_op(opname, [t])[0]
+    fn.__name__ = fn.__qualname__ = opname
+    fn.__doc__ = doc
+    return fn
+
+
+# name: (kernel, dtype kind, output dtype, has in-place variant, grad decision, doc)
+_UNARY: Dict[str, tuple] = {
+    "abs": (np.abs, _SIGNED, None, False, None, "Elementwise |t|."),
+    "cos": (_in_float(np.cos), _FLOAT, None, False, None, "Elementwise cosine."),
+    "sin": (_in_float(np.sin), _FLOAT, None, False, None, "Elementwise sine."),
+    "tanh": (_in_float(np.tanh), _FLOAT, None, False, None, "Elementwise hyperbolic tangent."),
+    "exp": (_in_float(np.exp), _FLOAT, None, True, None, "Elementwise e**t."),
+    "log": (_in_float(np.log), _FLOAT, None, False, None, "Elementwise natural logarithm."),
+    "log2": (_in_float(np.log2), _FLOAT, None, False, None, "Elementwise base-2 logarithm."),
+    "sqrt": (_in_float(np.sqrt), _FLOAT, None, False, None, "Elementwise square root (NaN below 0)."),
+    "negate": (np.negative, _SIGNED, None, False, None, "Elementwise -t."),
+    "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), _SIGNED, None, True, None, "max(t, 0)."),
+    "gelu": (_in_float(_gelu_tanh), _FLOAT, None, True, None, "GELU, tanh approximation."),
+    "geluerf": (_in_float(_gelu_erf), _FLOAT, None, True, None, "GELU, exact erf form."),
+    "swish": (_in_float(lambda x: x / (1.0 + np.exp(-x))), _FLOAT, None, True, None, "t * sigmoid(t)."),
+    "sigmoid": (_in_float(lambda x: 1.0 / (1.0 + np.exp(-x))), _FLOAT, None, False, None, "1/(1+e**-t)."),
+    "floor": (np.floor, _FLOAT, None, False, Grad.ZERO, "Round down (NaN stays NaN)."),
+    "ceil": (np.ceil, _FLOAT, None, False, Grad.ZERO, "Round up (NaN stays NaN)."),
+    "sign": (_sign, _SIGNED, None, False, Grad.ZERO, "-1, 0 or 1 (NaN gives 0)."),
+    "isnan": (np.isnan, _ANY, dtypes.bool, False, Grad.STOP, "True where t is NaN."),
+    "isinf": (np.isinf, _ANY, dtypes.bool, False, Grad.STOP, "True where t is +-inf."),
+    "isfinite": (np.isfinite, _ANY, dtypes.bool, False, Grad.RAISE, "True where t is neither NaN nor inf."),
+    "logical_not": (lambda x: np.logical_not(x.astype(bool)), _ANY, dtypes.bool, False, Grad.RAISE,
+                    "Logical not (input read as bool)."),
+}
+
+_public: Dict[str, Callable] = {}
+for _name, (_kernel, _kind, _out, _has_inplace, _grad, _doc) in _UNARY.items():
+    register(OpDef(_name, _unary_infer(_kind, _out), _kernel, grad=_grad, family="elementwise"))
+    _public[_name] = _make_fn(_name, _doc)
+    if _has_inplace:
+        register(OpDef(_name + "_", _unary_infer(_kind, _out), _kernel, inplace=0, grad=Grad.STOP,
+                       family="elementwise"))
+        _public[_name + "_"] = _make_fn(_name + "_", _doc + " In place: modifies and aliases t.")
+
+globals().update(_public)  # the unary functions: abs, cos, ..., relu_, gelu_, ...
+
+
+# binary ---------------------------------------------------------------------------------------------
+def _div(a, b):
+    if a.dtype.kind in "iu":
+        with np.errstate(divide="ignore"):
+            return np.floor_divide(a, b)
+    return np.divide(a, b)
+
+
+def _fmod(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.fmod(a, b)
+
+
+def _pow(a, b):
+    if a.dtype.kind in "iu":
+        return np.power(a, np.maximum(b, 0)).astype(a.dtype)
+    return _in_float(lambda x: np.power(x, b.astype(x.dtype)))(a)
+
+
+def _arith_infer(kind: str = _NUMERIC) -> Callable:
+    def infer(specs):
+        dt = same_dtype(specs)
+        _check_kind(specs[0], kind)
+        return [spec(broadcast_shapes(*(s.shape for s in specs)), dt)]
+    return infer
+
+
+def _inplace_infer(base: Callable) -> Callable:
+    def infer(specs):
+        (out,) = base(specs)
+        if out.shape != specs[0].shape:
+            raise ValueError(f"the in-place result would have shape {out.shape}, but the tensor modified "
+                             f"in place has shape {specs[0].shape}; broadcasting may only grow the other operand")
+        return [out]
+    return infer
+
+
+def _compare_infer(specs):
+    return [spec(broadcast_shapes(*(s.shape for s in specs)), dtypes.bool)]
+
+
+def _as_bool(f):
+    return lambda a, b: f(a.astype(bool), b.astype(bool))
+
+
+_BINARY = {
+    # name: (kernel, infer, grad)
+    "add": (np.add, _arith_infer(), None),
+    "sub": (np.subtract, _arith_infer(), None),
+    "mul": (np.multiply, _arith_infer(), None),
+    "div": (_div, _arith_infer(), None),
+    "fmod": (_fmod, _arith_infer(), None),
+    "pow": (_pow, _arith_infer(), None),
+    "equal": (np.equal, _compare_infer, Grad.RAISE),
+    "greater": (np.greater, _compare_infer, Grad.RAISE),
+    "logical_and": (_as_bool(np.logical_and), _compare_infer, Grad.RAISE),
+    "logical_or": (_as_bool(np.logical_or), _compare_infer, Grad.RAISE),
+}
+for _name, (_kernel, _infer, _grad) in _BINARY.items():
+    register(OpDef(_name, _infer, _kernel, grad=_grad, family="elementwise"))
+register(OpDef("add_", _inplace_infer(_arith_infer()), np.add, inplace=0, grad=Grad.STOP, family="elementwise"))
+
+
+def _binary(opname: str, lhs: Tensor, rhs: Tensor) -> Tensor:
+    return create_op(opname, [lhs, rhs])[0]
+
+
+def add(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs + rhs with NumPy broadcasting (same dtypes)."""
+    return _binary("add", lhs, rhs)
+
+
+def add_(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs += rhs in place; rhs broadcasts to lhs. Returns an alias of lhs."""
+    return _binary("add_", lhs, rhs)
+
+
+def sub(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs - rhs with broadcasting."""
+    return _binary("sub", lhs, rhs)
+
+
+def mul(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs * rhs with broadcasting."""
+    return _binary("mul", lhs, rhs)
+
+
+def div(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs / rhs with broadcasting; integer operands floor-divide (as PopXL documents)."""
+    return _binary("div", lhs, rhs)
+
+
+def fmod(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """C fmod: the remainder has the sign of lhs."""
+    return _binary("fmod", lhs, rhs)
+
+
+def pow(t: Tensor, e: Union[float, int, "Tensor"]) -> Tensor:
+    """t ** e with broadcasting. A Python number ``e`` becomes a constant of t's dtype
+    (PopXL would infer int32/float32 and then reject a mismatch; we convert instead)."""
+    return _binary("pow", t, as_tensor(e, like=t))
+
+
+def equal(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs == rhs elementwise -> bool."""
+    return _binary("equal", lhs, rhs)
+
+
+def greater(input: Tensor, other: Tensor) -> Tensor:
+    """input > other elementwise -> bool."""
+    return _binary("greater", input, other)
+
+
+def logical_and(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """Logical and (inputs read as bool)."""
+    return _binary("logical_and", lhs, rhs)
+
+
+def logical_or(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """Logical or (inputs read as bool)."""
+    return _binary("logical_or", lhs, rhs)
+
+
+def _maximum_infer(specs):
+    if not specs:
+        raise ValueError("needs at least one tensor")
+    return [spec(broadcast_shapes(*(s.shape for s in specs)), same_dtype(specs))]
+
+
+register(OpDef("maximum", _maximum_infer, lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs)) if len(xs) > 1
+               else xs[0].copy(), family="elementwise"))
+
+
+def maximum(*ts: Tensor) -> Tensor:
+    """Elementwise maximum of any number of tensors (broadcast)."""
+    return create_op("maximum", list(ts))[0]
+
+
+def _where_infer(specs):
+    c, a, b = specs
+    dt = same_dtype([a, b])
+    return [spec(broadcast_shapes(c.shape, a.shape, b.shape), dt)]
+
+
+register(OpDef("where", _where_infer, lambda c, a, b: np.where(c.astype(bool), a, b), family="elementwise"))
+
+
+def where(condition: Tensor, lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs where condition (read as bool) else rhs, broadcasting all three."""
+    lhs = as_tensor(lhs, like=rhs if isinstance(rhs, Tensor) else None)
+    rhs = as_tensor(rhs, like=lhs)
+    return create_op("where", [condition, lhs, rhs])[0]
+
+
+# casts, identities, clipping ----------------------------------------------------------------------
+def _cast_infer(specs, data_type):
+    if not isinstance(data_type, dtypes.dtype):
+        raise TypeError(f"data_type must be a popxl dtype, not {data_type!r}")
+    if data_type in (dtypes.float8_143, dtypes.float8_152):
+        raise TypeError("cannot cast to float8 with ops.cast: use ops.pow2scale_cast_to_fp8")
+    return [spec(specs[0].shape, data_type)]
+
+
+register(OpDef("cast", _cast_infer, lambda x, data_type: x.astype(dtypes.ml_dtype(data_type)),
+               family="elementwise"))
+
+
+def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:
+    """t converted to ``data_type`` (float -> int truncates toward zero)."""
+    return create_op("cast", [t], {"data_type": data_type})[0]
+
+
+def _same_infer(specs, **_):
+    return [spec(specs[0].shape, specs[0].dtype, specs[0].meta_shape)]
+
+
+register(OpDef("identity", _same_infer, lambda x: x.copy(), family="elementwise"))
+register(OpDef("detach", _same_infer, lambda x: x.copy(), grad=Grad.STOP, family="elementwise"))
+register(OpDef("detach_", _same_infer, lambda x: x, view=lambda x: x, grad=Grad.STOP, family="elementwise"))
+
+
+def identity(t: Tensor, output_name: Optional[str] = None) -> Tensor:
+    """A copy of t, optionally named ``output_name`` (default ``identity_<name>``)."""
+    return create_op("identity", [t], name="identity", output_names=[output_name or f"identity_{t.name}"])[0]
+
+
+rename = identity
+
+
+def detach(t: Tensor) -> Tensor:
+    """A copy of t through which no gradient flows."""
+    return create_op("detach", [t])[0]
+
+
+def detach_(t: Tensor) -> Tensor:
+    """An alias of t through which no gradient flows."""
+    return create_op("detach_", [t])[0]
+
+
+def _clip_kernel(x, min, max):
+    return np.clip(x, np.asarray(min).astype(x.dtype) if np.isfinite(min) or x.dtype.kind == "f" else None,
+                   np.asarray(max).astype(x.dtype) if np.isfinite(max) or x.dtype.kind == "f" else None)
+
+
+def _clip_infer(specs, min, max):
+    _check_kind(specs[0], _NUMERIC)
+    if min > max:
+        raise ValueError(f"min ({min}) is greater than max ({max})")
+    return [spec(specs[0].shape, specs[0].dtype)]
+
+
+register(OpDef("clip", _clip_infer, _clip_kernel, family="elementwise"))
+
+
+def clip(t: Tensor, min: float = float("-inf"), max: float = float("inf")) -> Tensor:
+    """t limited to [min, max]."""
+    return create_op("clip", [t], {"min": float(min), "max": float(max)})[0]
+
+
+clamp = clip
+
+
+def _scaled_add_kernel(x, y, *scales, a, b):
+    it = iter(scales)
+    sa = next(it) if a is None else a
+    sb = next(it) if b is None else b
+    wide = np.promote_types(x.dtype, np.float32) if x.dtype.kind == "f" else x.dtype
+    return (np.asarray(sa, wide) * x.astype(wide) + np.asarray(sb, wide) * y.astype(wide)).astype(x.dtype)
+
+
+def _scaled_add_infer(specs, a, b):
+    x, y = specs[:2]
+    if x.shape != y.shape:
+        raise ValueError(f"X and Y must have the same shape (no broadcasting), got {x.shape} and {y.shape}")
+    for s in specs[2:]:
+        if s.shape not in ((), (1,)):
+            raise ValueError(f"scale tensors must be scalars, got shape {s.shape}")
+    return [spec(x.shape, x.dtype)]
+
+
+register(OpDef("scaled_add", _scaled_add_infer, _scaled_add_kernel, grad=Grad.STOP, family="elementwise"))
+register(OpDef("scaled_add_", _scaled_add_infer, _scaled_add_kernel, inplace=0, grad=Grad.STOP,
+               family="elementwise"))
+
+
+def _scaled_add(opname: str, X: Tensor, Y: Tensor, a, b) -> Tensor:
+    ins = [X, Y] + [s for s in (a, b) if isinstance(s, Tensor)]
+    attrs = {"a": None if isinstance(a, Tensor) else float(a), "b": None if isinstance(b, Tensor) else float(b)}
+    return create_op(opname, ins, attrs)[0]
+
+
+def scaled_add(X: Tensor, Y: Tensor, a: Union[float, Tensor] = 1.0, b: Union[float, Tensor] = 1.0) -> Tensor:
+    """a*X + b*Y (same shapes; output dtype is X's)."""
+    return _scaled_add("scaled_add", X, Y, a, b)
+
+
+def scaled_add_(X: Tensor, Y: Tensor, a: Union[float, Tensor] = 1.0, b: Union[float, Tensor] = 1.0) -> Tensor:
+    """X = a*X + b*Y in place; returns an alias of X."""
+    return _scaled_add("scaled_add_", X, Y, a, b)

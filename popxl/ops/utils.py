@@ -1,0 +1,86 @@
+"""Helpers shared by op functions and shape rules (also public in PopXL as popxl.ops.utils)."""
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from popxl import dtypes
+from popxl.tensor import Tensor, TensorSpec
+
+__all__ = ["check_in_graph", "check_tensor_ipu_and_tile_set", "cast_if_needed", "handle_negative_axis",
+           "broadcast_shapes", "normalize_axes", "same_dtype", "spec", "as_tensor"]
+
+
+def check_in_graph(graph: Any, **tensors: Tensor) -> None:
+    """TypeError if a value is not a Tensor, ValueError if it is not in ``graph``."""
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a popxl.Tensor, not {type(t).__name__}.")
+        if t.graph is not graph:
+            raise ValueError(f"{name} ({t.id!r}) is not in the current graph {graph.id!r}.")
+
+
+def check_tensor_ipu_and_tile_set(**tensors: Tensor) -> None:
+    """ValueError unless all tensors are on the same IPU and tile set."""
+    places = {(t.ipu, t.tile_set) for t in tensors.values()}
+    if len(places) > 1:
+        raise ValueError("Tensors are on different IPUs or tile sets: " +
+                         ", ".join(f"{k}={t.id!r} (ipu {t.ipu}, {t.tile_set})" for k, t in tensors.items()))
+
+
+def cast_if_needed(t: Tensor, data_type: dtypes.dtype) -> Tensor:
+    from popxl import ops
+    return t if t.dtype is data_type else ops.cast(t, data_type)
+
+
+def handle_negative_axis(t: Union[Tensor, TensorSpec, Sequence[int]], axis: int) -> int:
+    """Map a possibly negative ``axis`` onto ``0..rank-1`` (ValueError when out of range)."""
+    rank = len(t.shape) if hasattr(t, "shape") else len(t)
+    return normalize_axes(rank, axis)[0]
+
+
+def normalize_axes(rank: int, axes: Union[None, int, Iterable[int]]) -> Tuple[int, ...]:
+    """Normalise ``axes`` (None = all) for a tensor of ``rank``; ValueError if out of range or repeated."""
+    if axes is None:
+        return tuple(range(rank))
+    items = [axes] if isinstance(axes, (int, np.integer)) else list(axes)
+    out = []
+    for a in items:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
+            raise TypeError(f"axis must be an int, not {a!r}")
+        if not -max(rank, 1) <= a < max(rank, 1):
+            raise ValueError(f"axis {a} is out of range for a tensor of rank {rank}")
+        out.append(int(a) % max(rank, 1))
+    if len(set(out)) != len(out):
+        raise ValueError(f"repeated axis in {items}")
+    return tuple(out)
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise ValueError("shapes " + ", ".join(str(tuple(s)) for s in shapes) + " cannot be broadcast together") from None
+
+
+def same_dtype(specs: Sequence[TensorSpec]) -> dtypes.dtype:
+    dts = {s.dtype for s in specs}
+    if len(dts) > 1:
+        raise TypeError("inputs must have the same dtype, got " + ", ".join(s.dtype.name for s in specs))
+    return specs[0].dtype
+
+
+def spec(shape: Iterable[int], dtype: dtypes.dtype, meta_shape: Iterable[int] = ()) -> TensorSpec:
+    return TensorSpec(tuple(int(d) for d in shape), dtype, tuple(meta_shape))
+
+
+def as_tensor(value: Any, dtype: Optional[dtypes.dtype] = None, like: Optional[Tensor] = None) -> Tensor:
+    """A Tensor as is, or a host value as a constant in the current graph (of ``dtype``, else
+    ``like.dtype``, else NumPy's inferred dtype downcast to 32 bits)."""
+    from popxl.tensor import constant
+    if isinstance(value, Tensor):
+        return value
+    if dtype is None and like is not None:
+        dtype = like.dtype
+    return constant(value, dtype=dtype)

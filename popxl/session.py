@@ -1,0 +1,302 @@
+"""`popxl.Session`: compiles an Ir, attaches to a device, runs it and syncs weights."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Dict, Iterable, List, Literal, Mapping, Optional, Union
+
+import numpy as np
+
+from popxl import dtypes
+from popxl.compiler import lower
+from popxl.engines import create_engine
+from popxl.ir import Ir
+from popxl.streams import DeviceToHostStream, HostToDeviceStream
+from popxl.tensor import Constant, HostScalarTensor, Variable
+from popxl.utils import to_numpy
+
+__all__ = ["Session"]
+
+logger = logging.getLogger("popxl")
+
+IPU_HW_ENV = "POPXL_IPU_HW"
+_warned_ipu_hw = False
+
+h2dStreamBufferMaps = Mapping[HostToDeviceStream, HostScalarTensor]
+d2hStreamBufferMaps = Mapping[DeviceToHostStream, np.ndarray]
+
+
+def _resolve_device(device_desc: str, ir: Ir) -> str:
+    global _warned_ipu_hw
+    if not isinstance(device_desc, str):
+        raise TypeError(f"Session: device_desc must be 'ipu_hw', 'ipu_model' or 'cpu', not {device_desc!r}.")
+    if device_desc == "ipu_hw":
+        if os.environ.get(IPU_HW_ENV, "").lower() != "cpu":
+            raise RuntimeError(
+                "Session(device_desc='ipu_hw'): no IPU hardware is available on this machine. Use "
+                "device_desc='cpu' or 'ipu_model' to run on the CPU, or set the environment variable "
+                f"{IPU_HW_ENV}=cpu to run programs that ask for 'ipu_hw' on the CPU engine unchanged.")
+        if not _warned_ipu_hw:
+            logger.warning("%s=cpu: running a program that asked for device 'ipu_hw' on the CPU engine.",
+                           IPU_HW_ENV)
+            _warned_ipu_hw = True
+        return "ipu_model"
+    if device_desc == "cpu":
+        if ir.instance_replication_factor > 1:
+            raise ValueError(
+                f"Session: the 'cpu' device does not support replication (replication_factor="
+                f"{ir.replication_factor}); use device_desc='ipu_model' for replicated programs.")
+        return "cpu"
+    if device_desc == "ipu_model":
+        return "ipu_model"
+    raise ValueError(f"Session: unknown device_desc {device_desc!r}; use 'ipu_hw', 'ipu_model' or 'cpu'.")
+
+
+def _host_shape(nht: int, rf: int, shape) -> tuple:
+    return tuple(d for d in (nht, rf) if d > 1) + tuple(shape)
+
+
+class Session:
+    """Compiles ``ir`` (which it then owns: the Ir cannot be changed afterwards) for a device.
+
+    Use it as a context manager: entering attaches and copies weights to the device; leaving
+    copies them back (if ``weights_to_host_on_exit``) and detaches. ``run`` needs attachment.
+    """
+
+    def __init__(self, ir: Ir, device_desc: Literal["ipu_hw", "ipu_model", "cpu"] = "cpu",
+                 weights_to_host_on_exit: bool = True) -> None:
+        if not isinstance(ir, Ir):
+            raise TypeError(f"Session: expected a popxl.Ir, not {type(ir).__name__}.")
+        if ir._frozen_by is not None:
+            raise RuntimeError(f"Session: {ir!r} already belongs to another Session ({ir._frozen_by}).")
+        self._device = _resolve_device(device_desc, ir)
+        if not any(g._ops for g in ir._all_graphs()):
+            raise RuntimeError(f"Session: {ir!r} has no ops; there is nothing to run.")
+        self.ir_ = ir
+        self.weights_to_host_on_exit = weights_to_host_on_exit
+        self._exe = lower(ir)
+        ir._frozen_by = f"Session on {device_desc!r}"
+        self._engine = create_engine(self._exe)
+        self._variables: List[Variable] = []
+        var_by_id = {t.id: t for t in ir.main_graph.variables}
+        self._variables = [var_by_id[v["name"]] for v in self._exe.variables]
+        # The host copies of the weights: what get_tensor_data returns views of.
+        self._host: Dict[Variable, np.ndarray] = {v: v._host_data_value.copy() for v in self._variables}
+        self._host_stale = False
+        self._enter_stack: List[bool] = []
+        streams = {s.tensor_id: s for s in (*ir.get_all_h2d_streams(), *ir.get_all_d2h_streams())}
+        self._h2d = [streams[s["name"]] for s in self._exe.h2d]
+        self._d2h = [streams[s["name"]] for s in self._exe.d2h]
+
+    # properties -----------------------------------------------------------------------------------
+    @property
+    def ir(self) -> Ir:
+        return self.ir_
+
+    @property
+    def is_attached(self) -> bool:
+        return self._engine.attached
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    def _require_attached(self, what: str) -> None:
+        if not self.is_attached:
+            raise ValueError(f"Session.{what}: the session must be attached to a device first; use "
+                             f"`with session:` around the call.")
+
+    # context manager ------------------------------------------------------------------------------
+    def __enter__(self) -> "Session":
+        attach_here = not self.is_attached
+        if attach_here:
+            try:
+                self._engine.attach()
+            except Exception as e:
+                raise RuntimeError(f"Session: could not attach to the {self._device!r} device: {e}") from e
+            self.weights_from_host()
+        self._enter_stack.append(attach_here)
+        return self
+
+    def __exit__(self, exc_type, exc_value, exc_tb) -> None:
+        attached_here = self._enter_stack.pop()
+        if attached_here and self.is_attached:
+            try:
+                if exc_type is None and self.weights_to_host_on_exit:
+                    self.weights_to_host()
+            finally:
+                self._engine.detach()
+
+    # weights --------------------------------------------------------------------------------------
+    def _device_value(self, v: Variable, replica: int) -> np.ndarray:
+        host = self._host[v]
+        rg = v.replica_grouping
+        value = host[rg.assignment[replica]] if rg.num_groups > 1 else host
+        return value.view(dtypes.ml_dtype(v.dtype)) if value.dtype.names else value
+
+    def _write_device(self, variables: Iterable[Variable]) -> None:
+        index = {v: i for i, v in enumerate(self._variables)}
+        for v in variables:
+            if v not in index:  # not used by any program: nothing on the device
+                continue
+            for r in range(self._engine.replicas):
+                self._engine.write_variable(index[v], r, self._device_value(v, r))
+
+    def weights_from_host(self) -> None:
+        """Copy every variable's host value to the device."""
+        self._require_attached("weights_from_host")
+        self._write_device(self._variables)
+
+    def weights_to_host(self) -> None:
+        """Copy every variable's device value to its host copy."""
+        self._require_attached("weights_to_host")
+        for i, v in enumerate(self._variables):
+            host = self._host[v]
+            rg = v.replica_grouping
+            firsts = [rg.assignment.index(gi) for gi in range(rg.num_groups)]
+            vals = [self._engine.read_variable(i, r) for r in firsts]
+            value = np.stack(vals) if rg.num_groups > 1 else vals[0]
+            host[...] = value.view(host.dtype) if host.dtype.names else value
+        self._host_stale = False
+
+    def get_tensor_data(self, tensor: Union[Variable, Constant]) -> np.ndarray:
+        """The host value of a variable (synced from the device first if stale) or a constant."""
+        return self.get_tensors_data([tensor])[tensor]
+
+    def get_tensors_data(self, tensors: Iterable[Union[Variable, Constant]]) -> Dict[Union[Variable, Constant], np.ndarray]:
+        """``get_tensor_data`` for several tensors, syncing from the device at most once."""
+        tensors = list(tensors)
+        for t in tensors:
+            if not isinstance(t, (Variable, Constant)):
+                raise TypeError(f"Session.get_tensor_data: {t!r} is not a Variable or Constant; only those have "
+                                f"host values (stream other tensors out with ops.host_store).")
+        if self.is_attached and self._host_stale and any(isinstance(t, Variable) for t in tensors):
+            self.weights_to_host()
+        out = {}
+        for t in tensors:
+            if isinstance(t, Variable):
+                out[t] = self._host.get(t, t._host_data_value)
+            else:
+                out[t] = t._host_data_value
+        return out
+
+    def write_variable_data(self, tensor: Variable, data: np.ndarray) -> None:
+        """Set a variable's host value and, if attached, its device value."""
+        self.write_variables_data({tensor: data})
+
+    def write_variables_data(self, tensors: Dict[Variable, np.ndarray]) -> None:
+        """Set several variables' host values; if attached, send them to the device once."""
+        checked = {}
+        for t, data in tensors.items():
+            if not isinstance(t, Variable):
+                raise TypeError(f"Session.write_variable_data: {t!r} is not a Variable.")
+            if t.retrieval_mode == "all_replicas" and t.replica_grouping.group_size > 1:
+                raise NotImplementedError(
+                    f"Session.write_variable_data: variable {t.id!r} has retrieval_mode 'all_replicas'; "
+                    f"writing such variables is not supported (as in PopXL).")
+            expected = t.dtype.as_numpy()
+            if not isinstance(data, np.ndarray):
+                if t.dtype in (dtypes.float8_143, dtypes.float8_152):
+                    raise TypeError(f"Session.write_variable_data: {t.id!r} is float8; pass a NumPy array of "
+                                    f"float8 codes (popxl.fp8_utils.host_pow2scale_cast_to_fp8).")
+                data = np.asarray(data, dtype=expected)
+            if data.dtype != expected:
+                raise TypeError(f"Session.write_variable_data: {t.id!r} has dtype {t.dtype.name} "
+                                f"(numpy {expected}), but the data has dtype {data.dtype}.")
+            if data.shape != t.shape_on_host:
+                raise ValueError(f"Session.write_variable_data: {t.id!r} expects shape {t.shape_on_host}, "
+                                 f"got {data.shape}.")
+            checked[t] = data
+        if self.is_attached and self._host_stale:
+            self.weights_to_host()  # keep the host copies of the other variables complete
+        for t, data in checked.items():
+            if t in self._host:
+                self._host[t][...] = data
+            else:
+                t._host_data_value[...] = data
+        if self.is_attached:
+            self._write_device(checked)
+
+    # streams --------------------------------------------------------------------------------------
+    def expected_inputs(self) -> List[HostToDeviceStream]:
+        """The host-to-device streams that ``run`` needs data for."""
+        return list(self._h2d)
+
+    def _host_shape(self, s) -> tuple:
+        return _host_shape(self.ir.num_host_transfers, self.ir.instance_replication_factor, s.shape)
+
+    def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
+        """Empty host buffers for every device-to-host stream, shaped ``(d, r) + shape`` with the
+        size-1 entries of (num_host_transfers, instance_replication_factor) dropped."""
+        return {s: np.empty(self._host_shape(s), dtype=s.dtype.as_numpy()) for s in self._d2h}
+
+    def _check_keys(self, given: Mapping, expected: List, what: str) -> None:
+        given_set = set(given)
+        missing = [s.tensor_id for s in expected if s not in given_set]
+        unexpected = [getattr(s, "tensor_id", repr(s)) for s in given if s not in set(expected)]
+        if missing or unexpected:
+            parts = []
+            if missing:
+                parts.append(f"missing {what} for streams {missing}")
+            if unexpected:
+                parts.append(f"unexpected {what} for {unexpected} (no host_{'load' if what == 'inputs' else 'store'} "
+                             f"in the program reads/writes them)")
+            raise ValueError("Session.run: " + "; ".join(parts) + ".")
+
+    def _device_view(self, s, arr: np.ndarray, is_input: bool) -> np.ndarray:
+        """Check one host buffer and view it as (num_host_transfers, replicas, *shape)."""
+        nht, rf = self.ir.num_host_transfers, self.ir.instance_replication_factor
+        expected = self._host_shape(s)
+        want_dtype = s.dtype.as_numpy()
+        if arr.dtype != want_dtype:
+            raise TypeError(f"Session.run: stream {s.tensor_id!r} carries {s.dtype.name}, but the host array has "
+                            f"dtype {arr.dtype}. Convert it with .astype(np.{want_dtype}).")
+        shape = arr.shape
+        lead = [d for d in (nht, rf) if d > 1]
+        ok = len(shape) == len(expected) and tuple(shape[len(lead):]) == tuple(s.shape)
+        if ok and nht > 1:
+            ok = shape[0] >= nht if is_input else shape[0] == nht
+        if ok and rf > 1:
+            ok = shape[len(lead) - 1] == rf
+        if not ok:
+            raise ValueError(f"Session.run: stream {s.tensor_id!r} needs a host {'input' if is_input else 'output'} "
+                             f"of shape {expected} (num_host_transfers={nht}, replicas={rf}, stream shape "
+                             f"{s.shape}), got {shape}.")
+        if nht > 1 and is_input:
+            arr = arr[:nht]
+        if arr.dtype.names:
+            arr = arr.view(dtypes.ml_dtype(s.dtype))
+        return arr.reshape((nht, rf) + tuple(s.shape))
+
+    def run_with_outputs(self, inputs: Optional[h2dStreamBufferMaps] = None,
+                         outputs: Optional[d2hStreamBufferMaps] = None, downcast_inputs: bool = True) -> None:
+        """Run the program once, reading ``inputs`` and filling the arrays of ``outputs`` in place."""
+        self._require_attached("run")
+        inputs = dict(inputs or {})
+        outputs = dict(outputs or {})
+        self._check_keys(inputs, self._h2d, "inputs")
+        self._check_keys(outputs, self._d2h, "outputs")
+        in_views = [self._device_view(s, to_numpy(inputs[s], downcast=downcast_inputs, copy=False), True)
+                    for s in self._h2d]
+        out_bufs = []
+        for s in self._d2h:
+            arr = outputs[s]
+            if not isinstance(arr, np.ndarray):
+                raise TypeError(f"Session.run: the output for stream {s.tensor_id!r} must be a NumPy array.")
+            out_bufs.append(self._device_view(s, arr, False))
+        self._host_stale = True
+        self._engine.run(in_views, out_bufs)
+        for s, buf in zip(self._d2h, out_bufs):
+            if not np.shares_memory(buf, outputs[s]):  # a non-contiguous array was reshaped by copy
+                outputs[s][...] = buf.reshape(outputs[s].shape)
+
+    def run(self, inputs: Optional[h2dStreamBufferMaps] = None,
+            downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
+        """Run the program once and return the host outputs (see ``create_host_outputs``)."""
+        self._require_attached("run")
+        outputs = self.create_host_outputs()
+        self.run_with_outputs(inputs, outputs, downcast_inputs)
+        return outputs
+
+    def __repr__(self) -> str:
+        return f"Session[{self.ir_!r} on {self._device!r}, {'attached' if self.is_attached else 'detached'}]"

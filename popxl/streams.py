@@ -1,0 +1,83 @@
+"""Host streams: the only way data moves between the host and a running program."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Tuple
+
+from popxl import dtypes
+from popxl.context import get_current_context
+from popxl.tensor import TensorSpec
+
+__all__ = ["HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
+
+
+class _Stream:
+    def __init__(self) -> None:
+        raise NotImplementedError(
+            "Streams cannot be constructed directly: use popxl.h2d_stream(...) or popxl.d2h_stream(...).")
+
+    @classmethod
+    def _create(cls, ir: Any, name: str, spec: TensorSpec) -> "_Stream":
+        s = object.__new__(cls)
+        s._ir = ir
+        s._spec = spec
+        base, n = name, 0
+        while name in ir._stream_ids:
+            n += 1
+            name = f"{base}__t{n}"
+        ir._stream_ids.add(name)
+        s._id = name
+        return s
+
+    @property
+    def dtype(self) -> dtypes.dtype:
+        return self._spec.dtype
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self._spec.shape
+
+    @property
+    def spec(self) -> TensorSpec:
+        return self._spec
+
+    @property
+    def tensor_id(self) -> str:
+        return self._id
+
+    def __hash__(self) -> int:
+        return hash((id(self._ir), self._id))
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Stream) and other._ir is self._ir and other._id == self._id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}[{self._id} {self.dtype!r} {self.shape}]"
+
+
+class HostToDeviceStream(_Stream):
+    """Carries host data to the device; read with ``ops.host_load``."""
+
+
+class DeviceToHostStream(_Stream):
+    """Carries device data to the host; written with ``ops.host_store``."""
+
+
+def _make(cls: type, shape: Iterable[int], dtype: dtypes.dtype, name: str) -> Any:
+    g = get_current_context().graph
+    g.ir._check_mutable()
+    if not isinstance(dtype, dtypes.dtype):
+        raise TypeError(f"{cls.__name__} {name!r}: dtype must be a popxl dtype, not {dtype!r}.")
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{cls.__name__} {name!r}: negative dimension in shape {shape}.")
+    return cls._create(g.ir, name, TensorSpec(shape, dtype))
+
+
+def h2d_stream(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None) -> HostToDeviceStream:
+    """Create a host-to-device stream of per-transfer, per-replica ``shape``."""
+    return _make(HostToDeviceStream, shape, dtype, name or "h2d_stream")
+
+
+def d2h_stream(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None) -> DeviceToHostStream:
+    """Create a device-to-host stream of per-transfer, per-replica ``shape``."""
+    return _make(DeviceToHostStream, shape, dtype, name or "d2h_stream")

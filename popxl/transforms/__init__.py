@@ -1,0 +1,2 @@
+"""IR-to-IR transforms (autodiff and friends arrive with the autodiff issue)."""
+__all__: list = []
