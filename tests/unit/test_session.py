@@ -1,0 +1,192 @@
+"""Session semantics (seed 003) and bad input at trace time and at run time."""
+import logging
+
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+
+
+def _stream_ir(nht=1, replication=1):
+    ir = popxl.Ir(replication=replication)
+    ir.num_host_transfers = nht
+    with ir.main_graph:
+        x_s = popxl.h2d_stream((2, 2), popxl.float32, "x")
+        y_s = popxl.d2h_stream((2, 2), popxl.float32, "y")
+        v = popxl.variable(np.zeros((2, 2), np.float32), name="v")
+
+        def step(v_: popxl.TensorByRef):
+            x = ops.host_load(x_s)
+            ops.add_(v_, x)
+            ops.host_store(y_s, v_ * 1.0)
+
+        g = ir.create_graph(step, v)
+        ops.repeat(g, nht, v)
+    return ir, x_s, y_s, v
+
+
+def test_session_owns_the_ir():
+    ir, x_s, _, v = _stream_ir()
+    s = popxl.Session(ir)
+    assert s.ir is ir
+    with ir.main_graph:
+        with pytest.raises(RuntimeError, match="owned by a popxl.Session"):
+            popxl.constant(1.0)
+        with pytest.raises(RuntimeError, match="owned by a popxl.Session"):
+            ops.add(v, v)
+    with pytest.raises(RuntimeError, match="replication_factor"):
+        ir.replication_factor = 2
+    with pytest.raises(RuntimeError, match="another Session"):
+        popxl.Session(ir)
+
+
+def test_device_descs(monkeypatch, caplog):
+    monkeypatch.delenv("POPXL_IPU_HW", raising=False)
+    with pytest.raises(RuntimeError) as e:
+        popxl.Session(_stream_ir()[0], "ipu_hw")
+    assert "'cpu'" in str(e.value) and "'ipu_model'" in str(e.value) and "POPXL_IPU_HW=cpu" in str(e.value)
+    with pytest.raises(ValueError, match="unknown device_desc"):
+        popxl.Session(_stream_ir()[0], "gpu")
+    monkeypatch.setenv("POPXL_IPU_HW", "cpu")
+    import popxl.session as sess_mod
+    monkeypatch.setattr(sess_mod, "_warned_ipu_hw", False)
+    with caplog.at_level(logging.WARNING, logger="popxl"):
+        ir, x_s, y_s, _ = _stream_ir()
+        s = popxl.Session(ir, "ipu_hw")
+        popxl.Session(_stream_ir()[0], "ipu_hw")
+    assert sum("ipu_hw" in r.message for r in caplog.records) == 1
+    with s:
+        out = s.run({x_s: np.ones((2, 2), np.float32)})
+    np.testing.assert_array_equal(out[y_s], np.ones((2, 2)))
+
+
+def test_empty_ir_is_an_error():
+    with pytest.raises(RuntimeError, match="no ops"):
+        popxl.Session(popxl.Ir())
+
+
+def test_run_requires_attachment():
+    ir, x_s, _, _ = _stream_ir()
+    s = popxl.Session(ir)
+    for call in (lambda: s.run({x_s: np.zeros((2, 2), np.float32)}), s.weights_to_host, s.weights_from_host,
+                 lambda: s.run_with_outputs({}, {})):
+        with pytest.raises(ValueError, match="attached"):
+            call()
+
+
+@pytest.mark.parametrize("nht,rf,shape", [(1, 1, (2, 2)), (3, 1, (3, 2, 2)), (1, 2, (2, 2, 2)),
+                                          (3, 2, (3, 2, 2, 2))])
+def test_stream_inputs_checked(nht, rf, shape):
+    ir, x_s, y_s, v = _stream_ir(nht, rf)
+    s = popxl.Session(ir, "ipu_model")
+    good = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    with s:
+        with pytest.raises(ValueError, match=r"missing inputs for streams \['x'\]"):
+            s.run({})
+        with pytest.raises(ValueError, match="unexpected inputs"):
+            s.run({x_s: good, y_s: good})
+        bad_shape = np.zeros(shape[:-1] + (3,), np.float32)
+        with pytest.raises(ValueError) as e:
+            s.run({x_s: bad_shape})
+        assert "'x'" in str(e.value) and str(shape) in str(e.value)
+        with pytest.raises(TypeError, match="'x' carries float32"):
+            s.run({x_s: good.astype(np.int32)})
+        with pytest.raises(TypeError, match="'x' carries float32"):
+            s.run({x_s: good.astype(np.float64)}, downcast_inputs=False)
+        # a failed run leaves the host weights as they were
+        np.testing.assert_array_equal(s.get_tensor_data(v), np.zeros(shape[-2:] if rf == 1 else (2, 2)))
+        out = s.run({x_s: good.astype(np.float64)})  # downcast to float32
+        y = out[y_s]
+        assert y.shape == shape
+        g = good.reshape((nht, rf, 2, 2))
+        expected = np.cumsum(g, axis=0)  # v accumulates the loads in order, per replica
+        np.testing.assert_allclose(y.reshape(nht, rf, 2, 2), expected, rtol=1e-6)
+
+
+def test_extra_leading_rows_are_allowed_for_inputs():
+    ir, x_s, y_s, _ = _stream_ir(2)
+    with popxl.Session(ir) as s:
+        out = s.run({x_s: np.ones((5, 2, 2), np.float32)})
+    assert out[y_s].shape == (2, 2, 2)
+
+
+def test_run_with_outputs_checks_outputs():
+    ir, x_s, y_s, _ = _stream_ir()
+    with popxl.Session(ir) as s:
+        x = np.ones((2, 2), np.float32)
+        with pytest.raises(ValueError, match=r"missing outputs for streams \['y'\]"):
+            s.run_with_outputs({x_s: x}, {})
+        with pytest.raises(ValueError, match="'y' needs a host output of shape"):
+            s.run_with_outputs({x_s: x}, {y_s: np.zeros((3, 2), np.float32)})
+        out = np.zeros((2, 2), np.float32)
+        s.run_with_outputs({x_s: x}, {y_s: out})
+        np.testing.assert_array_equal(out, x)
+        strided = np.zeros((2, 4), np.float32)[:, ::2]  # not contiguous: still filled
+        s.run_with_outputs({x_s: x}, {y_s: strided})
+        np.testing.assert_array_equal(strided, 2 * x)
+
+
+def test_too_many_host_loads_for_num_host_transfers():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_s = popxl.h2d_stream((1,), popxl.float32, "x")
+        g = ir.create_graph(lambda: ops.host_load(x_s) and None)
+        ops.repeat(g, 2)
+    with popxl.Session(ir) as s:
+        with pytest.raises(RuntimeError, match="num_host_transfers"):
+            s.run({x_s: np.ones(1, np.float32)})
+
+
+def test_exit_with_exception_skips_weights_to_host():
+    ir, x_s, _, v = _stream_ir()
+    s = popxl.Session(ir)
+    with pytest.raises(KeyError):
+        with s:
+            s.run({x_s: np.ones((2, 2), np.float32)})
+            raise KeyError("boom")
+    assert not s.is_attached
+    np.testing.assert_array_equal(s.get_tensor_data(v), np.zeros((2, 2)))
+
+
+def test_weights_to_host_on_exit_false():
+    ir, x_s, _, v = _stream_ir()
+    s = popxl.Session(ir, weights_to_host_on_exit=False)
+    with s:
+        s.run({x_s: np.ones((2, 2), np.float32)})
+    np.testing.assert_array_equal(s.get_tensor_data(v), np.zeros((2, 2)))
+
+
+def test_get_tensor_data_type_errors():
+    ir, _, _, v = _stream_ir()
+    s = popxl.Session(ir)
+    with pytest.raises(TypeError, match="not a Variable or Constant"):
+        s.get_tensors_data([v, 3])
+
+
+def test_trace_time_errors_name_op_shapes_and_line():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones((2, 3), np.float32), name="a")
+        b = popxl.variable(np.ones((4,), np.float32), name="b")
+        i = popxl.variable(np.ones((2, 3), np.int32), name="i")
+        with pytest.raises(ValueError) as e:
+            ops.add(a, b)
+        msg = str(e.value)
+        assert "ops.add" in msg and "(2, 3)" in msg and "(4,)" in msg and "test_session.py:" in msg
+        with pytest.raises(TypeError, match="same dtype"):
+            ops.mul(a, i)
+        with pytest.raises(ValueError, match="contracted dimensions"):
+            ops.matmul(a, a)
+        with pytest.raises(ValueError, match="axis 2 is out of range"):
+            ops.sum(a, axis=2)
+        with pytest.raises(ValueError, match="cannot reshape"):
+            ops.reshape(a, (4, 2))
+        with pytest.raises(TypeError, match="must be a popxl.Tensor"):
+            ops.add(a, 1.0)
+        with pytest.raises(TypeError, match="floating point"):
+            ops.exp(i)
+        with pytest.raises(ValueError, match="steps must be 1 or -1"):
+            ops.slice(a, start=0, stop=2, step=2)
+        with pytest.raises(ValueError, match="does not match stream"):
+            ops.host_store(popxl.d2h_stream((3,), popxl.float32), a)
