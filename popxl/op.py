@@ -5,7 +5,8 @@ Every op is declared once, with:
   raises ``ValueError``/``TypeError`` with a plain message; `create_op` adds the op name and the
   user's source line. It runs at trace time, so bad calls fail where they are written.
 - ``reference``: the NumPy kernel ``(*arrays, **attrs) -> array | tuple`` used by the reference
-  engine (the oracle). Collective kernels take one list of inputs per replica instead.
+  engine (the oracle). Collective kernels (``collective=True``) instead take
+  ``(per_replica_inputs, replicas=[replica indices], **attrs)`` and return one result per replica.
 - ``view``: for ops whose output is a *view* of input 0 (``reshape_``, ``transpose_``, ...):
   a NumPy view function. Lowering uses it to place the output inside the input's storage; no
   kernel runs.

@@ -130,7 +130,7 @@ class ReferenceEngine:
         opdef, attrs = self._prepared[id(instr)]
         ins, outs = instr["inputs"], instr["outputs"]
         if opdef.collective:
-            results = opdef.reference([[self._views[r][i] for i in ins] for r in reps], **attrs)
+            results = opdef.reference([[self._views[r][i] for i in ins] for r in reps], replicas=reps, **attrs)
             per_rep = zip(reps, results)
         else:
             per_rep = ((r, opdef.reference(*[self._views[r][i] for i in ins], **attrs)) for r in reps)

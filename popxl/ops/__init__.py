@@ -1,5 +1,6 @@
 """popxl.ops: every op, grouped by family. Each op is declared once (see popxl/op.py)."""
 from popxl.ops import utils
+from popxl.ops import collectives
 from popxl.ops.elementwise import *  # noqa: F401,F403
 from popxl.ops.elementwise import (abs, add, add_, cast, ceil, clamp, clip, cos, detach, detach_, div, equal, exp,
                                    exp_, floor, fmod, gelu, gelu_, geluerf, geluerf_, greater, identity, isfinite,

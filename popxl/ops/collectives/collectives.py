@@ -1,0 +1,284 @@
+"""Collectives across replicas (and across IPUs within a replica).
+
+Replicas run in lockstep; a collective op's reference kernel sees every replica's input at once.
+Groups come from a ``ReplicaGrouping`` (default: all replicas) and are stored on the op as the
+replica -> group assignment. With one replica every collective is a copy.
+"""
+from __future__ import annotations
+
+import enum
+from typing import List, Literal, Optional, Sequence
+
+import numpy as np
+
+from popxl.context import get_current_context
+from popxl.op import Grad, OpDef, create_op, register
+from popxl.ops.utils import normalize_axes, spec
+from popxl.tensor import Tensor
+
+__all__ = ["CollectiveOps", "to_collective_op", "CommGroupType", "CommGroup", "replicated_all_reduce",
+           "replicated_all_reduce_", "replicated_reduce_scatter", "replica_sharded_slice", "replicated_slice",
+           "replicated_all_gather", "all_reduce", "all_reduce_identical_inputs", "all_reduce_identical_grad_inputs"]
+
+CollectiveOps = Literal["add", "mean", "mul", "min", "max", "and", "or", "square_add"]
+
+_REDUCERS = {
+    "add": lambda xs: np.sum(xs, axis=0),
+    "mean": lambda xs: np.mean(xs, axis=0),
+    "mul": lambda xs: np.prod(xs, axis=0),
+    "min": lambda xs: np.min(xs, axis=0),
+    "max": lambda xs: np.max(xs, axis=0),
+    "and": lambda xs: np.all(xs.astype(bool), axis=0),
+    "or": lambda xs: np.any(xs.astype(bool), axis=0),
+    "square_add": lambda xs: np.sum(xs * xs, axis=0),
+}
+
+
+def to_collective_op(op: CollectiveOps) -> str:
+    """Validate a collective reduction name. Note: PopXL maps ``"mul"`` onto a *mean*; that is a
+    bug, so here ``"mul"`` multiplies."""
+    if op not in _REDUCERS:
+        raise ValueError(f"Unknown collective op {op!r}; expected one of {sorted(_REDUCERS)}.")
+    return op
+
+
+class CommGroupType(enum.Enum):
+    All = "All"
+    Consecutive = "Consecutive"
+    Orthogonal = "Orthogonal"
+    Ungrouped = "Ungrouped"
+
+
+class CommGroup:
+    """A communication group description (type and replica group size); no op consumes it."""
+
+    def __init__(self, type: CommGroupType = CommGroupType.All, replicaGroupSize: int = 0) -> None:
+        self.type = type
+        self.replicaGroupSize = replicaGroupSize
+
+    def __repr__(self) -> str:
+        return f"CommGroup(type={self.type}, replicaGroupSize={self.replicaGroupSize})"
+
+
+def _assignment(group) -> tuple:
+    ir = get_current_context().ir
+    group = ir.replica_grouping() if group is None else group
+    if not getattr(group, "is_const", True):
+        raise NotImplementedError("collectives over a non-constant replica grouping are not supported "
+                                  "(as in PopXL); use ir.replica_grouping(stride, group_size).")
+    return tuple(int(a) for a in group.assignment)
+
+
+def _groups(replicas: Sequence[int], assignment: Sequence[int]):
+    """Yield lists of positions (into ``replicas``) of the members of each group, in replica order."""
+    by_group = {}
+    for pos, r in enumerate(replicas):
+        by_group.setdefault(assignment[r], []).append(pos)
+    for g, members in by_group.items():
+        expected = sum(1 for a in assignment if a == g)
+        if len(members) != expected:
+            raise RuntimeError("a collective ran on only part of its replica group (inside a conditional "
+                               "taken differently by different replicas?)")
+        yield members
+
+
+def _per_group(fn):
+    """Kernel wrapper: call ``fn(list of group members' inputs, index in group, **attrs)`` per replica."""
+    def kernel(per_replica, replicas, groups, **attrs):
+        out = [None] * len(replicas)
+        for members in _groups(replicas, groups):
+            xs = [per_replica[p][0] for p in members]
+            for j, p in enumerate(members):
+                out[p] = fn(xs, j, **attrs)
+        return out
+    return kernel
+
+
+def _group_size(assignment) -> int:
+    return sum(1 for a in assignment if a == assignment[0])
+
+
+# all-reduce ----------------------------------------------------------------------------------------
+def _all_reduce_infer(specs, op, groups):
+    return [spec(specs[0].shape, specs[0].dtype, specs[0].meta_shape)]
+
+
+def _all_reduce(xs, j, op):
+    return _REDUCERS[op](np.stack(xs)).astype(xs[0].dtype)
+
+
+register(OpDef("replicated_all_reduce", _all_reduce_infer, _per_group(_all_reduce), collective=True,
+               grad=Grad.STOP, family="collectives"))
+register(OpDef("replicated_all_reduce_", _all_reduce_infer, _per_group(_all_reduce), collective=True,
+               inplace=0, grad=Grad.STOP, family="collectives"))
+
+
+def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group=None) -> Tensor:
+    """Reduce ``t`` over the replicas of each group; every member gets the result."""
+    return create_op("replicated_all_reduce", [t], {"op": to_collective_op(op), "groups": _assignment(group)})[0]
+
+
+def replicated_all_reduce_(t: Tensor, op: CollectiveOps = "add", group=None) -> Tensor:
+    """In-place ``replicated_all_reduce``: ``t`` is overwritten with the reduction."""
+    return create_op("replicated_all_reduce_", [t], {"op": to_collective_op(op), "groups": _assignment(group)})[0]
+
+
+# reduce-scatter / sharded slices -------------------------------------------------------------------
+def _shard(x: np.ndarray, j: int, n: int) -> np.ndarray:
+    flat = x.reshape(-1)
+    size = -(-flat.size // n)
+    padded = np.zeros(size * n, x.dtype)
+    padded[:flat.size] = flat
+    return padded[j * size:(j + 1) * size]
+
+
+def _reduce_scatter_infer(specs, op, groups, rts):
+    s = specs[0]
+    n = _group_size(groups)
+    nelms = int(np.prod(s.shape, dtype=np.int64))
+    return [spec((-(-nelms // n),), s.dtype, s.shape if rts else ())]
+
+
+register(OpDef("replicated_reduce_scatter", _reduce_scatter_infer,
+               _per_group(lambda xs, j, op, rts: _shard(_all_reduce(xs, j, op), j, len(xs))),
+               collective=True, grad=Grad.RAISE, family="collectives"))
+
+
+def replicated_reduce_scatter(t: Tensor, op: CollectiveOps = "add", group=None,
+                              configure_output_for_replicated_tensor_sharding: bool = False) -> Tensor:
+    """Flatten, reduce over the group, and keep this member's chunk (1-D, zero padded)."""
+    return create_op("replicated_reduce_scatter", [t],
+                     {"op": to_collective_op(op), "groups": _assignment(group),
+                      "rts": bool(configure_output_for_replicated_tensor_sharding)})[0]
+
+
+def _sharded_slice_infer(specs, groups):
+    s = specs[0]
+    n = _group_size(groups)
+    nelms = int(np.prod(s.shape, dtype=np.int64))
+    return [spec((-(-nelms // n),), s.dtype, s.shape)]
+
+
+register(OpDef("replica_sharded_slice", _sharded_slice_infer,
+               _per_group(lambda xs, j: _shard(xs[j], j, len(xs))), collective=True, family="collectives"))
+
+
+def replica_sharded_slice(t: Tensor, group=None) -> Tensor:
+    """This replica's 1-D shard of ``t`` (flattened, zero padded) without reduction; meta_shape = t.shape."""
+    return create_op("replica_sharded_slice", [t], {"groups": _assignment(group)})[0]
+
+
+def _replicated_slice_infer(specs, axis, groups):
+    s = specs[0]
+    n = _group_size(groups)
+    if s.shape[axis] % n:
+        raise ValueError(f"axis {axis} of size {s.shape[axis]} cannot be split equally over {n} replicas")
+    shape = list(s.shape)
+    shape[axis] //= n
+    return [spec(shape, s.dtype)]
+
+
+register(OpDef("replicated_slice", _replicated_slice_infer,
+               _per_group(lambda xs, j, axis: np.split(xs[j], len(xs), axis=axis)[j].copy()),
+               collective=True, family="collectives"))
+
+
+def replicated_slice(t: Tensor, axis: int = 0, group=None) -> Tensor:
+    """This replica's equal slice of ``t`` along ``axis``. PopXL drops the axis when the slice has
+    length 1; that changes the rank with the group size, which we treat as a bug: the axis stays."""
+    try:
+        ax = normalize_axes(t.rank, axis)[0]
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"ops.collectives.replicated_slice: {e} (tensor {t.id!r} of shape {t.shape})") from None
+    return create_op("replicated_slice", [t], {"axis": ax, "groups": _assignment(group)})[0]
+
+
+# all-gather ----------------------------------------------------------------------------------------
+def _all_gather_infer(specs, axis, groups, output_shape, meta_shape):
+    s = specs[0]
+    n = _group_size(groups)
+    if output_shape == "new_axis":
+        return [spec((n, *s.shape), s.dtype)]
+    if output_shape == "meta_shape":
+        if not s.meta_shape:
+            raise ValueError("output_shape='meta_shape' needs a tensor with a meta_shape")
+        return [spec(s.meta_shape, s.dtype)]
+    if not s.shape:
+        raise ValueError("cannot concatenate scalars; use output_shape='new_axis'")
+    shape = list(s.shape)
+    shape[axis] *= n
+    return [spec(shape, s.dtype)]
+
+
+def _all_gather(xs, j, axis, output_shape, meta_shape):
+    if output_shape == "new_axis":
+        return np.stack(xs)
+    if output_shape == "meta_shape":
+        n = int(np.prod(meta_shape, dtype=np.int64))
+        return np.concatenate([x.reshape(-1) for x in xs])[:n].reshape(meta_shape)
+    return np.concatenate(xs, axis=axis)
+
+
+register(OpDef("replicated_all_gather", _all_gather_infer,
+               _per_group(_all_gather),
+               collective=True, family="collectives"))
+
+
+def replicated_all_gather(t: Tensor, axis: int = 0, group=None,
+                          output_shape: Literal["new_axis", "concat", "meta_shape", "auto"] = "auto") -> Tensor:
+    """Gather ``t`` from every member of the group: as a new leading axis, concatenated along
+    ``axis``, or reassembled to ``t.meta_shape`` ("auto": meta_shape if t has one, else concat)."""
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise ValueError(f"ops.collectives.replicated_all_gather: axis must be an int, not {axis!r}")
+    if output_shape not in ("new_axis", "concat", "meta_shape", "auto"):
+        raise ValueError(f"ops.collectives.replicated_all_gather: bad output_shape {output_shape!r}")
+    if output_shape == "auto":
+        output_shape = "meta_shape" if t.meta_shape else "concat"
+    ax = axis % t.rank if t.rank and output_shape == "concat" else axis
+    return create_op("replicated_all_gather", [t], {"axis": ax, "groups": _assignment(group),
+                                                    "output_shape": output_shape,
+                                                    "meta_shape": tuple(t.meta_shape)})[0]
+
+
+# across IPUs within a replica ----------------------------------------------------------------------
+def _all_reduce_ipus_infer(specs, op, identity):
+    if not specs:
+        raise ValueError("needs at least one tensor")
+    if len({(s.shape, s.dtype) for s in specs}) > 1:
+        raise ValueError("all tensors must have the same shape and dtype")
+    return [spec(s.shape, s.dtype) for s in specs]
+
+
+def _all_reduce_ipus(*xs, op, identity):
+    if identity:
+        return tuple(x.copy() for x in xs)
+    r = _REDUCERS[op](np.stack(xs)).astype(xs[0].dtype)
+    return tuple(r.copy() for _ in xs)
+
+
+register(OpDef("all_reduce", _all_reduce_ipus_infer, _all_reduce_ipus, family="collectives"))
+
+
+def _ipu_all_reduce(ts: List[Tensor], ipus: Optional[List[int]], op: str, identity: bool) -> List[Tensor]:
+    if ipus is not None and len(ipus) != len(ts):
+        raise ValueError(f"ops.collectives.all_reduce: {len(ts)} tensors but {len(ipus)} ipus")
+    if op != "add":
+        to_collective_op(op)
+    return list(create_op("all_reduce", list(ts), {"op": op, "identity": identity}))
+
+
+def all_reduce(ts: List[Tensor], ipus: Optional[List[int]] = None, op: CollectiveOps = "add") -> List[Tensor]:
+    """Reduce tensors held on different IPUs of one replica; every output is the reduction."""
+    return _ipu_all_reduce(ts, ipus, op, identity=False)
+
+
+def all_reduce_identical_inputs(ts: List[Tensor], ipus: Optional[List[int]] = None,
+                                op: CollectiveOps = "add") -> List[Tensor]:
+    """Forward: identity (inputs are known identical). Backward: all-reduce."""
+    return _ipu_all_reduce(ts, ipus, op, identity=True)
+
+
+def all_reduce_identical_grad_inputs(ts: List[Tensor], ipus: Optional[List[int]] = None,
+                                     op: CollectiveOps = "add") -> List[Tensor]:
+    """Forward: all-reduce. Backward: identity."""
+    return _ipu_all_reduce(ts, ipus, op, identity=False)
