@@ -1,0 +1,145 @@
+"""popxl dtypes: singletons with NumPy (and optional torch) equivalents.
+
+float8_143 / float8_152 are Graphcore's 8-bit float formats. As in PopXL, their NumPy
+equivalent is a one-byte structured dtype (the raw codes); for arithmetic the engines use the
+matching ml_dtypes formats (``ml_dtype``): float8_e4m3fnuz (1-4-3, max 240) and
+float8_e5m2fnuz (1-5-2, max 57344).
+"""
+from __future__ import annotations
+
+import builtins
+from typing import Any, Dict
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+           "float8_143", "float8_152", "float16", "half", "float32", "float", "float64", "double",
+           "complex64", "complex128", "ml_dtype", "from_numpy"]
+
+
+class dtype:
+    """A popxl data type. Singletons: compare with ``is`` or ``==``."""
+
+    name: str
+    is_complex: builtins.bool
+    is_int: builtins.bool
+    is_floating_point: builtins.bool
+    is_signed: builtins.bool
+    itemsize: int
+
+    def __init__(self) -> None:
+        raise TypeError("popxl.dtypes.dtype cannot be instantiated; use the singletons, e.g. popxl.float32.")
+
+    @classmethod
+    def _new(cls, name: str, numpy_dtype: np.dtype, compute_dtype: np.dtype, kind: str, signed: builtins.bool,
+             torch_name: Any) -> "dtype":
+        d = object.__new__(cls)
+        d.name = name
+        d.is_int = kind == "int"
+        d.is_floating_point = kind == "float"
+        d.is_complex = kind == "complex"
+        d.is_signed = signed
+        d._numpy = numpy_dtype
+        d._compute = compute_dtype
+        d._torch_name = torch_name
+        d.itemsize = compute_dtype.itemsize
+        return d
+
+    @classmethod
+    def from_name(cls, name: str) -> "dtype":
+        """The dtype called ``name`` (e.g. ``"float32"``)."""
+        try:
+            return _BY_NAME[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"No popxl dtype named {name!r}.") from None
+
+    @classmethod
+    def as_dtype(cls, type_value: Any) -> "dtype":
+        """Convert a dtype, a name, a Python type, a NumPy/torch dtype or an object with ``.dtype``."""
+        if isinstance(type_value, dtype):
+            return type_value
+        if isinstance(type_value, str) and type_value in _BY_NAME:
+            return _BY_NAME[type_value]
+        if type_value is builtins.bool:
+            return _BY_NAME["bool"]
+        if type_value is builtins.int:
+            return _BY_NAME["int64"]
+        if type_value is builtins.float:
+            return _BY_NAME["float32"]
+        mod = type(type_value).__module__
+        if mod.startswith("torch"):
+            for d in _BY_NAME.values():
+                if d._torch_name is not None and str(type_value) == f"torch.{d._torch_name}":
+                    return d
+        if hasattr(type_value, "dtype") and not isinstance(type_value, (type, np.dtype)):
+            return cls.as_dtype(type_value.dtype)
+        try:
+            return from_numpy(np.dtype(type_value))
+        except (TypeError, ValueError):
+            raise ValueError(f"Cannot convert {type_value!r} to a popxl dtype.") from None
+
+    def as_numpy(self) -> np.dtype:
+        """The NumPy dtype of host data of this type."""
+        return self._numpy
+
+    def as_torch(self) -> Any:
+        """The torch dtype (TypeError if torch has none; ModuleNotFoundError without torch)."""
+        import torch  # noqa: F401  (raises ModuleNotFoundError if torch is not installed)
+        if self._torch_name is None:
+            raise TypeError(f"popxl.dtypes.{self.name} has no torch equivalent.")
+        return getattr(torch, self._torch_name)
+
+    def __repr__(self) -> str:
+        return f"popxl.dtypes.{self.name}"
+
+    def __reduce__(self):  # pickle as the singleton
+        return (dtype.from_name, (self.name,))
+
+
+def _fp8(name: str) -> np.dtype:
+    return np.dtype([(name, "u1")])
+
+
+# name, numpy dtype, compute dtype, kind, signed, torch name
+_TABLE = [
+    ("bool", np.dtype(np.bool_), None, "bool", False, "bool"),
+    ("int8", np.dtype(np.int8), None, "int", True, "int8"),
+    ("int16", np.dtype(np.int16), None, "int", True, "int16"),
+    ("int32", np.dtype(np.int32), None, "int", True, "int32"),
+    ("int64", np.dtype(np.int64), None, "int", True, "int64"),
+    ("uint8", np.dtype(np.uint8), None, "int", False, "uint8"),
+    ("uint16", np.dtype(np.uint16), None, "int", False, None),
+    ("uint32", np.dtype(np.uint32), None, "int", False, None),
+    ("uint64", np.dtype(np.uint64), None, "int", False, None),
+    ("float8_143", _fp8("float8_143"), np.dtype(ml_dtypes.float8_e4m3fnuz), "float", True, None),
+    ("float8_152", _fp8("float8_152"), np.dtype(ml_dtypes.float8_e5m2fnuz), "float", True, None),
+    ("float16", np.dtype(np.float16), None, "float", True, "float16"),
+    ("float32", np.dtype(np.float32), None, "float", True, "float32"),
+    ("float64", np.dtype(np.float64), None, "float", True, "float64"),
+    ("complex64", np.dtype(np.complex64), None, "complex", True, "complex64"),
+    ("complex128", np.dtype(np.complex128), None, "complex", True, "complex128"),
+]
+_BY_NAME: Dict[str, dtype] = {
+    name: dtype._new(name, np_dt, compute if compute is not None else np_dt, kind, signed, torch_name)
+    for name, np_dt, compute, kind, signed, torch_name in _TABLE
+}
+globals().update(_BY_NAME)
+half = _BY_NAME["float16"]
+float = _BY_NAME["float32"]  # noqa: A001  (PopXL's alias)
+double = _BY_NAME["float64"]
+_BY_NUMPY = {d._numpy: d for d in _BY_NAME.values()}
+_BY_NUMPY.update({d._compute: d for d in _BY_NAME.values()})
+
+
+def from_numpy(np_dtype: Any) -> dtype:
+    """The popxl dtype of a NumPy dtype (the float8 structured and ml_dtypes types included)."""
+    try:
+        return _BY_NUMPY[np.dtype(np_dtype)]
+    except KeyError:
+        raise ValueError(f"NumPy dtype {np.dtype(np_dtype)} has no popxl equivalent.") from None
+
+
+def ml_dtype(dt: dtype) -> np.dtype:
+    """The NumPy dtype engines compute with (ml_dtypes formats for float8)."""
+    return dt._compute

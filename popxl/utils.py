@@ -1,0 +1,67 @@
+"""Host-data helpers: conversion of user data to NumPy arrays, and table printing."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+
+from popxl import dtypes
+
+__all__ = ["to_numpy", "table_to_string"]
+
+_DOWNCAST = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
+             np.dtype(np.float64): np.dtype(np.float32)}
+
+
+def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True, copy: bool = True,
+             log2_scale: Optional[int] = None, nan_on_overflow: Optional[bool] = None) -> np.ndarray:
+    """Convert host data (NumPy, torch, Python scalars and lists) to a C-contiguous array.
+
+    Without ``dtype`` and with ``downcast``, 64-bit data becomes 32-bit. With a float8 ``dtype`` the
+    data (float16/32/64) is cast with ``fp8_utils.host_pow2scale_cast_to_fp8``. A C-contiguous
+    ``np.memmap`` that needs no conversion is returned as is (never copied).
+    """
+    is_fp8 = dtype in (dtypes.float8_143, dtypes.float8_152)
+    if (log2_scale is not None or nan_on_overflow is not None) and not is_fp8:
+        raise RuntimeError("log2_scale and nan_on_overflow only apply to float8 dtypes.")
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().cpu().numpy()
+    if isinstance(x, np.memmap):
+        target = dtype.as_numpy() if dtype is not None else (_DOWNCAST.get(x.dtype, x.dtype) if downcast else x.dtype)
+        if not x.flags.c_contiguous or target != x.dtype:
+            raise ValueError("A np.memmap is used in place, so it must be C-contiguous and already have the "
+                             f"target dtype {target} (it is {x.dtype}, contiguous={x.flags.c_contiguous}).")
+        return x
+    if is_fp8:
+        from popxl.fp8_utils import host_pow2scale_cast_to_fp8
+        arr = np.asarray(x)
+        if arr.dtype == dtype.as_numpy():
+            return arr.copy(order="C") if copy else np.ascontiguousarray(arr).reshape(arr.shape)
+        if arr.dtype.kind != "f":
+            raise TypeError(f"Data for a {dtype.name} tensor must be float16/32/64 (to be cast), not {arr.dtype}.")
+        return host_pow2scale_cast_to_fp8(arr, dtype, log2_scale or 0,
+                                          True if nan_on_overflow is None else nan_on_overflow)
+    arr = np.array(x, copy=True) if copy else np.asarray(x)
+    if dtype is not None:
+        target = dtype.as_numpy()
+    elif downcast:
+        target = _DOWNCAST.get(arr.dtype, arr.dtype)
+    else:
+        target = arr.dtype
+    if arr.dtype != target:
+        arr = arr.astype(target)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+def table_to_string(rows: Sequence[Sequence[Any]], delimiter: str = " | ", header: bool = True) -> str:
+    """Format rows as an aligned text table; with ``header`` the first row is underlined."""
+    rows = [[str(c) for c in r] for r in rows]
+    if not rows:
+        return ""
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(max(len(r) for r in rows))]
+    lines: List[str] = []
+    for n, r in enumerate(rows):
+        lines.append(delimiter.join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if header and n == 0:
+            lines.append(delimiter.join("-" * w for w in widths[:len(r)]))
+    return "\n".join(lines)

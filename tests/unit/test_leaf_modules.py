@@ -1,0 +1,134 @@
+"""dtypes, utils.to_numpy, fp8_utils, random_seed, ReplicaGrouping, testing helpers."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import popxl
+from popxl import dtypes, fp8_utils, random_seed
+from popxl.utils import table_to_string, to_numpy
+
+
+def test_dtype_singletons_and_properties():
+    with pytest.raises(TypeError):
+        dtypes.dtype()
+    assert popxl.half is popxl.float16 and popxl.float is popxl.float32 and popxl.double is popxl.float64
+    assert repr(popxl.int8) == "popxl.dtypes.int8"
+    assert popxl.uint32.is_int and not popxl.uint32.is_signed and popxl.int16.is_signed
+    assert popxl.float8_143.is_floating_point and not popxl.bool.is_int and popxl.complex64.is_complex
+    for d in popxl.testing.get_all_dtypes() + [popxl.bool]:
+        assert dtypes.dtype.from_name(d.name) is d
+        assert dtypes.dtype.as_dtype(d.as_numpy()) is d
+        assert dtypes.from_numpy(d.as_numpy()) is d
+    assert popxl.float8_143.as_numpy() == np.dtype([("float8_143", "u1")])
+    assert dtypes.ml_dtype(popxl.float8_143) == np.dtype(ml_dtypes.float8_e4m3fnuz)
+    assert dtypes.ml_dtype(popxl.float8_152) == np.dtype(ml_dtypes.float8_e5m2fnuz)
+    assert float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fnuz).max) == 240
+    assert float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fnuz).smallest_subnormal) == 2 ** -10
+    assert float(ml_dtypes.finfo(ml_dtypes.float8_e5m2fnuz).max) == 57344
+    assert float(ml_dtypes.finfo(ml_dtypes.float8_e5m2fnuz).smallest_subnormal) == 2 ** -17
+
+
+def test_as_dtype_conversions_and_errors():
+    as_dtype = dtypes.dtype.as_dtype
+    assert as_dtype(bool) is popxl.bool and as_dtype(int) is popxl.int64 and as_dtype(float) is popxl.float32
+    assert as_dtype("float16") is popxl.float16 and as_dtype(np.int8) is popxl.int8
+    assert as_dtype(np.zeros(2, np.uint16)) is popxl.uint16 and as_dtype("i4") is popxl.int32
+    with pytest.raises(ValueError):
+        as_dtype("not a dtype")
+    with pytest.raises(ValueError):
+        dtypes.dtype.from_name("float128")
+    with pytest.raises((TypeError, ModuleNotFoundError)):
+        popxl.uint32.as_torch()
+    assert [d.name for d in popxl.testing.get_all_int_dtypes(include_signed=False)] == \
+        ["uint8", "uint16", "uint32", "uint64"]
+
+
+def test_to_numpy_downcasts_and_keeps_memmaps(tmp_path):
+    assert to_numpy(3).dtype == np.int32 and to_numpy(3.0).dtype == np.float32 and to_numpy(3).shape == ()
+    assert to_numpy(np.zeros(2, np.uint64)).dtype == np.uint32
+    assert to_numpy(np.zeros(2), downcast=False).dtype == np.float64
+    assert to_numpy([1, 2], popxl.float16).dtype == np.float16
+    a = np.zeros((3, 4))[:, ::2]
+    assert to_numpy(a).flags.c_contiguous
+    src = np.ones(3, np.float32)
+    assert to_numpy(src) is not src and np.shares_memory(to_numpy(src, copy=False), src)
+    mm = np.memmap(tmp_path / "m.bin", dtype=np.float32, mode="w+", shape=(4,))
+    assert to_numpy(mm) is mm
+    mm64 = np.memmap(tmp_path / "m64.bin", dtype=np.float64, mode="w+", shape=(4,))
+    with pytest.raises(ValueError, match="memmap"):
+        to_numpy(mm64)
+    with pytest.raises(RuntimeError, match="float8"):
+        to_numpy([1.0], popxl.float32, log2_scale=1)
+    with pytest.raises(TypeError, match="float16/32/64"):
+        to_numpy(np.ones(2, np.int32), popxl.float8_143)
+
+
+def test_fp8_round_trip_and_overflow():
+    x = np.array([0.0, 1.0, -2.5, 0.1, 100.0], np.float32)
+    codes = fp8_utils.host_pow2scale_cast_to_fp8(x, popxl.float8_143, log2_scale=1)
+    assert codes.dtype == popxl.float8_143.as_numpy()
+    back = fp8_utils.host_pow2scale_cast_from_fp8(codes, popxl.float32, log2_scale=-1)
+    np.testing.assert_allclose(back, x, rtol=0.07)
+    over = fp8_utils.host_pow2scale_cast_to_fp8(np.array([1000.0]), popxl.float8_143)
+    assert np.isnan(fp8_utils.host_pow2scale_cast_from_fp8(over))
+    sat = fp8_utils.host_pow2scale_cast_to_fp8(np.array([1000.0, -1e6]), popxl.float8_143, nan_on_overflow=False)
+    np.testing.assert_array_equal(fp8_utils.host_pow2scale_cast_from_fp8(sat), [240, -240])
+    with pytest.raises(RuntimeError):
+        fp8_utils.host_pow2scale_cast_to_fp8(x, popxl.float32)
+    data = np.random.default_rng(0).standard_normal(1000) * 1e-3
+    mse, scale = fp8_utils.host_fp8_mse_scale(data)
+    assert 8 <= scale <= 20 and mse < np.mean(data ** 2) * 1e-2
+    assert fp8_utils.host_fp8_mse_scale_pb(data) == scale
+
+
+def test_random_seed_helpers():
+    assert random_seed.uint64_to_two_uint32(2 ** 32 + 5) == (1, 5)
+    assert random_seed.two_uint32_to_uint64(1, 5) == 2 ** 32 + 5
+    with pytest.raises(ValueError):
+        random_seed.uint64_to_two_uint32(2 ** 64)
+    s = popxl.create_seeds(42)
+    assert s.shape == (2,) and s.dtype == np.uint32
+    np.testing.assert_array_equal(s, popxl.create_seeds(42))
+    assert not np.array_equal(s, popxl.create_seeds(42, offset=1))
+    assert popxl.create_seeds(1, batches_per_step=3, replicas=4).shape == (3, 4, 2)
+    draw = np.random.default_rng(7).integers(0, 2 ** 64 - 1, size=1, dtype=np.uint64, endpoint=True)[0]
+    assert tuple(popxl.create_seeds(7)) == random_seed.uint64_to_two_uint32(int(draw))
+
+
+@pytest.mark.parametrize("stride,group_size,expected", [
+    (1, 2, [0, 0, 1, 1, 2, 2, 3, 3]), (1, 4, [0, 0, 0, 0, 1, 1, 1, 1]), (2, 2, [0, 1, 0, 1, 2, 3, 2, 3]),
+    (2, 4, [0, 1, 0, 1, 0, 1, 0, 1]), (4, 2, [0, 1, 2, 3, 0, 1, 2, 3]), (1, None, [0] * 8), (1, 1, list(range(8))),
+])
+def test_replica_grouping_assignments(stride, group_size, expected):
+    ir = popxl.Ir(replication=8)
+    rg = ir.replica_grouping(stride, group_size)
+    assert rg.assignment == expected
+    assert rg.num_groups == max(expected) + 1 and rg.group_size == 8 // rg.num_groups
+    assert rg == ir.replica_grouping_from_assignments(expected) and rg.is_const
+
+
+def test_replica_grouping_errors_and_transpose():
+    ir = popxl.Ir(replication=8)
+    with pytest.raises(RuntimeError):
+        popxl.ReplicaGrouping()
+    for bad in [(0, None), (3, None), (16, None), (1, 3), (1, 0)]:
+        with pytest.raises(ValueError):
+            ir.replica_grouping(*bad)
+    with pytest.raises(ValueError, match="equal sizes"):
+        ir.replica_grouping_from_assignments([0, 0, 0, 1, 1, 1, 1, 1])
+    with pytest.raises(ValueError, match="first"):
+        ir.replica_grouping_from_assignments([1, 1, 1, 1, 0, 0, 0, 0])
+    irregular = ir.replica_grouping_from_assignments([0, 1, 1, 0, 2, 3, 3, 2])
+    assert not irregular.is_const
+    with pytest.raises(NotImplementedError):
+        irregular.stride
+    with pytest.raises(TypeError):
+        hash(irregular)
+    with pytest.raises(TypeError):
+        irregular == 1  # noqa: B015
+    assert ir.replica_grouping(1, 2).transpose().assignment == [0, 1, 0, 1, 0, 1, 0, 1]
+
+
+def test_table_to_string():
+    text = table_to_string([["a", "bb"], ["ccc", "d"]])
+    assert text.splitlines() == ["a   | bb", "--- | --", "ccc | d"]
