@@ -12,6 +12,7 @@ from popxl.ops.shape import (concat, flatten, flatten_, gather, reshape, reshape
                              subsample, transpose, transpose_)
 from popxl.ops.nn import matmul, softmax
 from popxl.ops.host_io import host_load, host_store
+from popxl.ops.placement import io_tile_copy, ipu_copy
 from popxl.ops.call import (CallSiteInfo, ConditionalSiteInfo, call, call_with_info, conditional,
                             conditional_with_info, repeat, repeat_with_info)
 
@@ -22,6 +23,6 @@ __all__ = [
     "scaled_add", "scaled_add_", "sign", "sin", "sqrt", "sub", "swish", "swish_", "tanh", "where",
     "l1", "l2", "logsum", "logsumexp", "max", "mean", "median", "min", "prod", "sum", "sumsquare",
     "concat", "flatten", "flatten_", "gather", "reshape", "reshape_", "slice", "slice_", "squeeze", "subsample",
-    "transpose", "transpose_", "matmul", "softmax", "host_load", "host_store",
+    "transpose", "transpose_", "matmul", "softmax", "host_load", "host_store", "io_tile_copy", "ipu_copy",
     "call", "call_with_info", "conditional", "conditional_with_info", "repeat", "repeat_with_info",
 ]

@@ -255,3 +255,39 @@ def test_graph_properties():
     assert g.get_tensor(y.id) is y
     assert [op.type for op in g.ops] == ["add"]
     assert repr(g) == "Graph[id= name=main]"
+
+
+def test_copy_to_ipu_and_io_tiles():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.arange(3, dtype=np.float32))
+        on1 = v.copy_to_ipu(1, 0)
+        assert on1.ipu == 1
+        io = ops.io_tile_copy(on1)
+        assert io.tile_set == "io" and ops.io_tile_copy(io).tile_set == "compute"
+        d = popxl.d2h_stream((3,), popxl.float32)
+        ops.host_store(d, io)
+        with pytest.raises(ValueError, match="destination"):
+            ops.ipu_copy(v, -1)
+    with popxl.Session(ir) as s:
+        np.testing.assert_array_equal(s.run()[d], [0, 1, 2])
+
+
+def test_stream_sets_and_stream_errors():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.h2d_stream((2,), popxl.float32, "a")
+        unused = popxl.h2d_stream((2,), popxl.float32, "unused")
+        out = popxl.d2h_stream((2,), popxl.float32, "out")
+        ops.host_store(out, ops.host_load(a))
+        assert ir.get_all_h2d_streams() == {a} and ir.get_all_d2h_streams() == {out}
+        assert a.shape == (2,) and a.dtype is popxl.float32 and a.tensor_id == "a" and unused.tensor_id == "unused"
+        assert popxl.h2d_stream((1,), popxl.int32).tensor_id == "h2d_stream"
+        with pytest.raises(TypeError, match="HostToDeviceStream"):
+            ops.host_load(out)
+        with pytest.raises(TypeError, match="popxl dtype"):
+            popxl.h2d_stream((2,), "float32")
+    with pytest.raises(NotImplementedError):
+        popxl.HostToDeviceStream()
+    with pytest.raises(RuntimeError, match="No graph"):
+        popxl.d2h_stream((1,), popxl.float32)
