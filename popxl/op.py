@@ -9,7 +9,9 @@ Every op is declared once, with:
   ``(per_replica_inputs, replicas=[replica indices], **attrs)`` and return one result per replica.
 - ``view``: for ops whose output is a *view* of input 0 (``reshape_``, ``transpose_``, ...):
   a NumPy view function. Lowering uses it to place the output inside the input's storage; no
-  kernel runs.
+  kernel runs. With ``copy=True`` the output is instead a new tensor holding a copy of that
+  view (``reshape``, ``transpose``, ``slice``, ``identity``, ...): lowering emits a strided copy,
+  so engines need no kernel for it.
 - ``inplace``: index of the input whose storage the output overwrites (``add_``, ``relu_``,
   var updates): the kernel computes, the engine writes into that input.
 - ``grad``: the gradient decision, used by ``popxl.transforms.autodiff``.
@@ -48,6 +50,7 @@ class OpDef:
     infer: Callable[..., List["TensorSpec"]]
     reference: Optional[Callable[..., Any]] = None
     view: Optional[Callable[..., Any]] = None
+    copy: bool = False
     inplace: Optional[int] = None
     grad: Any = None
     control: bool = False

@@ -19,6 +19,9 @@ Instructions (``program`` entries), executed in order:
   registered for ``type`` on the input views and write its results into the output views.
   Attrs are JSON values; a dtype is encoded as ``{"dtype": name}``.
   Collective ops (registry flag) run across all replicas at once.
+- ``{"kind": "copy", "src": buf, "dst": buf}``: copy the (possibly strided) view ``src`` into
+  ``dst`` (same shape and dtype). Ops that copy a view of their input (reshape, transpose,
+  slice, identity, ...) lower to this.
 - ``{"kind": "call", "graph", "copy_in": [[src, dst]], "copy_out": [[src, dst]]}``: copy, run, copy.
 - ``{"kind": "repeat", "graph", "count", "copy_in", "carry", "copy_out"}``: copy in once; run
   ``count`` times, after each iteration applying ``carry`` (output -> input pairs, all read before

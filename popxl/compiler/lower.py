@@ -90,7 +90,9 @@ class _Lowering:
         return order
 
     def buf(self, t: Tensor) -> int:
-        d = self.desc[t]
+        return self.buf_of_desc(self.desc[t])
+
+    def buf_of_desc(self, d: Desc) -> int:
         if d not in self.buffer_ids:
             self.buffer_ids[d] = len(self.buffers)
             self.buffers.append({"offset": d[0], "shape": d[1], "strides": d[2], "dtype": d[3]})
@@ -111,7 +113,7 @@ class _Lowering:
             root[t] = t
         for op in ops:
             for k, out in enumerate(op.outputs):
-                if k == 0 and op.opdef.view is not None:
+                if k == 0 and op.opdef.view is not None and not op.opdef.copy:
                     root[out] = root[op.inputs[0]]
                 elif k == 0 and op.opdef.inplace is not None:
                     root[out] = root[op.inputs[op.opdef.inplace]]
@@ -150,7 +152,7 @@ class _Lowering:
             self.desc[r] = _contiguous_desc(self.arena + offset, r)
         self.arena += region
         for op in ops:  # views: derived from their input's place
-            if op.opdef.view is not None:
+            if op.opdef.view is not None and not op.opdef.copy:
                 self.desc[op.outputs[0]] = _view_desc(op, self.desc[op.inputs[0]])
             elif op.opdef.inplace is not None and op.outputs:
                 self.desc[op.outputs[0]] = self.desc[op.inputs[op.opdef.inplace]]
@@ -169,6 +171,9 @@ class _Lowering:
         for op in g._ops:
             a = op.attrs
             if op.opdef.view is not None:
+                if op.opdef.copy:  # a copy of a view of the input: no kernel needed
+                    src = _view_desc(op, self.desc[op.inputs[0]])
+                    prog.append({"kind": "copy", "src": self.buf_of_desc(src), "dst": self.buf(op.outputs[0])})
                 continue
             if op.type == "host_load":
                 prog.append({"kind": "host_load", "stream": self.stream_index(self.h2d, a["stream"]),

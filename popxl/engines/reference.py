@@ -80,6 +80,8 @@ class ReferenceEngine:
             kind = instr["kind"]
             if kind == "op":
                 self._op(instr, reps)
+            elif kind == "copy":
+                self._copy([(instr["src"], instr["dst"])], reps)
             elif kind == "call":
                 self._copy(instr["copy_in"], reps)
                 self._exec(instr["graph"], reps)

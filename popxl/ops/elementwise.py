@@ -281,8 +281,9 @@ def _same_infer(specs, **_):
     return [spec(specs[0].shape, specs[0].dtype, specs[0].meta_shape)]
 
 
-register(OpDef("identity", _same_infer, lambda x: x.copy(), family="elementwise"))
-register(OpDef("detach", _same_infer, lambda x: x.copy(), grad=Grad.STOP, family="elementwise"))
+register(OpDef("identity", _same_infer, lambda x: x.copy(), view=lambda x: x, copy=True, family="elementwise"))
+register(OpDef("detach", _same_infer, lambda x: x.copy(), view=lambda x: x, copy=True, grad=Grad.STOP,
+               family="elementwise"))
 register(OpDef("detach_", _same_infer, lambda x: x, view=lambda x: x, grad=Grad.STOP, family="elementwise"))
 
 

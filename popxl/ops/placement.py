@@ -15,8 +15,10 @@ def _copy_infer(specs, **_):
     return [spec(s.shape, s.dtype, s.meta_shape)]
 
 
-register(OpDef("ipu_copy", _copy_infer, lambda x, destination, source: x.copy(), grad=Grad.STOP, family="placement"))
-register(OpDef("io_tile_copy", _copy_infer, lambda x, to_io: x.copy(), grad=Grad.STOP, family="placement"))
+register(OpDef("ipu_copy", _copy_infer, lambda x, destination, source: x.copy(), view=lambda x, **_: x, copy=True,
+               grad=Grad.STOP, family="placement"))
+register(OpDef("io_tile_copy", _copy_infer, lambda x, to_io: x.copy(), view=lambda x, **_: x, copy=True,
+               grad=Grad.STOP, family="placement"))
 
 
 def ipu_copy(t: Tensor, destination: int, source: Optional[int] = None) -> Tensor:

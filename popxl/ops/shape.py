@@ -29,7 +29,8 @@ def _reshape_view(x, shape):
     return x.reshape(shape)
 
 
-register(OpDef("reshape", _reshape_infer, lambda x, shape: x.reshape(shape).copy(), family="shape"))
+register(OpDef("reshape", _reshape_infer, lambda x, shape: x.reshape(shape).copy(), view=_reshape_view, copy=True,
+               family="shape"))
 register(OpDef("reshape_", _reshape_infer, _reshape_view, view=_reshape_view, grad=Grad.STOP, family="shape"))
 
 
@@ -93,7 +94,7 @@ def _transpose_view(x, permutation):
 
 
 register(OpDef("transpose", _transpose_infer, lambda x, permutation: np.ascontiguousarray(x.transpose(permutation)),
-               family="shape"))
+               view=_transpose_view, copy=True, family="shape"))
 register(OpDef("transpose_", _transpose_infer, _transpose_view, view=_transpose_view, grad=Grad.STOP,
                family="shape"))
 
@@ -138,7 +139,8 @@ def _slice_view(x, starts, stops, steps):
     return x[_slice_index(starts, stops, steps)]
 
 
-register(OpDef("slice", _slice_infer, lambda x, **a: _slice_view(x, **a).copy(), family="shape"))
+register(OpDef("slice", _slice_infer, lambda x, **a: _slice_view(x, **a).copy(), view=_slice_view, copy=True,
+               family="shape"))
 register(OpDef("slice_", _slice_infer, _slice_view, view=_slice_view, grad=Grad.RAISE, family="shape"))
 
 
@@ -200,8 +202,12 @@ def _subsample_infer(specs, strides):
     return [spec([-(-d // st) for d, st in zip(s.shape, strides)], s.dtype)]
 
 
-register(OpDef("subsample", _subsample_infer,
-               lambda x, strides: x[tuple(builtins.slice(None, None, st) for st in strides)].copy(), family="shape"))
+def _subsample_view(x, strides):
+    return x[tuple(builtins.slice(None, None, st) for st in strides)]
+
+
+register(OpDef("subsample", _subsample_infer, lambda x, strides: _subsample_view(x, strides).copy(),
+               view=_subsample_view, copy=True, family="shape"))
 
 
 def subsample(t: Tensor, strides: Union[int, Iterable[int]]) -> Tensor:
