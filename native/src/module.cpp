@@ -1,13 +1,163 @@
-// popxl._native: the C++ engine's Python bindings. Today it only reports how it was built;
-// the engine that runs an Executable (see popxl/compiler/executable.py) lands here next.
+// popxl._native: load an Executable (as plain Python data) into the C++ engine and run it.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "engine.hpp"
 
 namespace nb = nanobind;
+using namespace popxl;
 
 #ifndef POPXL_BUILD_TYPE
 #define POPXL_BUILD_TYPE "unknown"
 #endif
+
+namespace {
+
+AttrValue to_attr(nb::handle h) {
+  AttrValue a;
+  if (h.is_none()) return a;
+  if (nb::isinstance<nb::bool_>(h)) { a.v = nb::cast<bool>(h); return a; }
+  if (nb::isinstance<nb::int_>(h)) { a.v = nb::cast<int64_t>(h); return a; }
+  if (nb::isinstance<nb::float_>(h)) { a.v = nb::cast<double>(h); return a; }
+  if (nb::isinstance<nb::str>(h)) { a.v = nb::cast<std::string>(h); return a; }
+  if (nb::isinstance<nb::dict>(h)) {  // {"dtype": name}
+    nb::dict d = nb::borrow<nb::dict>(h);
+    if (d.contains("dtype")) { a.v = nb::cast<std::string>(d["dtype"]); return a; }
+    throw std::invalid_argument("unsupported attribute dict");
+  }
+  AttrList list;
+  for (nb::handle item : h) list.push_back(to_attr(item));
+  a.v = std::move(list);
+  return a;
+}
+
+std::vector<int64_t> ints(nb::handle h) {
+  std::vector<int64_t> v;
+  for (nb::handle x : h) v.push_back(nb::cast<int64_t>(x));
+  return v;
+}
+
+std::vector<CopyPair> pairs(nb::handle h) {
+  std::vector<CopyPair> v;
+  for (nb::handle p : h) {
+    auto ab = ints(p);
+    v.push_back({static_cast<int>(ab[0]), static_cast<int>(ab[1])});
+  }
+  return v;
+}
+
+// Runs an op through a Python callback (the reference kernel) when there is no native kernel.
+struct PyFallback : Kernel {
+  nb::object callback;
+  int index;
+  PyFallback(nb::object cb, int i) : callback(std::move(cb)), index(i) {}
+  void run(uint8_t*) override { throw std::logic_error("PyFallback runs through run_all"); }
+  void run_all(const std::vector<uint8_t*>&, const std::vector<int>& replicas) override {
+    nb::gil_scoped_acquire gil;
+    callback(index, replicas);
+  }
+};
+
+std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force_fallback) {
+  auto e = std::make_unique<Engine>();
+  e->arena_bytes = nb::cast<int64_t>(exe["arena_bytes"]);
+  e->replicas = nb::cast<int>(exe["replication_factor"]);
+  for (nb::handle b : exe["buffers"]) {
+    Buffer buf;
+    buf.offset = nb::cast<int64_t>(b["offset"]);
+    buf.shape = ints(b["shape"]);
+    buf.strides = ints(b["strides"]);
+    buf.dtype = dtype_from_name(nb::cast<std::string>(b["dtype"]));
+    int64_t expect = static_cast<int64_t>(itemsize(buf.dtype));
+    for (size_t i = buf.shape.size(); i-- > 0;) {
+      buf.nelms *= buf.shape[i];
+      if (buf.shape[i] != 1 && buf.strides[i] != expect) buf.contiguous = false;
+      expect *= buf.shape[i];
+    }
+    e->buffers.push_back(std::move(buf));
+  }
+  for (nb::handle c : exe["constants"]) {
+    nb::bytes data = nb::cast<nb::bytes>(c["data"]);
+    e->constants.emplace_back(nb::cast<int>(c["buffer"]), std::string(data.c_str(), data.size()));
+  }
+  for (auto [key, table] : {std::pair{"h2d", &e->h2d}, std::pair{"d2h", &e->d2h}}) {
+    for (nb::handle s : exe[key]) {
+      StreamInfo info;
+      info.name = nb::cast<std::string>(s["name"]);
+      info.slice_bytes = static_cast<int64_t>(itemsize(dtype_from_name(nb::cast<std::string>(s["dtype"]))));
+      for (auto d : ints(s["shape"])) info.slice_bytes *= d;
+      table->push_back(info);
+    }
+  }
+  std::vector<std::string> forced;
+  for (nb::handle f : force_fallback) forced.push_back(nb::cast<std::string>(f));
+  auto& registry = kernel_registry();
+  for (nb::handle g : exe["graphs"]) {
+    std::vector<Node> nodes;
+    for (nb::handle ins : g["program"]) {
+      const std::string kind = nb::cast<std::string>(ins["kind"]);
+      Node n;
+      if (kind == "op") {
+        n.kind = Node::Op;
+        OpInstr op;
+        op.type = nb::cast<std::string>(ins["type"]);
+        op.name = nb::cast<std::string>(ins["name"]);
+        for (auto v : ints(ins["inputs"])) op.inputs.push_back(static_cast<int>(v));
+        for (auto v : ints(ins["outputs"])) op.outputs.push_back(static_cast<int>(v));
+        nb::dict attrs = nb::cast<nb::dict>(ins["attrs"]);
+        for (auto [k, v] : attrs) op.attrs[nb::cast<std::string>(k)] = to_attr(v);
+        std::unique_ptr<Kernel> k;
+        auto it = registry.find(op.type);
+        bool force = std::find(forced.begin(), forced.end(), op.type) != forced.end();
+        if (it != registry.end() && !force) k = it->second(op, e->buffers);
+        const int index = static_cast<int>(e->kernels.size());
+        if (!k) k = std::make_unique<PyFallback>(fallback, index);
+        n.kernel = index;
+        e->kernels.push_back(std::move(k));
+        e->op_instrs.push_back(std::move(op));
+      } else if (kind == "copy") {
+        n.kind = Node::Copy;
+        n.src = nb::cast<int>(ins["src"]);
+        n.dst = nb::cast<int>(ins["dst"]);
+      } else if (kind == "call" || kind == "repeat") {
+        n.kind = kind == "call" ? Node::Call : Node::Repeat;
+        n.graph = nb::cast<int>(ins["graph"]);
+        n.copy_in = pairs(ins["copy_in"]);
+        n.copy_out = pairs(ins["copy_out"]);
+        if (kind == "repeat") {
+          n.count = nb::cast<int64_t>(ins["count"]);
+          n.carry = pairs(ins["carry"]);
+        }
+      } else if (kind == "if") {
+        n.kind = Node::If;
+        n.cond = nb::cast<int>(ins["cond"]);
+        nb::handle t = ins["then"], f = ins["else"];
+        n.graph = nb::cast<int>(t["graph"]);
+        n.copy_in = pairs(t["copy_in"]);
+        n.copy_out = pairs(t["copy_out"]);
+        n.else_graph = nb::cast<int>(f["graph"]);
+        n.else_in = pairs(f["copy_in"]);
+        n.else_out = pairs(f["copy_out"]);
+      } else if (kind == "host_load" || kind == "host_store") {
+        n.kind = kind == "host_load" ? Node::HostLoad : Node::HostStore;
+        n.stream = nb::cast<int>(ins["stream"]);
+        n.buffer = nb::cast<int>(ins[kind == "host_load" ? "output" : "input"]);
+      } else {
+        throw std::invalid_argument("unknown instruction kind " + kind);
+      }
+      nodes.push_back(std::move(n));
+    }
+    e->graphs.push_back(std::move(nodes));
+  }
+  return e;
+}
+
+using HostArray = nb::ndarray<uint8_t, nb::c_contig, nb::device::cpu>;
+
+}  // namespace
 
 NB_MODULE(_native, m) {
   m.doc() = "popxl-cpu native engine";
@@ -30,4 +180,35 @@ NB_MODULE(_native, m) {
     info["build_type"] = std::string(POPXL_BUILD_TYPE);
     return info;
   }, "How this extension was compiled.");
+  m.def("kernel_names", []() {
+    std::vector<std::string> names;
+    for (auto& [k, _] : kernel_registry()) names.push_back(k);
+    return names;
+  }, "Ops that have a native kernel (for some dtypes).");
+
+  nb::class_<Engine>(m, "Engine")
+      .def_static("load", &load, nb::arg("executable"), nb::arg("fallback"), nb::arg("force_fallback"),
+                  "Prepare an executable (its plain-data dict form). `fallback(kernel_index, replicas)` runs "
+                  "ops that have no native kernel.")
+      .def("attach", &Engine::attach)
+      .def("detach", &Engine::detach)
+      .def_prop_ro("attached", &Engine::attached)
+      .def_ro("replicas", &Engine::replicas)
+      .def("arena", [](Engine& e, int r) {
+        size_t n = static_cast<size_t>(e.arena_bytes);
+        return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(e.arena(r), {n});
+      }, nb::rv_policy::reference_internal, "One replica's device memory as a NumPy array (no copy).")
+      .def("native_kernels", [](Engine& e) {
+        std::vector<bool> v;
+        for (auto& k : e.kernels) v.push_back(dynamic_cast<PyFallback*>(k.get()) == nullptr);
+        return v;
+      }, "For each op instruction: whether it runs natively.")
+      .def("run", [](Engine& e, std::vector<HostArray> inputs, std::vector<HostArray> outputs) {
+        std::vector<Engine::Host> ins, outs;
+        for (auto& a : inputs) ins.push_back({a.data(), static_cast<int64_t>(a.shape(0))});
+        for (auto& a : outputs) outs.push_back({a.data(), static_cast<int64_t>(a.shape(0))});
+        nb::gil_scoped_release release;
+        e.run(ins, outs);
+      }, nb::arg("inputs"), nb::arg("outputs"),
+      "Run the main program once. Host arrays are uint8 views of (transfers, replicas, *shape) buffers.");
 }

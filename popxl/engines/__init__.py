@@ -1,4 +1,5 @@
-"""Engines run an Executable. ``reference`` (NumPy) is the oracle; ``native`` (C++) is the fast one.
+"""Engines run an Executable. ``native`` (C++, the default) is the fast one; ``reference`` (NumPy)
+is the oracle that tests hold it against. ``POPXL_ENGINE=reference`` selects the oracle.
 
 Every engine offers the same small interface, used by the Session:
 
@@ -19,9 +20,12 @@ ENV_VAR = "POPXL_ENGINE"
 
 
 def create_engine(exe: Executable, name: str = None):
-    """The engine named by ``name``, else by the ``POPXL_ENGINE`` environment variable, else ``reference``."""
-    name = name or os.environ.get(ENV_VAR, "reference")
+    """The engine named by ``name``, else by the ``POPXL_ENGINE`` environment variable, else ``native``."""
+    name = name or os.environ.get(ENV_VAR, "native")
+    if name == "native":
+        from popxl.engines.native import NativeEngine
+        return NativeEngine(exe)
     if name == "reference":
         from popxl.engines.reference import ReferenceEngine
         return ReferenceEngine(exe)
-    raise ValueError(f"Unknown engine {name!r} (from {ENV_VAR}); available: 'reference'.")
+    raise ValueError(f"Unknown engine {name!r} (from {ENV_VAR}); available: 'native', 'reference'.")

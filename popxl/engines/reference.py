@@ -42,14 +42,17 @@ class ReferenceEngine:
         return bool(self._arenas)
 
     def attach(self) -> None:
-        exe = self.exe
-        self._arenas = [np.zeros(max(exe.arena_bytes, 1), np.uint8) for _ in range(self.replicas)]
-        self._views = [[np.ndarray(b["shape"], dtype=dt, buffer=arena, offset=b["offset"], strides=b["strides"])
-                        for b, dt in zip(exe.buffers, self._np_dtypes)] for arena in self._arenas]
-        for c in exe.constants:
+        self._make_views([np.zeros(max(self.exe.arena_bytes, 1), np.uint8) for _ in range(self.replicas)])
+        for c in self.exe.constants:
             for views in self._views:
                 v = views[c["buffer"]]
                 v[...] = np.frombuffer(c["data"], dtype=v.dtype).reshape(v.shape)
+
+    def _make_views(self, arenas: List[np.ndarray]) -> None:
+        """One NumPy view per buffer per replica, straight onto the arena bytes."""
+        self._arenas = arenas
+        self._views = [[np.ndarray(b["shape"], dtype=dt, buffer=arena, offset=b["offset"], strides=b["strides"])
+                        for b, dt in zip(self.exe.buffers, self._np_dtypes)] for arena in arenas]
 
     def detach(self) -> None:
         self._arenas, self._views = [], []

@@ -1,28 +1,20 @@
-"""popxl.ops: every op, grouped by family. Each op is declared once (see popxl/op.py)."""
+"""popxl.ops: every op, grouped by family. Each op is declared once (see popxl/op.py); each family
+module lists its public functions in its own ``__all__``."""
 from popxl.ops import utils
 from popxl.ops import collectives
+from popxl.ops import var_updates
+from popxl.ops import call as _call, elementwise as _elementwise, host_io as _host_io, nn as _nn
+from popxl.ops import placement as _placement, random as _random, reduce as _reduce, shape as _shape
+from popxl.ops.call import *  # noqa: F401,F403
 from popxl.ops.elementwise import *  # noqa: F401,F403
-from popxl.ops.elementwise import (abs, add, add_, cast, ceil, clamp, clip, cos, detach, detach_, div, equal, exp,
-                                   exp_, floor, fmod, gelu, gelu_, geluerf, geluerf_, greater, identity, isfinite,
-                                   isinf, isnan, log, log2, logical_and, logical_not, logical_or, maximum, mul,
-                                   negate, pow, relu, relu_, rename, scaled_add, scaled_add_, sigmoid, sign, sin,
-                                   sqrt, sub, swish, swish_, tanh, where)
-from popxl.ops.reduce import l1, l2, logsum, logsumexp, max, mean, median, min, prod, sum, sumsquare
-from popxl.ops.shape import (concat, flatten, flatten_, gather, reshape, reshape_, slice, slice_, squeeze,
-                             subsample, transpose, transpose_)
-from popxl.ops.nn import matmul, softmax
-from popxl.ops.host_io import host_load, host_store
-from popxl.ops.placement import io_tile_copy, ipu_copy
-from popxl.ops.call import (CallSiteInfo, ConditionalSiteInfo, call, call_with_info, conditional,
-                            conditional_with_info, repeat, repeat_with_info)
+from popxl.ops.host_io import *  # noqa: F401,F403
+from popxl.ops.nn import *  # noqa: F401,F403
+from popxl.ops.placement import *  # noqa: F401,F403
+from popxl.ops.random import *  # noqa: F401,F403
+from popxl.ops.reduce import *  # noqa: F401,F403
+from popxl.ops.shape import *  # noqa: F401,F403
+# As in PopXL, these two are public functions but missing from ``popxl.ops.__all__``.
+from popxl.ops.elementwise import floor, log2  # noqa: F401
 
-__all__ = [
-    "abs", "add", "add_", "cast", "ceil", "clamp", "clip", "cos", "detach", "detach_", "div", "equal", "exp", "exp_",
-    "fmod", "gelu", "gelu_", "geluerf", "geluerf_", "greater", "identity", "isfinite", "isinf", "isnan", "log",
-    "logical_and", "logical_not", "logical_or", "maximum", "mul", "negate", "pow", "relu", "relu_", "rename",
-    "scaled_add", "scaled_add_", "sign", "sin", "sqrt", "sub", "swish", "swish_", "tanh", "where",
-    "l1", "l2", "logsum", "logsumexp", "max", "mean", "median", "min", "prod", "sum", "sumsquare",
-    "concat", "flatten", "flatten_", "gather", "reshape", "reshape_", "slice", "slice_", "squeeze", "subsample",
-    "transpose", "transpose_", "matmul", "softmax", "host_load", "host_store", "io_tile_copy", "ipu_copy",
-    "call", "call_with_info", "conditional", "conditional_with_info", "repeat", "repeat_with_info",
-]
+__all__ = [name for module in (_elementwise, _reduce, _shape, _nn, _random, _host_io, _placement, _call)
+           for name in module.__all__ if not name[0].isupper()]

@@ -13,6 +13,8 @@ from popxl.op import Grad, OpDef, create_op, register
 from popxl.ops.utils import as_tensor, broadcast_shapes, same_dtype, spec
 from popxl.tensor import Tensor, TensorSpec
 
+__all__ = ["abs", "add", "add_", "cast", "ceil", "clamp", "clip", "cos", "detach", "detach_", "div", "equal", "exp", "exp_", "fmod", "gelu", "gelu_", "geluerf", "geluerf_", "greater", "identity", "isfinite", "isinf", "isnan", "log", "logical_and", "logical_not", "logical_or", "maximum", "mul", "negate", "pow", "relu", "relu_", "rename", "scaled_add", "scaled_add_", "sign", "sin", "sqrt", "sub", "swish", "swish_", "tanh", "where"]
+
 _FLOAT, _SIGNED, _NUMERIC, _ANY = "float", "signed", "numeric", "any"
 
 

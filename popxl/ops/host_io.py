@@ -9,6 +9,8 @@ from popxl.ops.utils import spec
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Tensor
 
+__all__ = ["host_load", "host_store"]
+
 
 def _host_load_infer(specs, stream):
     return [spec(stream.shape, stream.dtype)]

@@ -10,6 +10,8 @@ from popxl.op import OpDef, create_op, register
 from popxl.ops.utils import broadcast_shapes, normalize_axes, same_dtype, spec
 from popxl.tensor import Tensor
 
+__all__ = ["matmul", "softmax"]
+
 
 def _matmul_infer(specs, output_type, partials_type):
     a, b = specs

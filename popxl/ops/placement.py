@@ -9,6 +9,8 @@ from popxl.op import Grad, OpDef, create_op, register
 from popxl.ops.utils import spec
 from popxl.tensor import Tensor
 
+__all__ = ["io_tile_copy", "ipu_copy"]
+
 
 def _copy_infer(specs, **_):
     s = specs[0]

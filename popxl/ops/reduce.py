@@ -9,6 +9,8 @@ from popxl.op import OpDef, create_op, register
 from popxl.ops.utils import normalize_axes, spec
 from popxl.tensor import Tensor
 
+__all__ = ["l1", "l2", "logsum", "logsumexp", "max", "mean", "median", "min", "prod", "sum", "sumsquare"]
+
 
 def _reduce_infer(specs, axis, keepdims):
     s = specs[0]

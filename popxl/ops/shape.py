@@ -13,6 +13,8 @@ from popxl.op import Grad, OpDef, create_op, register
 from popxl.ops.utils import normalize_axes, same_dtype, spec
 from popxl.tensor import Tensor, constant
 
+__all__ = ["concat", "flatten", "flatten_", "gather", "reshape", "reshape_", "slice", "slice_", "squeeze", "subsample", "transpose", "transpose_"]
+
 INT32_MAX = 2 ** 31 - 1
 INT32_MIN = -(2 ** 31)
 

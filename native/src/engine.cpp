@@ -1,0 +1,249 @@
+#include "engine.hpp"
+
+#include <cstdlib>
+
+namespace popxl {
+
+namespace {
+struct DTypeInfo { const char* name; DType d; size_t size; };
+const DTypeInfo kDTypes[] = {
+    {"bool", DType::Bool, 1}, {"int8", DType::I8, 1},       {"int16", DType::I16, 2},
+    {"int32", DType::I32, 4}, {"int64", DType::I64, 8},     {"uint8", DType::U8, 1},
+    {"uint16", DType::U16, 2}, {"uint32", DType::U32, 4},   {"uint64", DType::U64, 8},
+    {"float16", DType::F16, 2}, {"float32", DType::F32, 4}, {"float64", DType::F64, 8},
+    {"float8_143", DType::F8_143, 1}, {"float8_152", DType::F8_152, 1},
+    {"complex64", DType::C64, 8}, {"complex128", DType::C128, 16},
+};
+}  // namespace
+
+DType dtype_from_name(const std::string& name) {
+  for (auto& t : kDTypes)
+    if (name == t.name) return t.d;
+  throw std::invalid_argument("unknown dtype " + name);
+}
+
+const char* dtype_name(DType d) {
+  for (auto& t : kDTypes)
+    if (t.d == d) return t.name;
+  return "?";
+}
+
+size_t itemsize(DType d) {
+  for (auto& t : kDTypes)
+    if (t.d == d) return t.size;
+  return 0;
+}
+
+int64_t AttrValue::i() const {
+  if (auto p = std::get_if<int64_t>(&v)) return *p;
+  if (auto p = std::get_if<bool>(&v)) return *p;
+  if (auto p = std::get_if<double>(&v)) return static_cast<int64_t>(*p);
+  throw std::runtime_error("attribute is not an int");
+}
+double AttrValue::f() const {
+  if (auto p = std::get_if<double>(&v)) return *p;
+  if (auto p = std::get_if<int64_t>(&v)) return static_cast<double>(*p);
+  throw std::runtime_error("attribute is not a number");
+}
+bool AttrValue::b() const {
+  if (auto p = std::get_if<bool>(&v)) return *p;
+  return i() != 0;
+}
+const std::string& AttrValue::s() const {
+  if (auto p = std::get_if<std::string>(&v)) return *p;
+  throw std::runtime_error("attribute is not a string");
+}
+const AttrList& AttrValue::list() const {
+  if (auto p = std::get_if<AttrList>(&v)) return *p;
+  throw std::runtime_error("attribute is not a list");
+}
+std::vector<int64_t> AttrValue::ints() const {
+  std::vector<int64_t> out;
+  for (auto& x : list()) out.push_back(x.i());
+  return out;
+}
+
+std::map<std::string, KernelFactory>& kernel_registry() {
+  static std::map<std::string, KernelFactory> registry;
+  return registry;
+}
+
+namespace {
+template <size_t N>
+void copy_elems(uint8_t* d, int64_t ds, const uint8_t* s, int64_t ss, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * ds, s + i * ss, N);
+}
+
+void copy_rec(uint8_t* d, const Buffer& db, const uint8_t* s, const Buffer& sb, size_t dim, size_t item) {
+  const int64_t n = db.shape[dim];
+  if (dim + 1 == db.shape.size()) {
+    const int64_t ds = db.strides[dim], ss = sb.strides[dim];
+    if (ds == static_cast<int64_t>(item) && ss == static_cast<int64_t>(item)) {
+      std::memcpy(d, s, n * item);
+      return;
+    }
+    switch (item) {
+      case 1: copy_elems<1>(d, ds, s, ss, n); break;
+      case 2: copy_elems<2>(d, ds, s, ss, n); break;
+      case 4: copy_elems<4>(d, ds, s, ss, n); break;
+      case 8: copy_elems<8>(d, ds, s, ss, n); break;
+      default:
+        for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * ds, s + i * ss, item);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    copy_rec(d + i * db.strides[dim], db, s + i * sb.strides[dim], sb, dim + 1, item);
+}
+}  // namespace
+
+Buffer packed_like(const Buffer& b) {
+  Buffer p = b;
+  p.offset = 0;
+  p.contiguous = true;
+  int64_t acc = static_cast<int64_t>(itemsize(b.dtype));
+  for (size_t i = b.shape.size(); i-- > 0;) {
+    p.strides[i] = acc;
+    acc *= b.shape[i];
+  }
+  return p;
+}
+
+void copy_buffer(uint8_t* arena_dst, const Buffer& dst, const uint8_t* arena_src, const Buffer& src) {
+  if (dst.nelms == 0) return;
+  uint8_t* d = arena_dst + dst.offset;
+  const uint8_t* s = arena_src + src.offset;
+  if (d == s && dst.strides == src.strides) return;
+  if (dst.contiguous && src.contiguous) {
+    std::memmove(d, s, dst.nbytes());
+    return;
+  }
+  if (dst.shape.empty()) {
+    std::memmove(d, s, itemsize(dst.dtype));
+    return;
+  }
+  copy_rec(d, dst, s, src, 0, itemsize(dst.dtype));
+}
+
+void Engine::attach() {
+  arenas_.clear();
+  arena_ptrs_.clear();
+  const size_t bytes = static_cast<size_t>((arena_bytes + 63) / 64 * 64 + 64);
+  for (int r = 0; r < replicas; ++r) {
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+    if (!p) throw std::runtime_error("could not allocate the device arena");
+    std::memset(p, 0, bytes);
+    arenas_.emplace_back(p);
+    arena_ptrs_.push_back(p);
+    for (auto& [buf, data] : constants) std::memcpy(p + buffers[buf].offset, data.data(), data.size());
+  }
+}
+
+void Engine::detach() {
+  arenas_.clear();
+  arena_ptrs_.clear();
+}
+
+void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outputs) {
+  if (!attached()) throw std::runtime_error("engine is not attached");
+  in_ = inputs;
+  out_ = outputs;
+  loads_.assign(h2d.size() * replicas, 0);
+  stores_.assign(d2h.size() * replicas, 0);
+  std::vector<int> reps(replicas);
+  for (int r = 0; r < replicas; ++r) reps[r] = r;
+  exec(0, reps);
+}
+
+void Engine::copies(const std::vector<CopyPair>& pairs, const std::vector<int>& reps) {
+  for (int r : reps)
+    for (auto& c : pairs)
+      if (c.src != c.dst) copy_buffer(arena_ptrs_[r], buffers[c.dst], arena_ptrs_[r], buffers[c.src]);
+}
+
+void Engine::transfer(const Node& n, const std::vector<int>& reps, bool load) {
+  auto& hosts = load ? in_ : out_;
+  auto& counts = load ? loads_ : stores_;
+  const auto& info = (load ? h2d : d2h)[n.stream];
+  const Host& host = hosts[n.stream];
+  const Buffer& b = buffers[n.buffer];
+  const Buffer packed = packed_like(b);  // the host slice is contiguous
+  for (int r : reps) {
+    int64_t& k = counts[n.stream * replicas + r];
+    if (k >= host.transfers)
+      throw std::runtime_error(std::string(load ? "host_load" : "host_store") + " of stream '" + info.name +
+                               "' ran more than num_host_transfers=" + std::to_string(host.transfers) +
+                               " times in one run; raise ir.num_host_transfers.");
+    uint8_t* slice = host.data + (k * replicas + r) * info.slice_bytes;
+    if (load)
+      copy_buffer(arena_ptrs_[r], b, slice, packed);
+    else
+      copy_buffer(slice, packed, arena_ptrs_[r], b);
+    ++k;
+  }
+}
+
+void Engine::exec(int graph, const std::vector<int>& reps) {
+  for (const Node& n : graphs[graph]) {
+    switch (n.kind) {
+      case Node::Op:
+        kernels[n.kernel]->run_all(arena_ptrs_, reps);
+        break;
+      case Node::Copy:
+        for (int r : reps) copy_buffer(arena_ptrs_[r], buffers[n.dst], arena_ptrs_[r], buffers[n.src]);
+        break;
+      case Node::Call:
+        copies(n.copy_in, reps);
+        exec(n.graph, reps);
+        copies(n.copy_out, reps);
+        break;
+      case Node::Repeat: {
+        copies(n.copy_in, reps);
+        std::vector<std::vector<uint8_t>> tmp(n.carry.size());
+        for (int64_t it = 0; it < n.count; ++it) {
+          exec(n.graph, reps);
+          for (int r : reps) {  // parallel assignment: read all carried values first
+            uint8_t* a = arena_ptrs_[r];
+            bool direct = true;
+            for (auto& c : n.carry)
+              for (auto& o : n.carry)
+                if (&c != &o && c.dst == o.src) direct = false;
+            if (direct) {
+              for (auto& c : n.carry)
+                if (c.src != c.dst) copy_buffer(a, buffers[c.dst], a, buffers[c.src]);
+              continue;
+            }
+            for (size_t i = 0; i < n.carry.size(); ++i) {
+              const Buffer& s = buffers[n.carry[i].src];
+              tmp[i].resize(s.nbytes());
+              copy_buffer(tmp[i].data(), packed_like(s), a, s);
+            }
+            for (size_t i = 0; i < n.carry.size(); ++i) {
+              const Buffer& d = buffers[n.carry[i].dst];
+              copy_buffer(a, d, tmp[i].data(), packed_like(d));
+            }
+          }
+        }
+        copies(n.copy_out, reps);
+        break;
+      }
+      case Node::If: {
+        std::vector<int> yes, no;
+        const Buffer& c = buffers[n.cond];
+        for (int r : reps) {
+          const uint8_t* p = arena_ptrs_[r] + c.offset;
+          bool any = false;
+          for (size_t i = 0; i < itemsize(c.dtype); ++i) any |= p[i] != 0;
+          (any ? yes : no).push_back(r);
+        }
+        if (!yes.empty()) { copies(n.copy_in, yes); exec(n.graph, yes); copies(n.copy_out, yes); }
+        if (!no.empty()) { copies(n.else_in, no); exec(n.else_graph, no); copies(n.else_out, no); }
+        break;
+      }
+      case Node::HostLoad: transfer(n, reps, true); break;
+      case Node::HostStore: transfer(n, reps, false); break;
+    }
+  }
+}
+
+}  // namespace popxl

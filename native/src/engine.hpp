@@ -1,0 +1,136 @@
+// The native engine: runs an Executable (see popxl/compiler/executable.py) on the CPU.
+//
+// Everything is prepared at load: buffers are fixed places in one arena per replica, kernels
+// (and their oneDNN primitives) are created once, the program tree is turned into nodes.
+// `run` executes the main program with the GIL released; replicas run in lockstep.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace popxl {
+
+enum class DType : uint8_t { Bool, I8, I16, I32, I64, U8, U16, U32, U64, F16, F32, F64, F8_143, F8_152, C64, C128 };
+
+DType dtype_from_name(const std::string& name);
+const char* dtype_name(DType d);
+size_t itemsize(DType d);
+
+// A strided view into the arena: offset and strides in bytes.
+struct Buffer {
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  DType dtype = DType::F32;
+  int64_t nelms = 1;
+  bool contiguous = true;
+  int64_t nbytes() const { return nelms * static_cast<int64_t>(itemsize(dtype)); }
+};
+
+// Attribute values, decoded from the executable's JSON values.
+struct AttrValue;
+using AttrList = std::vector<AttrValue>;
+struct AttrValue {
+  std::variant<std::monostate, bool, int64_t, double, std::string, AttrList> v;
+  bool is_none() const { return std::holds_alternative<std::monostate>(v); }
+  int64_t i() const;
+  double f() const;
+  bool b() const;
+  const std::string& s() const;
+  const AttrList& list() const;
+  std::vector<int64_t> ints() const;
+};
+using Attrs = std::map<std::string, AttrValue>;
+
+struct OpInstr {
+  std::string type, name;
+  std::vector<int> inputs, outputs;
+  Attrs attrs;
+};
+
+// A kernel prepared at load for one op instruction.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual void run(uint8_t* arena) = 0;
+  // Collective kernels override this to see every replica at once.
+  virtual void run_all(const std::vector<uint8_t*>& arenas, const std::vector<int>& replicas) {
+    for (int r : replicas) run(arenas[r]);
+  }
+};
+
+using KernelFactory = std::function<std::unique_ptr<Kernel>(const OpInstr&, const std::vector<Buffer>&)>;
+std::map<std::string, KernelFactory>& kernel_registry();
+
+struct RegisterKernel {
+  RegisterKernel(std::initializer_list<const char*> names, KernelFactory f) {
+    for (auto n : names) kernel_registry()[n] = f;
+  }
+};
+
+// The same shape and dtype, C-contiguous at offset 0.
+Buffer packed_like(const Buffer& b);
+
+// Copy a strided view into another of the same shape and dtype.
+void copy_buffer(uint8_t* arena_dst, const Buffer& dst, const uint8_t* arena_src, const Buffer& src);
+
+struct CopyPair { int src, dst; };
+
+struct Node {
+  enum Kind { Op, Copy, Call, Repeat, If, HostLoad, HostStore } kind = Op;
+  int kernel = -1;
+  int src = -1, dst = -1;
+  int graph = -1, else_graph = -1;
+  int64_t count = 0;
+  int cond = -1;
+  int stream = -1, buffer = -1;
+  std::vector<CopyPair> copy_in, copy_out, carry, else_in, else_out;
+};
+
+struct StreamInfo {
+  std::string name;
+  int64_t slice_bytes = 0;
+};
+
+class Engine {
+ public:
+  Engine() = default;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  std::vector<Buffer> buffers;
+  std::vector<std::vector<Node>> graphs;
+  std::vector<std::unique_ptr<Kernel>> kernels;
+  std::vector<OpInstr> op_instrs;  // per kernel index, for fallbacks and error messages
+  std::vector<std::pair<int, std::string>> constants;
+  std::vector<StreamInfo> h2d, d2h;
+  int64_t arena_bytes = 0;
+  int replicas = 1;
+
+  void attach();
+  void detach();
+  bool attached() const { return !arenas_.empty(); }
+  uint8_t* arena(int r) { return arenas_.at(r).get(); }
+
+  // Host buffers: contiguous (num_host_transfers, replicas, *shape) arrays.
+  struct Host { uint8_t* data; int64_t transfers; };
+  void run(const std::vector<Host>& inputs, const std::vector<Host>& outputs);
+
+ private:
+  struct Free { void operator()(uint8_t* p) const { std::free(p); } };
+  std::vector<std::unique_ptr<uint8_t, Free>> arenas_;
+  std::vector<uint8_t*> arena_ptrs_;
+  std::vector<Host> in_, out_;
+  std::vector<int64_t> loads_, stores_;
+  void exec(int graph, const std::vector<int>& reps);
+  void copies(const std::vector<CopyPair>& pairs, const std::vector<int>& reps);
+  void transfer(const Node& n, const std::vector<int>& reps, bool load);
+};
+
+}  // namespace popxl

@@ -1,0 +1,122 @@
+// Reductions over axes. Accumulation is in double for every float dtype (the reference engine
+// reduces float16 in float32 and float32 with NumPy's pairwise sums; double is at least as exact).
+#include <cmath>
+#include <limits>
+
+#include "loops.hpp"
+
+namespace popxl {
+namespace {
+
+enum class Red { Sum, Mean, Prod, Max, Min, L1, L2, LogSum, LogSumExp, SumSquare };
+
+struct Reduction : Kernel {
+  Buffer x, y;
+  Red kind;
+  std::vector<int64_t> acc_strides;  // byte strides of the accumulator, 0 on reduced axes
+  int64_t count = 1;                 // elements reduced into each output
+  std::vector<double> acc, mx;
+  std::function<double(const uint8_t*)> load;
+  std::function<void(uint8_t*, double)> store;
+
+  void run(uint8_t* a) override {
+    const int64_t m = static_cast<int64_t>(acc.size());
+    if (kind == Red::LogSumExp) {  // pass 1: the max, for stability
+      std::fill(mx.begin(), mx.end(), -std::numeric_limits<double>::infinity());
+      accumulate(a, mx.data(), [](double acc_v, double v) { return v > acc_v ? v : acc_v; });
+      for (auto& v : mx) if (!std::isfinite(v)) v = 0;
+    }
+    double init = 0;
+    if (kind == Red::Prod) init = 1;
+    if (kind == Red::Max) init = -std::numeric_limits<double>::infinity();
+    if (kind == Red::Min) init = std::numeric_limits<double>::infinity();
+    std::fill(acc.begin(), acc.end(), init);
+    switch (kind) {
+      case Red::Sum: case Red::Mean: case Red::LogSum:
+        accumulate(a, acc.data(), [](double s, double v) { return s + v; }); break;
+      case Red::Prod: accumulate(a, acc.data(), [](double s, double v) { return s * v; }); break;
+      case Red::Max: accumulate(a, acc.data(), [](double s, double v) { return (v > s || std::isnan(v)) ? v : s; }); break;
+      case Red::Min: accumulate(a, acc.data(), [](double s, double v) { return (v < s || std::isnan(v)) ? v : s; }); break;
+      case Red::L1: accumulate(a, acc.data(), [](double s, double v) { return s + std::fabs(v); }); break;
+      case Red::L2: case Red::SumSquare: accumulate(a, acc.data(), [](double s, double v) { return s + v * v; }); break;
+      case Red::LogSumExp: accumulate_lse(a); break;
+    }
+    uint8_t* out = a + y.offset;
+    const int64_t item = static_cast<int64_t>(itemsize(y.dtype));
+    for (int64_t j = 0; j < m; ++j) {
+      double v = acc[j];
+      if (kind == Red::Mean) v /= double(count);
+      if (kind == Red::L2) v = std::sqrt(v);
+      if (kind == Red::LogSum) v = std::log(v);
+      if (kind == Red::LogSumExp) v = std::log(v) + mx[j];
+      store(out + j * item, v);
+    }
+  }
+
+  template <class F>
+  void accumulate(uint8_t* a, double* accp, F f) {
+    nd_loop<2>(x.shape, {x.strides, acc_strides}, {a + x.offset, reinterpret_cast<uint8_t*>(accp)},
+               [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
+                 for (int64_t i = 0; i < n; ++i) {
+                   double& t = *reinterpret_cast<double*>(p[1] + i * s[1]);
+                   t = f(t, load(p[0] + i * s[0]));
+                 }
+               }, /*parallel=*/false);
+  }
+
+  void accumulate_lse(uint8_t* a) {
+    const uint8_t* mxp = reinterpret_cast<const uint8_t*>(mx.data());
+    nd_loop<3>(x.shape, {x.strides, acc_strides, acc_strides},
+               {a + x.offset, reinterpret_cast<uint8_t*>(acc.data()), const_cast<uint8_t*>(mxp)},
+               [&](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
+                 for (int64_t i = 0; i < n; ++i) {
+                   double& t = *reinterpret_cast<double*>(p[1] + i * s[1]);
+                   t += std::exp(load(p[0] + i * s[0]) - *reinterpret_cast<const double*>(p[2] + i * s[2]));
+                 }
+               }, false);
+  }
+};
+
+KernelFactory reduction(Red kind) {
+  return [kind](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
+    const Buffer& x = bufs[ins.inputs[0]];
+    const Buffer& y = bufs[ins.outputs[0]];
+    if (!y.contiguous) return nullptr;
+    auto k = std::make_unique<Reduction>();
+    bool ok = dispatch_float(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      k->load = [](const uint8_t* p) { return double(*reinterpret_cast<const T*>(p)); };
+      k->store = [](uint8_t* p, double v) { *reinterpret_cast<T*>(p) = T(v); };
+    });
+    if (!ok) return nullptr;
+    std::vector<int64_t> axes = ins.attrs.at("axis").ints();
+    std::vector<bool> reduced(x.shape.size(), false);
+    for (auto ax : axes) reduced[ax] = true;
+    // accumulator laid out like the output (C order over kept axes)
+    k->acc_strides.assign(x.shape.size(), 0);
+    int64_t acc = sizeof(double), m = 1;
+    for (size_t d = x.shape.size(); d-- > 0;) {
+      if (reduced[d]) { k->count *= x.shape[d]; continue; }
+      k->acc_strides[d] = acc;
+      acc *= x.shape[d];
+      m *= x.shape[d];
+    }
+    k->x = x;
+    k->y = y;
+    k->kind = kind;
+    k->acc.assign(m, 0.0);
+    k->mx.assign(m, 0.0);
+    return k;
+  };
+}
+
+const RegisterKernel reductions[] = {
+    {{"sum"}, reduction(Red::Sum)},       {{"mean"}, reduction(Red::Mean)},
+    {{"prod"}, reduction(Red::Prod)},     {{"max"}, reduction(Red::Max)},
+    {{"min"}, reduction(Red::Min)},       {{"l1"}, reduction(Red::L1)},
+    {{"l2"}, reduction(Red::L2)},         {{"logsum"}, reduction(Red::LogSum)},
+    {{"logsumexp"}, reduction(Red::LogSumExp)}, {{"sumsquare"}, reduction(Red::SumSquare)},
+};
+
+}  // namespace
+}  // namespace popxl

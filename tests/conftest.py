@@ -1,0 +1,1 @@
+"""Shared test set-up: makes tests/engine_harness.py importable from every test folder."""
