@@ -54,7 +54,7 @@ def _gelu_tanh(x):
 
 
 def _gelu_erf(x):
-    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)).astype(x.dtype))
+    return 0.5 * x * (1.0 + np.asarray(_erf(x / np.sqrt(2.0))).astype(x.dtype))
 
 
 def _sign(x):

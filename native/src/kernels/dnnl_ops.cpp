@@ -76,7 +76,11 @@ const RegisterKernel matmul_op{{"matmul"}, [](const OpInstr& ins, const std::vec
   const Buffer& y = bufs[ins.outputs[0]];
   memory::data_type ta, tb, ty;
   if (!dnnl_type(a.dtype, ta) || !dnnl_type(b.dtype, tb) || !dnnl_type(y.dtype, ty)) return nullptr;
-  if (a.nelms == 0 || b.nelms == 0 || y.nelms == 0) return nullptr;
+  if (!y.contiguous) return nullptr;
+  if (a.nelms == 0 || b.nelms == 0) {  // empty operands: an empty sum is 0
+    const int64_t off = y.offset, bytes = y.nbytes();
+    return std::make_unique<FnKernel>([off, bytes](uint8_t* arena) { std::memset(arena + off, 0, bytes); });
+  }
   const size_t rank = std::max<size_t>({a.shape.size(), b.shape.size(), 2});
   MatOperand A = promote(a, true, rank), B = promote(b, false, rank);
   std::vector<int64_t> ydims(rank), ystr(rank);
@@ -84,7 +88,6 @@ const RegisterKernel matmul_op{{"matmul"}, [](const OpInstr& ins, const std::vec
   ydims[rank - 2] = A.dims[rank - 2];
   ydims[rank - 1] = B.dims[rank - 1];
   int64_t acc = 1;  // output buffers are contiguous
-  if (!y.contiguous) return nullptr;
   for (size_t i = rank; i-- > 0;) { ystr[i] = acc; acc *= ydims[i]; }
   try {
     auto k = std::make_unique<DnnlKernel>();

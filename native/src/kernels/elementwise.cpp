@@ -81,7 +81,7 @@ const RegisterKernel unary_ops[] = {
      })},
     {{"negate"}, unary([](auto x) { return -x; }, true)},
     {{"abs"}, unary([](auto x) { return x < 0 ? -x : x; }, true)},
-    {{"relu", "relu_"}, unary([](auto x) { return x > 0 ? x : decltype(x)(0); }, true)},
+    {{"relu", "relu_"}, unary([](auto x) { return x < 0 ? decltype(x)(0) : x; }, true)},  // NaN stays NaN
     {{"sign"}, unary([](auto x) { return decltype(x)((x > 0) - (x < 0)); }, true)},
     {{"isnan"}, predicate([](float x) { return std::isnan(x); })},
     {{"isinf"}, predicate([](float x) { return std::isinf(x); })},

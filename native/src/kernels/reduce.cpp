@@ -1,7 +1,9 @@
-// Reductions over axes. Accumulation is in double for every float dtype (the reference engine
-// reduces float16 in float32 and float32 with NumPy's pairwise sums; double is at least as exact).
+// Reductions over axes. Floats accumulate in double (the reference engine reduces float16 in
+// float32 and float32 with NumPy's pairwise sums; double is at least as exact). Integers
+// accumulate in int64 and wrap into the output type, as NumPy's int64 reduction + cast does.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "loops.hpp"
 
@@ -10,14 +12,15 @@ namespace {
 
 enum class Red { Sum, Mean, Prod, Max, Min, L1, L2, LogSum, LogSumExp, SumSquare };
 
+template <class Acc>  // double for floats, int64_t for integers
 struct Reduction : Kernel {
   Buffer x, y;
   Red kind;
   std::vector<int64_t> acc_strides;  // byte strides of the accumulator, 0 on reduced axes
   int64_t count = 1;                 // elements reduced into each output
-  std::vector<double> acc, mx;
-  std::function<double(const uint8_t*)> load;
-  std::function<void(uint8_t*, double)> store;
+  std::vector<Acc> acc, mx;
+  std::function<Acc(const uint8_t*)> load;
+  std::function<void(uint8_t*, Acc)> store;
 
   void run(uint8_t* a) override {
     const int64_t m = static_cast<int64_t>(acc.size());
@@ -26,39 +29,58 @@ struct Reduction : Kernel {
       accumulate(a, mx.data(), [](double acc_v, double v) { return v > acc_v ? v : acc_v; });
       for (auto& v : mx) if (!std::isfinite(v)) v = 0;
     }
-    double init = 0;
+    Acc init = 0;
     if (kind == Red::Prod) init = 1;
-    if (kind == Red::Max) init = -std::numeric_limits<double>::infinity();
-    if (kind == Red::Min) init = std::numeric_limits<double>::infinity();
+    if (kind == Red::Max) init = std::numeric_limits<Acc>::has_infinity ? -std::numeric_limits<Acc>::infinity()
+                                                                        : std::numeric_limits<Acc>::lowest();
+    if (kind == Red::Min) init = std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity()
+                                                                        : std::numeric_limits<Acc>::max();
     std::fill(acc.begin(), acc.end(), init);
     switch (kind) {
+      // Integer sums and products wrap modulo 2**64 (unsigned arithmetic: no signed overflow).
       case Red::Sum: case Red::Mean: case Red::LogSum:
-        accumulate(a, acc.data(), [](double s, double v) { return s + v; }); break;
-      case Red::Prod: accumulate(a, acc.data(), [](double s, double v) { return s * v; }); break;
-      case Red::Max: accumulate(a, acc.data(), [](double s, double v) { return (v > s || std::isnan(v)) ? v : s; }); break;
-      case Red::Min: accumulate(a, acc.data(), [](double s, double v) { return (v < s || std::isnan(v)) ? v : s; }); break;
-      case Red::L1: accumulate(a, acc.data(), [](double s, double v) { return s + std::fabs(v); }); break;
-      case Red::L2: case Red::SumSquare: accumulate(a, acc.data(), [](double s, double v) { return s + v * v; }); break;
+        accumulate(a, acc.data(), [](Acc s, Acc v) { return wrap(s, v, false); }); break;
+      case Red::Prod: accumulate(a, acc.data(), [](Acc s, Acc v) { return wrap(s, v, true); }); break;
+      case Red::Max: accumulate(a, acc.data(), [](Acc s, Acc v) { return (v > s || is_nan(v)) ? v : s; }); break;
+      case Red::Min: accumulate(a, acc.data(), [](Acc s, Acc v) { return (v < s || is_nan(v)) ? v : s; }); break;
+      case Red::L1: accumulate(a, acc.data(), [](Acc s, Acc v) { return s + (v < 0 ? -v : v); }); break;
+      case Red::L2: case Red::SumSquare: accumulate(a, acc.data(), [](Acc s, Acc v) { return s + v * v; }); break;
       case Red::LogSumExp: accumulate_lse(a); break;
     }
     uint8_t* out = a + y.offset;
     const int64_t item = static_cast<int64_t>(itemsize(y.dtype));
     for (int64_t j = 0; j < m; ++j) {
-      double v = acc[j];
-      if (kind == Red::Mean) v /= double(count);
-      if (kind == Red::L2) v = std::sqrt(v);
-      if (kind == Red::LogSum) v = std::log(v);
-      if (kind == Red::LogSumExp) v = std::log(v) + mx[j];
-      store(out + j * item, v);
+      if constexpr (std::is_floating_point_v<Acc>) {
+        double v = acc[j];
+        if (kind == Red::Mean) v /= double(count);
+        if (kind == Red::L2) v = std::sqrt(v);
+        if (kind == Red::LogSum) v = std::log(v);
+        if (kind == Red::LogSumExp) v = std::log(v) + mx[j];
+        store(out + j * item, v);
+      } else {
+        store(out + j * item, acc[j]);
+      }
+    }
+  }
+
+  static bool is_nan(Acc v) {
+    if constexpr (std::is_floating_point_v<Acc>) return std::isnan(v); else return false;
+  }
+  static Acc wrap(Acc s, Acc v, bool mul) {
+    if constexpr (std::is_floating_point_v<Acc>) {
+      return mul ? s * v : s + v;
+    } else {
+      const uint64_t a = static_cast<uint64_t>(s), b = static_cast<uint64_t>(v);
+      return static_cast<Acc>(mul ? a * b : a + b);
     }
   }
 
   template <class F>
-  void accumulate(uint8_t* a, double* accp, F f) {
+  void accumulate(uint8_t* a, Acc* accp, F f) {
     nd_loop<2>(x.shape, {x.strides, acc_strides}, {a + x.offset, reinterpret_cast<uint8_t*>(accp)},
                [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
                  for (int64_t i = 0; i < n; ++i) {
-                   double& t = *reinterpret_cast<double*>(p[1] + i * s[1]);
+                   Acc& t = *reinterpret_cast<Acc*>(p[1] + i * s[1]);
                    t = f(t, load(p[0] + i * s[0]));
                  }
                }, /*parallel=*/false);
@@ -70,42 +92,67 @@ struct Reduction : Kernel {
                {a + x.offset, reinterpret_cast<uint8_t*>(acc.data()), const_cast<uint8_t*>(mxp)},
                [&](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
                  for (int64_t i = 0; i < n; ++i) {
-                   double& t = *reinterpret_cast<double*>(p[1] + i * s[1]);
-                   t += std::exp(load(p[0] + i * s[0]) - *reinterpret_cast<const double*>(p[2] + i * s[2]));
+                   Acc& t = *reinterpret_cast<Acc*>(p[1] + i * s[1]);
+                   t += std::exp(load(p[0] + i * s[0]) - *reinterpret_cast<const Acc*>(p[2] + i * s[2]));
                  }
                }, false);
   }
 };
+
+template <class Acc>
+std::unique_ptr<Kernel> make_reduction(Red kind, const OpInstr& ins, const Buffer& x, const Buffer& y,
+                                       std::function<Acc(const uint8_t*)> load,
+                                       std::function<void(uint8_t*, Acc)> store) {
+  auto k = std::make_unique<Reduction<Acc>>();
+  k->load = std::move(load);
+  k->store = std::move(store);
+  std::vector<int64_t> axes = ins.attrs.at("axis").ints();
+  std::vector<bool> reduced(x.shape.size(), false);
+  for (auto ax : axes) reduced[ax] = true;
+  // accumulator laid out like the output (C order over kept axes)
+  k->acc_strides.assign(x.shape.size(), 0);
+  int64_t acc = sizeof(Acc), m = 1;
+  for (size_t d = x.shape.size(); d-- > 0;) {
+    if (reduced[d]) { k->count *= x.shape[d]; continue; }
+    k->acc_strides[d] = acc;
+    acc *= x.shape[d];
+    m *= x.shape[d];
+  }
+  k->x = x;
+  k->y = y;
+  k->kind = kind;
+  k->acc.assign(m, Acc(0));
+  k->mx.assign(m, Acc(0));
+  return k;
+}
+
+bool is_int(DType d) {
+  return d == DType::I8 || d == DType::I16 || d == DType::I32 || d == DType::I64 || d == DType::U8 ||
+         d == DType::U16 || d == DType::U32 || d == DType::U64;
+}
 
 KernelFactory reduction(Red kind) {
   return [kind](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
     const Buffer& x = bufs[ins.inputs[0]];
     const Buffer& y = bufs[ins.outputs[0]];
     if (!y.contiguous) return nullptr;
-    auto k = std::make_unique<Reduction>();
-    bool ok = dispatch_float(x.dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      k->load = [](const uint8_t* p) { return double(*reinterpret_cast<const T*>(p)); };
-      k->store = [](uint8_t* p, double v) { *reinterpret_cast<T*>(p) = T(v); };
-    });
-    if (!ok) return nullptr;
-    std::vector<int64_t> axes = ins.attrs.at("axis").ints();
-    std::vector<bool> reduced(x.shape.size(), false);
-    for (auto ax : axes) reduced[ax] = true;
-    // accumulator laid out like the output (C order over kept axes)
-    k->acc_strides.assign(x.shape.size(), 0);
-    int64_t acc = sizeof(double), m = 1;
-    for (size_t d = x.shape.size(); d-- > 0;) {
-      if (reduced[d]) { k->count *= x.shape[d]; continue; }
-      k->acc_strides[d] = acc;
-      acc *= x.shape[d];
-      m *= x.shape[d];
+    std::unique_ptr<Kernel> k;
+    if (is_int(x.dtype)) {
+      if (kind != Red::Sum && kind != Red::Prod && kind != Red::Max && kind != Red::Min) return nullptr;
+      dispatch_arith(x.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        k = make_reduction<int64_t>(
+            kind, ins, x, y, [](const uint8_t* p) { return int64_t(*reinterpret_cast<const T*>(p)); },
+            [](uint8_t* p, int64_t v) { *reinterpret_cast<T*>(p) = static_cast<T>(static_cast<uint64_t>(v)); });
+      });
+      return k;
     }
-    k->x = x;
-    k->y = y;
-    k->kind = kind;
-    k->acc.assign(m, 0.0);
-    k->mx.assign(m, 0.0);
+    dispatch_float(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      k = make_reduction<double>(
+          kind, ins, x, y, [](const uint8_t* p) { return double(*reinterpret_cast<const T*>(p)); },
+          [](uint8_t* p, double v) { *reinterpret_cast<T*>(p) = T(v); });
+    });
     return k;
   };
 }

@@ -1,0 +1,142 @@
+"""The native engine against the reference engine (the oracle), op by op: dtypes, odd shapes
+(rank 0, size-0 and size-1 dims), broadcasting, in-place variants and strided views."""
+import numpy as np
+import pytest
+
+import popxl.ops as ops
+from popxl.ops import elementwise
+from engine_harness import compare_engines
+
+RNG = np.random.default_rng(0)
+SHAPES = [(), (0, 3), (1,), (3, 1, 5), (17, 33)]
+TOL = {np.float32: dict(rtol=2e-6, atol=1e-6), np.float16: dict(rtol=2e-3, atol=1e-3)}
+
+
+def rand(shape, dtype=np.float32, low=-3.0, high=3.0):
+    if np.dtype(dtype).kind in "iu":
+        return RNG.integers(int(low), int(high) + 1, size=shape).astype(dtype)
+    if dtype == np.bool_:
+        return RNG.random(shape) < 0.5
+    return RNG.uniform(low, high, size=shape).astype(dtype)
+
+
+UNARY = ["abs", "cos", "sin", "tanh", "exp", "log", "log2", "sqrt", "negate", "relu", "gelu", "geluerf", "swish",
+         "sigmoid", "floor", "ceil", "sign"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name", UNARY)
+def test_unary(name, shape, dtype):
+    x = rand(shape, dtype)
+    if name in ("log", "log2", "sqrt"):
+        x = np.abs(x) + dtype(0.1)
+    if x.size:
+        x.flat[0] = np.nan  # NaN handling must agree too
+    native = [] if name in ("sigmoid", "log2") else [name]
+    compare_engines(lambda t: getattr(elementwise, name)(t), [x], native_ops=native, **TOL[dtype])
+
+
+@pytest.mark.parametrize("name", ["isnan", "isinf", "isfinite"])
+def test_predicates(name):
+    x = np.array([0.0, np.nan, np.inf, -np.inf, 1.5, -2.0], np.float32)
+    compare_engines(lambda t: getattr(ops, name)(t), [x], native_ops=[name])
+
+
+@pytest.mark.parametrize("name", ["relu_", "exp_", "gelu_", "swish_"])
+def test_unary_in_place_through_a_view(name):
+    x = rand((4, 6))
+    def build(t):
+        v = ops.transpose_(t)          # a strided view: the kernel writes through it
+        getattr(ops, name)(v)
+        return t + 0.0
+    compare_engines(build, [x], native_ops=[name], **TOL[np.float32])
+
+
+BROADCAST = [((3, 1, 5), (4, 5)), ((), (2, 3)), ((0, 3), (1, 3)), ((2, 3), (2, 3)), ((1,), (7, 1))]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+@pytest.mark.parametrize("shapes", BROADCAST, ids=str)
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "fmod", "pow", "maximum"])
+def test_binary(name, shapes, dtype):
+    a, b = rand(shapes[0], dtype), rand(shapes[1], dtype, 1, 4)
+    if name == "pow" and dtype != np.int32:
+        a = np.abs(a)
+    if name in ("div", "fmod") and np.dtype(dtype).kind == "i":
+        a = rand(shapes[0], dtype, -20, 20)
+        b = b * np.where(rand(shapes[1], np.bool_), 1, -1).astype(dtype)  # negative divisors too
+    exact = np.dtype(dtype).kind == "i"
+    tol = {} if exact else TOL[dtype]
+    compare_engines(lambda x, y: getattr(ops, name)(x, y), [a, b], native_ops=[name], **tol)
+
+
+@pytest.mark.parametrize("name", ["equal", "greater", "logical_and", "logical_or"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.bool_])
+def test_compare_and_logic(name, dtype):
+    a, b = rand((3, 4), dtype, -2, 2), rand((1, 4), dtype, -2, 2)
+    if dtype == np.float32:
+        a, b = np.round(a), np.round(b)  # equal values occur
+    compare_engines(lambda x, y: getattr(ops, name)(x, y), [a, b], native_ops=[name])
+
+
+def test_add_in_place_with_broadcast():
+    compare_engines(lambda x, y: ops.add_(x, y) * 1.0, [rand((3, 4)), rand((4,))], native_ops=["add_"])
+
+
+REDUCTIONS = ["sum", "mean", "prod", "max", "min", "l1", "l2", "logsum", "logsumexp", "sumsquare"]
+
+
+@pytest.mark.parametrize("axis,keepdims", [(None, False), (0, True), ((0, 2), False), (-1, False), (1, True)])
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_reductions(name, axis, keepdims):
+    x = rand((3, 4, 5), np.float32, 0.5, 1.5)
+    compare_engines(lambda t: getattr(ops, name)(t, axis, keepdims), [x], native_ops=[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["sum", "max", "min", "prod"])
+def test_integer_reductions_are_exact(name):
+    x = rand((6, 7), np.int32, -3, 3)
+    compare_engines(lambda t: getattr(ops, name)(t, 1), [x], native_ops=[name])
+
+
+def test_reduce_empty_axis_and_rank0():
+    compare_engines(lambda t: ops.sum(t, 0), [rand((0, 3))], native_ops=["sum"])
+    compare_engines(lambda t: ops.sum(t), [rand(())], native_ops=["sum"])
+
+
+MATMULS = [((2, 3), (3, 4)), ((5,), (5,)), ((5,), (5, 2)), ((3, 5), (5,)), ((2, 1, 3, 4), (3, 4, 2)),
+           ((4,), (2, 4, 3)), ((1, 7), (7, 1)), ((0, 3), (3, 2)), ((2, 0), (0, 3))]
+
+
+@pytest.mark.parametrize("shapes", MATMULS, ids=str)
+def test_matmul(shapes):
+    compare_engines(lambda a, b: a @ b, [rand(shapes[0]), rand(shapes[1])], native_ops=["matmul"],
+                    rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_of_transposed_views_and_float16():
+    build = lambda a, b: ops.matmul(ops.transpose_(a), ops.transpose_(b))  # noqa: E731
+    compare_engines(build, [rand((6, 4)), rand((5, 6))], native_ops=["matmul"], rtol=1e-5, atol=1e-5)
+    compare_engines(lambda a, b: a @ b, [rand((8, 16), np.float16), rand((16, 4), np.float16)],
+                    rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_softmax(axis, dtype):
+    compare_engines(lambda t: ops.softmax(t, axis), [rand((3, 4, 5), dtype)], **TOL[dtype])
+
+
+def test_where_cast_clip_scaled_add():
+    c, a, b = rand((3, 1), np.bool_), rand((1, 4)), rand((3, 4))
+    compare_engines(lambda c, a, b: ops.where(c, a, b), [c, a, b], native_ops=["where"])
+    for src, dst in [(np.float32, "int32"), (np.int32, "float16"), (np.float32, "bool"), (np.bool_, "float32"),
+                     (np.float16, "float32"), (np.int32, "uint8")]:
+        x = rand((5, 3), src, -5, 5)
+        compare_engines(lambda t: ops.cast(t, getattr(__import__("popxl"), dst)), [x], native_ops=["cast"])
+    compare_engines(lambda t: ops.clip(t, -1.0, 0.5), [rand((4, 4))], native_ops=["clip"])
+    compare_engines(lambda x, y, s: ops.scaled_add(x, y, s, 0.25), [rand((3, 4)), rand((3, 4)), rand(())],
+                    native_ops=["scaled_add"], rtol=1e-6, atol=1e-6)
+    compare_engines(lambda x, y: ops.scaled_add_(x, y, 2.0, -1.0) + 0.0, [rand((3, 4)), rand((3, 4))],
+                    native_ops=["scaled_add_"], rtol=1e-6, atol=1e-6)
