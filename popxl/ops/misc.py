@@ -1,4 +1,168 @@
-"""Miscellaneous ops: init, increment_mod, print_tensor."""
+"""Miscellaneous ops: init (a fresh zero tensor), increment_mod(_) (a wrapping counter update) and
+print_tensor (prints a tensor when the program runs)."""
 from __future__ import annotations
 
-__all__: list = []
+import builtins
+import sys
+from typing import Iterable, Optional
+
+import numpy as np
+
+from popxl import dtypes
+from popxl.op import Grad, OpDef, create_op, register
+from popxl.ops.utils import spec
+from popxl.tensor import Tensor
+
+__all__ = ["increment_mod", "increment_mod_", "init", "print_tensor"]
+
+
+# init -----------------------------------------------------------------------------------------------
+_INIT_TYPES = ("zero", "undef")
+
+
+def _init_infer(specs, shape, dtype, init_type, meta_shape):
+    if init_type not in _INIT_TYPES:
+        raise ValueError(f"init_type must be one of {list(_INIT_TYPES)}, got {init_type!r}")
+    if not isinstance(dtype, dtypes.dtype):
+        raise TypeError(f"dtype must be a popxl dtype, not {dtype!r}")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"shape {list(shape)} has a negative dimension")
+    return [spec(shape, dtype, meta_shape)]
+
+
+def _init_kernel(shape, dtype, init_type, meta_shape):
+    # "undef" promises nothing about the contents; zeros are as good as anything and deterministic.
+    return np.zeros(shape, dtypes.ml_dtype(dtype))
+
+
+register(OpDef("init", _init_infer, _init_kernel, grad=Grad.STOP, family="misc"))
+
+
+def init(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None, init_type: str = "zero",
+         meta_shape: Optional[Iterable[int]] = None) -> Tensor:
+    """A new tensor of ``shape`` and ``dtype`` made in the current graph: zeros
+    (``init_type="zero"``) or with unspecified contents (``"undef"``; here also zeros)."""
+    attrs = {"shape": tuple(int(d) for d in shape), "dtype": dtype, "init_type": init_type,
+             "meta_shape": tuple(int(d) for d in meta_shape) if meta_shape is not None else ()}
+    return create_op("init", [], attrs, output_names=[name] if name else None)[0]
+
+
+# increment_mod --------------------------------------------------------------------------------------
+def _increment_mod_infer(specs, increment, modulus):
+    s = specs[0]
+    if not (s.dtype.is_floating_point or s.dtype.is_int):
+        raise TypeError(f"needs a numeric tensor, got {s.dtype.name}")
+    if modulus == 0:
+        raise ValueError("modulus must not be 0")
+    return [spec(s.shape, s.dtype, s.meta_shape)]
+
+
+def _increment_mod_kernel(x, increment, modulus):
+    # Remainder as C computes it (sign of the dividend), like the device's elementwise Rem.
+    if x.dtype.kind in "iu":
+        wide = x.astype(np.int64) + int(increment)
+        return np.fmod(wide, int(modulus)).astype(x.dtype)
+    wide = x.astype(np.promote_types(x.dtype, np.float32))
+    return np.fmod(wide + wide.dtype.type(increment), wide.dtype.type(modulus)).astype(x.dtype)
+
+
+register(OpDef("increment_mod", _increment_mod_infer, _increment_mod_kernel, grad=Grad.STOP, family="misc"))
+register(OpDef("increment_mod_", _increment_mod_infer, _increment_mod_kernel, inplace=0, grad=Grad.STOP,
+               family="misc"))
+
+
+def _increment_mod(opname: str, t: Tensor, increment: float, modulus: float) -> Tensor:
+    if t.dtype.is_int:
+        bad = [v for v in (increment, modulus) if float(v) != int(v)]
+        if bad:
+            raise ValueError(f"ops.{opname}: increment and modulus must be whole numbers for the integer "
+                             f"tensor {t.id!r} ({t.dtype.name}), got {bad}")
+        increment, modulus = int(increment), int(modulus)
+    else:
+        increment, modulus = float(increment), float(modulus)
+    return create_op(opname, [t], {"increment": increment, "modulus": modulus})[0]
+
+
+def increment_mod(t: Tensor, increment: float, modulus: float) -> Tensor:
+    """``(t + increment) % modulus`` elementwise (C remainder: the sign follows the dividend)."""
+    return _increment_mod("increment_mod", t, increment, modulus)
+
+
+def increment_mod_(t: Tensor, increment: float, modulus: float) -> Tensor:
+    """`increment_mod` in place: updates ``t`` and returns an alias of it."""
+    return _increment_mod("increment_mod_", t, increment, modulus)
+
+
+# print_tensor ---------------------------------------------------------------------------------------
+_FLOAT_FORMATS = {
+    "auto": lambda digits: (lambda v: f"{v:.{digits}g}"),
+    "fixed": lambda digits: (lambda v: f"{v:.{digits}f}"),
+    "scientific": lambda digits: (lambda v: f"{v:.{digits}e}"),
+    "none": lambda digits: (lambda v: repr(float(v))),
+}
+# Stand-ins used while NumPy lays the text out (each one character wide, like the user's choices).
+_SEP, _OPEN, _CLOSE = "\x1d", "\x1e", "\x1f"
+
+
+def format_tensor(x: np.ndarray, summarise_threshold: int = 1000, edge_items: int = 3, max_line_width: int = 75,
+                  digits: int = 8, float_format: str = "auto", separator: str = " ", open_bracket: str = "[",
+                  close_bracket: str = "]") -> str:
+    """The text print_tensor shows for the values ``x``."""
+    if x.dtype.kind == "f" or x.dtype.kind == "V":
+        x = x.astype(np.float64)
+        formatter = {"float_kind": _FLOAT_FORMATS[float_format](digits)}
+    elif x.dtype.kind == "b":
+        formatter = {"bool": lambda v: "true" if v else "false"}
+    else:
+        formatter = {"int_kind": str}
+    text = np.array2string(x, max_line_width=max_line_width, threshold=summarise_threshold, edgeitems=edge_items,
+                           separator=_SEP, formatter=formatter, prefix="")
+    text = text.replace("[", _OPEN).replace("]", _CLOSE)
+    text = text.replace(_OPEN, open_bracket).replace(_CLOSE, close_bracket).replace(_SEP, separator)
+    return "\n".join(line.rstrip() for line in text.split("\n"))
+
+
+_FORMAT_KEYS = ("summarise_threshold", "edge_items", "max_line_width", "digits", "float_format", "separator",
+                "open_bracket", "close_bracket")
+
+
+def _print_infer(specs, title, print_self, print_gradient, **fmt):
+    for key in ("separator", "open_bracket", "close_bracket"):
+        if not isinstance(fmt[key], str) or len(fmt[key]) != 1:
+            raise ValueError(f"{key} must be a single character, got {fmt[key]!r}")
+    for key in ("summarise_threshold", "edge_items", "max_line_width", "digits"):
+        if isinstance(fmt[key], builtins.bool) or not isinstance(fmt[key], int) or fmt[key] < 0:
+            raise ValueError(f"{key} must be a non-negative int, got {fmt[key]!r}")
+    s = specs[0]
+    return [spec(s.shape, s.dtype, s.meta_shape)]
+
+
+def _print_kernel(x, title, print_self, print_gradient, **fmt):
+    if print_self:
+        sys.stdout.write(f"{title}: {format_tensor(x, **fmt)}\n")
+        sys.stdout.flush()
+    return x.copy()
+
+
+register(OpDef("print_tensor", _print_infer, _print_kernel, side_effect=True, family="misc"))
+
+
+def print_tensor(t: Tensor, title: str = None, print_self: bool = True, print_gradient: bool = False,
+                 summarise_threshold: int = 1000, edge_items: int = 3, max_line_width: int = 75, digits: int = 8,
+                 float_format: str = "auto", separator: str = " ", open_bracket: str = "[",
+                 close_bracket: str = "]") -> Tensor:
+    """Print ``t`` as ``<title>: <values>`` each time the program runs (title defaults to the
+    tensor's id) and return a copy of it. Tensors with more than ``summarise_threshold`` elements
+    show ``edge_items`` values at each end of every axis; lines wrap at ``max_line_width``.
+    Floats use ``float_format`` ("auto": ``digits`` significant digits, "fixed"/"scientific":
+    ``digits`` after the point, "none": shortest exact form). ``print_gradient`` asks for the
+    gradient to be printed too when the graph is differentiated."""
+    if float_format not in _FLOAT_FORMATS:
+        raise KeyError(f"ops.print_tensor: float_format must be one of {list(_FLOAT_FORMATS)}, got {float_format!r}")
+    values = locals()
+    fmt = {key: values[key] for key in _FORMAT_KEYS}
+    if title is None:
+        title = t.id if isinstance(t, Tensor) else ""
+    title = str(title)
+    return create_op("print_tensor", [t], {"title": title, "print_self": builtins.bool(print_self),
+                                           "print_gradient": builtins.bool(print_gradient), **fmt})[0]

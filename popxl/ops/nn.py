@@ -1,23 +1,163 @@
-"""Neural-network ops: matmul and softmax (the rest of the family arrives with the op library)."""
+"""Neural-network ops: matmul, softmax, convolutions, pooling, normalisation, losses, roi_align and
+the float8 family (pow2-scaled matmul/conv and the pow2-scaled casts).
+
+Convolutions and pools share one windowing helper (`_windows`): it pads (or crops) the spatial
+axes and returns a strided view of every receptive field, ``(N, C, *out, *kernel)``. Convolution is
+that gather contracted with the weights (im2col + einsum); the transposed convolution is rewritten
+as a convolution of the stride-dilated input with the flipped, channel-swapped kernel.
+
+Attributes reach the kernels fully resolved: per-dimension strides/dilations, explicit
+``pads = begins + ends`` (``pad_type`` / ``auto_pad`` already turned into numbers).
+"""
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import Any, Iterable, List, Literal, Optional, Sequence, Tuple, Union
 
+import ml_dtypes
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from popxl import dtypes
-from popxl.op import OpDef, create_op, register
-from popxl.ops.utils import broadcast_shapes, normalize_axes, same_dtype, spec
+from popxl.op import Grad, OpDef, create_op, register, user_location
+from popxl.ops.utils import as_tensor, broadcast_shapes, normalize_axes, same_dtype, spec
 from popxl.tensor import Tensor
 
-__all__ = ["matmul", "softmax"]
+__all__ = ["matmul", "softmax", "conv", "conv_transpose", "average_pool", "max_pool", "batch_norm_inference",
+           "group_norm", "layer_norm", "nll_loss", "nll_loss_with_softmax_grad", "roi_align", "matmul_pow2scaled",
+           "conv_pow2scaled", "conv_transpose_pow2scaled", "pow2scale_cast_to_fp8", "pow2scale_cast_from_fp8"]
+
+PadType = Literal["not_set", "same_upper", "same_lower", "valid"]
+_PAD_TYPES = ("not_set", "same_upper", "same_lower", "valid")
+_FP8 = (dtypes.float8_143, dtypes.float8_152)
 
 
-def _matmul_infer(specs, output_type, partials_type):
-    a, b = specs
-    dt = same_dtype(specs)
-    if not (dt.is_floating_point or dt.is_int):
-        raise TypeError(f"matmul needs numeric operands, got {dt.name}")
+# shared helpers ---------------------------------------------------------------------------------------
+def _wide(dt: np.dtype) -> np.dtype:
+    """The dtype a kernel accumulates in: float32 for float8/float16, else the dtype itself."""
+    return np.dtype(np.float32) if dt.itemsize < 4 or dt.kind != "f" else dt
+
+
+def _fail(opname: str, e: Exception) -> Exception:
+    return type(e)(f"ops.{opname}: {e} (at {user_location()})")
+
+
+def _shape_of(t: Any, what: str, opname: str) -> Tuple[int, ...]:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"ops.{opname}: {what} must be a popxl.Tensor, not {type(t).__name__} ({t!r}) "
+                        f"(at {user_location()})")
+    return t.shape
+
+
+def _ints(value: Any, n: int, what: str, neutral: int) -> Tuple[int, ...]:
+    """``value`` as ``n`` ints: an int is repeated; None, () or an all-``neutral`` sequence of another
+    length (the 2-D defaults used for a 1-D/3-D op) mean ``neutral`` everywhere."""
+    if value is None:
+        return (neutral,) * n
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (int(value),) * n
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int or a sequence of ints, not {value!r}") from None
+    if any(not isinstance(v, (int, np.integer)) or isinstance(v, bool) for v in items):
+        raise TypeError(f"{what} must contain ints, got {value!r}")
+    if len(items) != n:
+        if all(v == neutral for v in items):
+            return (neutral,) * n
+        raise ValueError(f"{what} needs {n} values for this tensor, got {len(items)}: {tuple(items)}")
+    return tuple(int(v) for v in items)
+
+
+def _check_pad_type(pad_type: Any, what: str = "pad_type") -> str:
+    if pad_type is None:
+        return "not_set"
+    if pad_type not in _PAD_TYPES:
+        raise ValueError(f"{what} must be one of {_PAD_TYPES}, not {pad_type!r}")
+    return pad_type
+
+
+def _resolve_pads(sizes: Sequence[int], kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
+                  pads: Sequence[int], pad_type: str) -> Tuple[int, ...]:
+    """Explicit ``begins + ends`` for a convolution/pool window (ONNX auto_pad rules): "same_*"
+    keeps ceil(size/stride) outputs, the odd padding element going to the end (upper) or the
+    beginning (lower); "valid" pads nothing; "not_set" keeps ``pads``."""
+    r = len(sizes)
+    if pad_type == "not_set":
+        return tuple(pads)
+    if pad_type == "valid":
+        return (0,) * (2 * r)
+    begins, ends = [], []
+    for n, k, s, d in zip(sizes, kernel, strides, dilations):
+        out = -(-n // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
+        small = total // 2
+        begins.append(small if pad_type == "same_upper" else total - small)
+        ends.append(total - begins[-1])
+    return tuple(begins + ends)
+
+
+def _out_len(n: int, k: int, s: int, d: int, pb: int, pe: int, ceil_mode: bool = False) -> int:
+    span = n + pb + pe - ((k - 1) * d + 1)
+    if span < 0:
+        raise ValueError(f"the window (kernel {k}, dilation {d}) is larger than the padded input ({n + pb + pe})")
+    if not ceil_mode:
+        return span // s + 1
+    out = -(-span // s) + 1
+    if (out - 1) * s >= n + pb:  # the last window would start in the end padding: drop it
+        out -= 1
+    return out
+
+
+def _out_shape(sizes, kernel, strides, dilations, pads, ceil_mode=False) -> Tuple[int, ...]:
+    r = len(sizes)
+    return tuple(_out_len(sizes[i], kernel[i], strides[i], dilations[i], pads[i], pads[r + i], ceil_mode)
+                 for i in range(r))
+
+
+def _windows(x: np.ndarray, kernel, strides, dilations, pads, ceil_mode: bool = False, fill: float = 0.0):
+    """Every receptive field of ``x`` (N, C, *S) as a view of shape (N, C, *out, *kernel).
+    Negative pads crop. Positions outside ``x`` hold ``fill``."""
+    r = x.ndim - 2
+    out = _out_shape(x.shape[2:], kernel, strides, dilations, pads, ceil_mode)
+    widths, crops = [(0, 0), (0, 0)], [slice(None), slice(None)]
+    for i in range(r):
+        n, pb = x.shape[2 + i], pads[i]
+        need = (out[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1  # padded length used
+        pe = need - n - pb
+        widths.append((max(pb, 0), max(pe, 0)))
+        crops.append(slice(max(-pb, 0), n - max(-pe, 0)))
+    x = x[tuple(crops)]
+    if any(w != (0, 0) for w in widths):
+        x = np.pad(x, widths, constant_values=np.asarray(fill, dtype=x.dtype))
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    v = sliding_window_view(x, eff, axis=tuple(range(2, 2 + r)))
+    return v[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)
+             + tuple(slice(None, None, d) for d in dilations)]
+
+
+def _check_log2_scale(s) -> None:
+    if s.dtype is not dtypes.int32:
+        raise TypeError(f"log2_scale must be an int32 tensor, got {s.dtype.name}")
+    if math.prod(s.shape) != 1:
+        raise ValueError(f"log2_scale must be a scalar, got shape {s.shape}")
+
+
+def _scale_value(s: np.ndarray) -> float:
+    v = int(np.asarray(s).reshape(-1)[0])
+    if not -32 <= v < 32:
+        raise ValueError(f"log2_scale must be in [-32, 32), got {v}")
+    return float(2.0 ** v)
+
+
+def _check_fp8_operands(specs) -> None:
+    for i, s in enumerate(specs):
+        if s.dtype not in _FP8:
+            raise TypeError(f"operand {i} must be float8_143 or float8_152, got {s.dtype.name}")
+
+
+# matmul / softmax -------------------------------------------------------------------------------------
+def _matmul_shape(a, b) -> Tuple[int, ...]:
     if not a.shape or not b.shape:
         raise ValueError("matmul operands must have rank >= 1")
     sa = (1,) + a.shape if len(a.shape) == 1 else a.shape
@@ -30,7 +170,14 @@ def _matmul_infer(specs, output_type, partials_type):
         shape = shape[:-2] + shape[-1:]
     if len(b.shape) == 1:
         shape = shape[:-1]
-    return [spec(shape, output_type or dt)]
+    return shape
+
+
+def _matmul_infer(specs, output_type, partials_type):
+    dt = same_dtype(specs)
+    if not (dt.is_floating_point or dt.is_int):
+        raise TypeError(f"matmul needs numeric operands, got {dt.name}")
+    return [spec(_matmul_shape(*specs), output_type or dt)]
 
 
 def _matmul_kernel(a, b, output_type, partials_type):
@@ -47,6 +194,27 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float
     if partials_type is not None and partials_type not in (dtypes.float16, dtypes.float32):
         raise ValueError(f"ops.matmul: partials_type must be float16 or float32, not {partials_type!r}")
     return create_op("matmul", [lhs, rhs], {"output_type": output_type, "partials_type": partials_type})[0]
+
+
+def _matmul_pow2_infer(specs):
+    a, b, s = specs
+    _check_fp8_operands([a, b])
+    _check_log2_scale(s)
+    return [spec(_matmul_shape(a, b), dtypes.float16)]
+
+
+def _matmul_pow2_kernel(a, b, s):
+    return (np.matmul(a.astype(np.float32), b.astype(np.float32)) * _scale_value(s)).astype(np.float16)
+
+
+register(OpDef("matmul_pow2scaled", _matmul_pow2_infer, _matmul_pow2_kernel, grad=Grad.RAISE, family="nn"))
+
+
+def matmul_pow2scaled(lhs: Tensor, rhs: Tensor, log2_scale: Tensor,
+                      available_memory_proportion: Optional[float] = None) -> Tensor:
+    """matmul of two float8 tensors, multiplied by 2**log2_scale, as float16.
+    ``log2_scale`` is a scalar int32 tensor with a value in [-32, 32)."""
+    return create_op("matmul_pow2scaled", [lhs, rhs, log2_scale])[0]
 
 
 def _softmax_infer(specs, axis):
@@ -72,3 +240,660 @@ def softmax(t: Tensor, axis: int) -> Tensor:
     except (ValueError, TypeError) as e:
         raise type(e)(f"ops.softmax: {e} (tensor {t.id!r} of shape {t.shape})") from None
     return create_op("softmax", [t], {"axis": ax})[0]
+
+
+# convolution ------------------------------------------------------------------------------------------
+def _conv_check(x, w, strides, pads, dilations, groups, transposed: bool, fp8: bool) -> int:
+    """Validate a (transposed) convolution; returns the number of output channels."""
+    r = len(x.shape) - 2
+    if r < 1 or r > 3:
+        raise ValueError(f"input must be (N, C, spatial...) with 1 to 3 spatial dims, got shape {x.shape}")
+    if len(w.shape) != r + 2:
+        raise ValueError(f"weight must have rank {r + 2} for a {r}-D convolution, got shape {w.shape}")
+    if fp8:
+        _check_fp8_operands([x, w])
+    else:
+        dt = same_dtype([x, w])
+        if not dt.is_floating_point or dt in _FP8:
+            raise TypeError(f"needs float16/float32/float64 tensors, got {dt.name} (float8: use the pow2scaled op)")
+    if not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups!r}")
+    if len(strides) != r or len(dilations) != r or len(pads) != 2 * r:
+        raise ValueError(f"need {r} strides, {r} dilations and {2 * r} pads, got {strides}, {dilations}, {pads}")
+    if any(s < 1 for s in strides) or any(d < 1 for d in dilations):
+        raise ValueError(f"strides and dilations must be >= 1, got {strides} and {dilations}")
+    c = x.shape[1]
+    if c % groups:
+        raise ValueError(f"input channels ({c}) are not divisible by groups ({groups})")
+    if transposed:
+        if w.shape[0] != c:
+            raise ValueError(f"weight must be (C={c}, M/groups, k...) for conv_transpose, got {w.shape}")
+        return w.shape[1] * groups
+    if any(p < 0 for p in pads):
+        raise ValueError(f"padding must be >= 0, got {pads}")
+    m = w.shape[0]
+    if w.shape[1] != c // groups:
+        raise ValueError(f"weight must be (M, C/groups={c // groups}, k...), got {w.shape} "
+                         f"(input has {c} channels, groups={groups})")
+    if m % groups:
+        raise ValueError(f"output channels ({m}) are not divisible by groups ({groups})")
+    return m
+
+
+def _conv_infer(specs, strides, pads, dilations, groups, fp8=False):
+    x, w = specs[:2]
+    if fp8:
+        _check_log2_scale(specs[2])
+    m = _conv_check(x, w, strides, pads, dilations, groups, False, fp8)
+    out = _out_shape(x.shape[2:], w.shape[2:], strides, dilations, pads)
+    return [spec((x.shape[0], m) + out, dtypes.float16 if fp8 else x.dtype)]
+
+
+def _conv_compute(x, w, strides, pads, dilations, groups) -> np.ndarray:
+    """Grouped N-D convolution in the accumulation dtype: gather windows, contract with weights."""
+    wide = _wide(x.dtype)
+    r = x.ndim - 2
+    k = w.shape[2:]
+    win = _windows(x.astype(wide), k, strides, dilations, pads)  # (N, C, *O, *K)
+    n, c = x.shape[:2]
+    out = win.shape[2:2 + r]
+    m, g = w.shape[0], groups
+    win = win.reshape((n, g, c // g) + out + k)
+    wg = w.astype(wide).reshape((g, m // g, c // g) + k)
+    o_ax, k_ax = "opq"[:r], "xyz"[:r]
+    res = np.einsum(f"ngc{o_ax}{k_ax},gmc{k_ax}->ngm{o_ax}", win, wg, optimize=True)
+    return res.reshape((n, m) + out)
+
+
+def _conv_kernel(x, w, strides, pads, dilations, groups):
+    return _conv_compute(x, w, strides, pads, dilations, groups).astype(x.dtype)
+
+
+def _conv_pow2_kernel(x, w, s, strides, pads, dilations, groups):
+    return (_conv_compute(x, w, strides, pads, dilations, groups) * _scale_value(s)).astype(np.float16)
+
+
+register(OpDef("conv", _conv_infer, _conv_kernel, family="nn"))
+register(OpDef("conv_pow2scaled", lambda specs, **a: _conv_infer(specs, fp8=True, **a), _conv_pow2_kernel,
+               grad=Grad.RAISE, family="nn"))
+
+
+def _conv_transpose_pads(sizes, kernel, strides, dilations, pads, pad_type, output_padding, output_shape):
+    """Explicit output crops (begins + ends) of a transposed convolution, ONNX ConvTranspose rules:
+    with ``output_shape`` (or "same_*", whose output is size*stride) the total crop is derived from
+    the wanted size and split in two halves, the larger half at the end for "same_upper" and at
+    the beginning otherwise; "valid" crops nothing."""
+    r = len(sizes)
+    if pad_type == "valid":
+        return (0,) * (2 * r)
+    if not output_shape and pad_type in ("same_upper", "same_lower"):
+        output_shape = tuple(n * s for n, s in zip(sizes, strides))
+    if not output_shape:
+        return tuple(pads)
+    begins, ends = [], []
+    for i in range(r):
+        full = strides[i] * (sizes[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1
+        total = full - output_shape[i]
+        half = total // 2
+        begins.append(half if pad_type == "same_upper" else total - half)
+        ends.append(total - begins[-1])
+    return tuple(begins + ends)
+
+
+def _conv_transpose_infer(specs, strides, pads, dilations, groups, output_padding, fp8=False):
+    x, w = specs[:2]
+    if fp8:
+        _check_log2_scale(specs[2])
+    m = _conv_check(x, w, strides, pads, dilations, groups, True, fp8)
+    r = len(strides)
+    if len(output_padding) != r:
+        raise ValueError(f"output_padding needs {r} values, got {output_padding}")
+    for i in range(r):
+        if not 0 <= output_padding[i] < max(strides[i], dilations[i]):
+            raise ValueError(f"output_padding must be in [0, max(stride, dilation)), got {output_padding}")
+    out = []
+    for i in range(r):
+        o = strides[i] * (x.shape[2 + i] - 1) + output_padding[i] + (w.shape[2 + i] - 1) * dilations[i] + 1 \
+            - pads[i] - pads[r + i]
+        if o < 1:
+            raise ValueError(f"the output would have spatial size {o} in dim {i} (padding {pads})")
+        out.append(o)
+    return [spec((x.shape[0], m) + tuple(out), dtypes.float16 if fp8 else x.dtype)]
+
+
+def _conv_transpose_compute(x, w, strides, pads, dilations, groups, output_padding) -> np.ndarray:
+    """A convolution of the input spread out by the strides with the flipped kernel whose
+    in/out channel axes are swapped per group."""
+    r = x.ndim - 2
+    n, c = x.shape[:2]
+    g = groups
+    k = w.shape[2:]
+    spread = np.zeros((n, c) + tuple((d - 1) * s + 1 for d, s in zip(x.shape[2:], strides)), _wide(x.dtype))
+    spread[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)] = x
+    wt = w.astype(spread.dtype).reshape((g, c // g, w.shape[1]) + k).swapaxes(1, 2)
+    wt = np.flip(wt.reshape((g * w.shape[1], c // g) + k), axis=tuple(range(2, 2 + r)))
+    eff = [(kk - 1) * d for kk, d in zip(k, dilations)]
+    cpads = tuple(eff[i] - pads[i] for i in range(r)) + \
+        tuple(eff[i] - pads[r + i] + output_padding[i] for i in range(r))
+    return _conv_compute(spread, wt, (1,) * r, cpads, dilations, g)
+
+
+def _conv_transpose_kernel(x, w, strides, pads, dilations, groups, output_padding):
+    return _conv_transpose_compute(x, w, strides, pads, dilations, groups, output_padding).astype(x.dtype)
+
+
+def _conv_transpose_pow2_kernel(x, w, s, strides, pads, dilations, groups, output_padding):
+    res = _conv_transpose_compute(x, w, strides, pads, dilations, groups, output_padding)
+    return (res * _scale_value(s)).astype(np.float16)
+
+
+register(OpDef("conv_transpose", _conv_transpose_infer, _conv_transpose_kernel, grad=Grad.STOP, family="nn"))
+register(OpDef("conv_transpose_pow2scaled", lambda specs, **a: _conv_transpose_infer(specs, fp8=True, **a),
+               _conv_transpose_pow2_kernel, grad=Grad.RAISE, family="nn"))
+
+
+def _conv_attrs(opname, t, weight, stride, padding, dilation, groups, pad_type,
+                transposed=False, output_padding=(), output_shape=()):
+    """Resolve the user's convolution parameters into the explicit attributes of the op."""
+    xs = _shape_of(t, "t", opname)
+    ws = _shape_of(weight, "weight", opname)
+    try:
+        r = len(xs) - 2
+        if r < 1:
+            raise ValueError(f"input must be (N, C, spatial...), got shape {xs}")
+        if len(ws) != len(xs):
+            raise ValueError(f"weight must have rank {len(xs)}, got shape {ws}")
+        strides = _ints(stride, r, "stride", 1)
+        dilations = _ints(dilation, r, "dilation", 1)
+        pads = _ints(padding, 2 * r, "padding", 0)
+        pad_type = _check_pad_type(pad_type)
+        if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)):
+            raise TypeError(f"groups must be an int, not {groups!r}")
+        attrs = {"strides": strides, "dilations": dilations, "groups": int(groups)}
+        if not transposed:
+            attrs["pads"] = _resolve_pads(xs[2:], ws[2:], strides, dilations, pads, pad_type)
+            return attrs
+        out_pad = _ints(output_padding, r, "output_padding", 0)
+        out_shape = _ints(output_shape, r, "output_shape", 0) if output_shape else ()
+        if out_shape and any(o < 1 for o in out_shape):
+            raise ValueError(f"output_shape must be positive, got {out_shape}")
+        attrs["pads"] = _conv_transpose_pads(xs[2:], ws[2:], strides, dilations, pads, pad_type, out_pad, out_shape)
+        attrs["output_padding"] = out_pad
+        return attrs
+    except (TypeError, ValueError) as e:
+        raise _fail(opname, e) from None
+
+
+def conv(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1, 1), padding: Optional[Tuple[int]] = (0, 0, 0, 0),
+         dilation: Optional[Tuple[int]] = (1, 1), groups: Optional[int] = 1, pad_type: Optional[PadType] = "not_set",
+         available_memory_proportions: Optional[List[float]] = None, partials_types: Optional[List[str]] = None,
+         enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
+    """Grouped N-D convolution (cross-correlation, 1 to 3 spatial dims) of ``t`` (N, C, *S) with
+    ``weight`` (M, C/groups, *k) -> (N, M, *out). ``padding`` lists the begin pads then the end pads;
+    ``pad_type`` "same_upper"/"same_lower"/"valid" replaces it. stride/dilation/padding accept
+    one int or one value per spatial dim. The memory/partials/dithering options are IPU planning
+    hints and do not change the result here."""
+    attrs = _conv_attrs("conv", t, weight, stride, padding, dilation, groups, pad_type)
+    return create_op("conv", [t, weight], attrs)[0]
+
+
+def conv_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optional[Tuple[int]] = (1, 1),
+                    padding: Optional[Tuple[int]] = (0, 0, 0, 0), dilation: Optional[Tuple[int]] = (1, 1),
+                    groups: Optional[int] = 1, pad_type: Optional[PadType] = "not_set",
+                    available_memory_proportions: Optional[List[float]] = None,
+                    enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
+    """`conv` of float8 ``t`` and ``weight``, multiplied by 2**log2_scale (scalar int32), in float16."""
+    attrs = _conv_attrs("conv_pow2scaled", t, weight, stride, padding, dilation, groups, pad_type)
+    return create_op("conv_pow2scaled", [t, weight, log2_scale], attrs)[0]
+
+
+def conv_transpose(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1, 1),
+                   padding: Optional[Tuple[int]] = (0, 0, 0, 0), dilation: Optional[Tuple[int]] = (1, 1),
+                   groups: Optional[int] = 1, pad_type: Optional[PadType] = "not_set",
+                   output_padding: Optional[Tuple[int]] = (), output_shape: Optional[Tuple[int]] = (),
+                   available_memory_proportions: Optional[List[float]] = None,
+                   partials_types: Optional[List[str]] = None,
+                   enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
+    """Transposed convolution (the gradient of `conv` w.r.t. its input) of ``t`` (N, C, *S) with
+    ``weight`` (C, M/groups, *k) -> (N, M, *out), out = stride*(S-1) + output_padding +
+    (k-1)*dilation + 1 - pad_begin - pad_end. ``output_shape`` (spatial sizes) overrides
+    ``padding``: the needed crop is split in two, the larger half at the beginning ("not_set",
+    "same_lower") or at the end ("same_upper"); "same_*" alone asks for out = S*stride."""
+    attrs = _conv_attrs("conv_transpose", t, weight, stride, padding, dilation, groups, pad_type, True,
+                        output_padding, output_shape)
+    return create_op("conv_transpose", [t, weight], attrs)[0]
+
+
+def conv_transpose_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optional[Tuple[int]] = (1, 1),
+                              padding: Optional[Tuple[int]] = (0, 0, 0, 0),
+                              dilation: Optional[Tuple[int]] = (1, 1), groups: Optional[int] = 1,
+                              pad_type: Optional[PadType] = "not_set", output_padding: Optional[Tuple[int]] = (),
+                              output_shape: Optional[Tuple[int]] = (),
+                              available_memory_proportions: Optional[List[float]] = None,
+                              enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
+    """`conv_transpose` of float8 ``t`` and ``weight``, multiplied by 2**log2_scale, in float16."""
+    attrs = _conv_attrs("conv_transpose_pow2scaled", t, weight, stride, padding, dilation, groups, pad_type,
+                        True, output_padding, output_shape)
+    return create_op("conv_transpose_pow2scaled", [t, weight, log2_scale], attrs)[0]
+
+
+# pooling ----------------------------------------------------------------------------------------------
+def _pool_infer(specs, kernel, strides, pads, dilations, ceil_mode, **_):
+    x = specs[0]
+    r = len(x.shape) - 2
+    if r < 1:
+        raise ValueError(f"input must be (N, C, spatial...), got shape {x.shape}")
+    if not x.dtype.is_floating_point or x.dtype in _FP8:
+        raise TypeError(f"needs a float16/float32/float64 tensor, got {x.dtype.name}")
+    if len(kernel) != r or len(strides) != r or len(dilations) != r or len(pads) != 2 * r:
+        raise ValueError(f"a {r}-D pool needs {r} kernel sizes, strides and dilations and {2 * r} pads, "
+                         f"got {kernel}, {strides}, {dilations}, {pads}")
+    if any(v < 1 for v in kernel + strides + dilations):
+        raise ValueError(f"kernel sizes, strides and dilations must be >= 1, got {kernel}, {strides}, {dilations}")
+    for i in range(r):
+        eff = (kernel[i] - 1) * dilations[i] + 1
+        if not (0 <= pads[i] < eff and 0 <= pads[r + i] < eff):
+            raise ValueError(f"pads must be >= 0 and smaller than the (dilated) kernel, got {pads} for kernel {kernel}")
+    return [spec(x.shape[:2] + _out_shape(x.shape[2:], kernel, strides, dilations, pads, ceil_mode), x.dtype)]
+
+
+def _max_pool_kernel(x, kernel, strides, pads, dilations, ceil_mode, storage_order):
+    win = _windows(x, kernel, strides, dilations, pads, ceil_mode, fill=-np.inf)
+    r = len(kernel)
+    return win.max(axis=tuple(range(-r, 0)))
+
+
+def _average_pool_kernel(x, kernel, strides, pads, dilations, ceil_mode):
+    r = len(kernel)
+    k_axes = tuple(range(-r, 0))
+    wide = x.astype(_wide(x.dtype))
+    total = _windows(wide, kernel, strides, dilations, pads, ceil_mode).sum(axis=k_axes)
+    ones = np.ones((1, 1) + x.shape[2:], wide.dtype)
+    count = _windows(ones, kernel, strides, dilations, pads, ceil_mode).sum(axis=k_axes)
+    return (total / count).astype(x.dtype)
+
+
+register(OpDef("max_pool", _pool_infer, _max_pool_kernel, family="nn"))
+register(OpDef("average_pool", _pool_infer, _average_pool_kernel, family="nn"))
+
+
+def _pool_attrs(opname, t, kernel_size, stride, padding, out_pads, dilation, in_dilations, auto_pad, ceil_mode):
+    xs = _shape_of(t, "t", opname)
+    try:
+        r = len(xs) - 2
+        if r < 1:
+            raise ValueError(f"input must be (N, C, spatial...), got shape {xs}")
+        if kernel_size is None:
+            raise ValueError("kernel_size is required")
+        kernel = _ints(kernel_size, r, "kernel_size", -1)
+        strides = _ints(stride, r, "stride", 1)
+        dilations = _ints(dilation, r, "dilation", 1)
+        pads = _ints(padding, 2 * r, "padding", 0)
+        if any(v != 0 for v in _ints(out_pads, 2 * r, "out_pads", 0)):
+            raise NotImplementedError(f"non-zero out_pads {tuple(out_pads)} are not supported")
+        if any(v != 1 for v in _ints(in_dilations, r, "in_dilations", 1)):
+            raise NotImplementedError(f"input dilations {tuple(in_dilations)} other than 1 are not supported")
+        auto_pad = _check_pad_type(auto_pad, "auto_pad")
+        pads = _resolve_pads(xs[2:], kernel, strides, dilations, pads, auto_pad)
+        return {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dilations,
+                "ceil_mode": bool(ceil_mode)}
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise _fail(opname, e) from None
+
+
+def average_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]] = None,
+                 padding: Optional[Tuple[int]] = None, out_pads: Optional[Tuple[int]] = None,
+                 dilation: Optional[Tuple[int]] = None, in_dilations: Optional[Tuple[int]] = None,
+                 auto_pad: Optional[PadType] = "not_set", ceil_mode: bool = False) -> Tensor:
+    """Mean over each window of the spatial dims of ``t`` (N, C, *S). stride defaults to 1,
+    padding (begins then ends) to 0; padded positions are not counted in the mean. ``ceil_mode``
+    rounds the output size up, dropping a last window that would start inside the end padding.
+    Only zero ``out_pads`` and unit ``in_dilations`` are supported (NotImplementedError)."""
+    attrs = _pool_attrs("average_pool", t, kernel_size, stride, padding, out_pads, dilation, in_dilations,
+                        auto_pad, ceil_mode)
+    return create_op("average_pool", [t], attrs)[0]
+
+
+def max_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]] = None,
+             padding: Optional[Tuple[int]] = None, out_pads: Optional[Tuple[int]] = None,
+             dilation: Optional[Tuple[int]] = None, in_dilations: Optional[Tuple[int]] = None,
+             auto_pad: Optional[PadType] = "not_set", ceil_mode: bool = False,
+             storage_order: Literal["row", "column"] = "row") -> Tensor:
+    """Maximum over each (optionally dilated) window of the spatial dims of ``t`` (N, C, *S);
+    padding never wins. Parameters as for `average_pool`; ``storage_order`` only concerns the
+    layout of indices, which this op does not return."""
+    if storage_order not in ("row", "column"):
+        raise _fail("max_pool", ValueError(f"storage_order must be 'row' or 'column', not {storage_order!r}"))
+    attrs = _pool_attrs("max_pool", t, kernel_size, stride, padding, out_pads, dilation, in_dilations,
+                        auto_pad, ceil_mode)
+    attrs["storage_order"] = storage_order
+    return create_op("max_pool", [t], attrs)[0]
+
+
+# normalisation ----------------------------------------------------------------------------------------
+def _per_channel_check(x, params, names) -> None:
+    if len(x.shape) < 2:
+        raise ValueError(f"input must be (N, C, ...), got shape {x.shape}")
+    if not x.dtype.is_floating_point or x.dtype in _FP8:
+        raise TypeError(f"needs a float16/float32/float64 tensor, got {x.dtype.name}")
+    c = x.shape[1]
+    for name, p in zip(names, params):
+        if p.shape != (c,):
+            raise ValueError(f"{name} must have shape ({c},) (one value per channel), got {p.shape}")
+        if p.dtype is not x.dtype:
+            raise TypeError(f"{name} must have the input's dtype {x.dtype.name}, got {p.dtype.name}")
+
+
+def _channel(p: np.ndarray, rank: int, dt) -> np.ndarray:
+    return p.astype(dt).reshape((1, -1) + (1,) * (rank - 2))
+
+
+def _batch_norm_infer(specs, epsilon):
+    _per_channel_check(specs[0], specs[1:], ("scale", "bias", "mean", "var"))
+    return [spec(specs[0].shape, specs[0].dtype)]
+
+
+def _batch_norm_kernel(x, scale, bias, mean, var, epsilon):
+    w = _wide(x.dtype)
+    ch = [_channel(p, x.ndim, w) for p in (scale, bias, mean, var)]
+    y = ch[0] * (x.astype(w) - ch[2]) / np.sqrt(ch[3] + w.type(epsilon)) + ch[1]
+    return y.astype(x.dtype)
+
+
+register(OpDef("batch_norm_inference", _batch_norm_infer, _batch_norm_kernel, family="nn"))
+
+
+def batch_norm_inference(t: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor,
+                         epsilon: float = 1e-5, momentum: float = 0.9) -> Tensor:
+    """Normalise ``t`` (N, C, ...) per channel with the given running statistics:
+    scale * (t - mean) / sqrt(var + epsilon) + bias; all four are (C,). ``momentum`` only matters
+    for training and is ignored."""
+    return create_op("batch_norm_inference", [t, scale, bias, mean, var], {"epsilon": float(epsilon)})[0]
+
+
+def _group_norm_infer(specs, num_groups, eps):
+    x = specs[0]
+    _per_channel_check(x, specs[1:], ("weight", "bias"))
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
+    if x.shape[1] % num_groups:
+        raise ValueError(f"channels ({x.shape[1]}) are not divisible by num_groups ({num_groups})")
+    return [spec(x.shape, x.dtype)]
+
+
+def _group_norm_kernel(x, weight, bias, num_groups, eps):
+    w = _wide(x.dtype)
+    n = x.shape[0]
+    g = x.astype(w).reshape(n, num_groups, -1)
+    mean = g.mean(axis=-1, keepdims=True)
+    var = ((g - mean) ** 2).mean(axis=-1, keepdims=True)
+    y = ((g - mean) / np.sqrt(var + w.type(eps))).reshape(x.shape)
+    return (y * _channel(weight, x.ndim, w) + _channel(bias, x.ndim, w)).astype(x.dtype)
+
+
+register(OpDef("group_norm", _group_norm_infer, _group_norm_kernel, family="nn"))
+register(OpDef("layer_norm", lambda specs, eps: _group_norm_infer(specs, 1, eps),
+               lambda x, weight, bias, eps: _group_norm_kernel(x, weight, bias, 1, eps), family="nn"))
+
+
+def group_norm(t: Tensor, weight: Tensor, bias: Tensor, num_groups: int, eps: float = 1e-5) -> Tensor:
+    """Group normalisation of ``t`` (N, C, ...): the channels are split into ``num_groups`` groups,
+    each normalised over its channels and all spatial positions (biased variance, ``eps`` added to
+    it), then scaled and shifted per channel by ``weight`` and ``bias`` (C,)."""
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)):
+        raise _fail("group_norm", TypeError(f"num_groups must be an int, not {num_groups!r}"))
+    return create_op("group_norm", [t, weight, bias], {"num_groups": int(num_groups), "eps": float(eps)})[0]
+
+
+def layer_norm(t: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    """`group_norm` with a single group: each sample is normalised over all its non-batch values,
+    then ``weight``/``bias`` of shape (t.shape[1],) apply per channel (axis 1)."""
+    return create_op("layer_norm", [t, weight, bias], {"eps": float(eps)})[0]
+
+
+# losses -----------------------------------------------------------------------------------------------
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _nll_check(probs, labels, reduction) -> Tuple[int, ...]:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, not {reduction!r}")
+    if not probs.shape:
+        raise ValueError("probs must have a class axis (rank >= 1)")
+    if not probs.dtype.is_floating_point or probs.dtype in _FP8:
+        raise TypeError(f"probs must be float16/float32/float64, got {probs.dtype.name}")
+    if not labels.dtype.is_int:
+        raise TypeError(f"labels must be integers, got {labels.dtype.name}")
+    if labels.shape != probs.shape[:-1]:
+        raise ValueError(f"labels must have shape probs.shape[:-1] = {probs.shape[:-1]}, got {labels.shape}")
+    return labels.shape if reduction == "none" else ()
+
+
+def _nll_infer(specs, ignore_index, reduction, log_prob):
+    probs, labels = specs
+    return [spec(_nll_check(probs, labels, reduction), probs.dtype)]
+
+
+def _nll_items(probs, labels, ignore_index, log_prob):
+    """Per-item losses (float32 or wider), the mask of counted items and the clamped labels."""
+    c = probs.shape[-1]
+    keep = np.ones(labels.shape, bool) if ignore_index is None else labels != ignore_index
+    bad = keep & ((labels < 0) | (labels >= c))
+    if bad.any():
+        raise ValueError(f"nll_loss: label {labels[bad].reshape(-1)[0]} is out of range for {c} classes")
+    idx = np.where(keep, labels, 0).astype(np.int64)
+    w = _wide(probs.dtype)
+    picked = np.take_along_axis(probs.astype(w), idx[..., None], axis=-1)[..., 0]
+    if log_prob:
+        item = -picked
+    else:
+        eps = 6.104e-5 if probs.dtype == np.float16 else 1e-7
+        item = -np.log(np.maximum(picked, w.type(eps)))
+    return np.where(keep, item, 0).astype(w), keep, idx
+
+
+def _reduce_loss(item, keep, reduction):
+    if reduction == "none":
+        return item
+    total = item.sum()
+    return total / max(int(keep.sum()), 1) if reduction == "mean" else total
+
+
+def _nll_kernel(probs, labels, ignore_index, reduction, log_prob):
+    item, keep, _ = _nll_items(probs, labels, ignore_index, log_prob)
+    return np.asarray(_reduce_loss(item, keep, reduction)).astype(probs.dtype)
+
+
+register(OpDef("nll_loss", _nll_infer, _nll_kernel, family="nn"))
+
+
+def _nll_args(opname, ignore_index, reduction):
+    if reduction not in _REDUCTIONS:
+        raise _fail(opname, ValueError(f"reduction must be one of {_REDUCTIONS}, not {reduction!r}"))
+    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))):
+        raise _fail(opname, TypeError(f"ignore_index must be an int or None, not {ignore_index!r}"))
+    return None if ignore_index is None else int(ignore_index)
+
+
+def nll_loss(probs: Tensor, labels: Tensor, ignore_index: Optional[int] = None,
+             reduction: Literal["mean", "sum", "none"] = "mean", log_prob: bool = False) -> Tensor:
+    """Negative log likelihood of integer ``labels`` (shape probs.shape[:-1]) under ``probs``
+    (classes on the last axis): per item -log(max(p[label], eps)) with eps = 1e-7 (6.104e-5 for
+    float16), or -p[label] when ``log_prob`` says probs are already log-probabilities. Items whose
+    label is ``ignore_index`` count 0. "mean" divides the sum by the number of counted items (at
+    least 1), "sum" adds, "none" returns the per-item losses."""
+    ignore_index = _nll_args("nll_loss", ignore_index, reduction)
+    return create_op("nll_loss", [probs, labels], {"ignore_index": ignore_index, "reduction": reduction,
+                                                   "log_prob": bool(log_prob)})[0]
+
+
+def _nll_softmax_infer(specs, ignore_index, reduction):
+    probs, labels, lg = specs
+    out = _nll_check(probs, labels, reduction)
+    if not lg.dtype.is_floating_point or lg.dtype in _FP8:
+        raise TypeError(f"loss_grad must be a float16/float32/float64 tensor, got {lg.dtype.name}")
+    allowed = (labels.shape,) if reduction == "none" else ()
+    if math.prod(lg.shape) != 1 and lg.shape not in allowed:
+        raise ValueError(f"loss_grad must be a scalar{' or have the labels shape' if allowed else ''}, "
+                         f"got shape {lg.shape}")
+    return [spec(out, probs.dtype), spec(probs.shape, probs.dtype)]
+
+
+def _nll_softmax_kernel(probs, labels, loss_grad, ignore_index, reduction):
+    item, keep, idx = _nll_items(probs, labels, ignore_index, False)
+    w = item.dtype
+    grad = probs.astype(w).copy()
+    np.put_along_axis(grad, idx[..., None], np.take_along_axis(grad, idx[..., None], -1) - 1, axis=-1)
+    if reduction == "none":
+        scale = np.broadcast_to(loss_grad.astype(w).reshape(loss_grad.shape if loss_grad.size != 1 else ()),
+                                labels.shape)
+    else:
+        scale = np.full(labels.shape, loss_grad.astype(w).reshape(-1)[0], w)
+        if reduction == "mean":
+            scale = scale / max(int(keep.sum()), 1)
+    grad = grad * np.where(keep, scale, 0)[..., None]
+    loss = np.asarray(_reduce_loss(item, keep, reduction)).astype(probs.dtype)
+    return loss, grad.astype(probs.dtype)
+
+
+register(OpDef("nll_loss_with_softmax_grad", _nll_softmax_infer, _nll_softmax_kernel, grad=Grad.STOP, family="nn"))
+
+
+def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor, loss_grad: Union[float, Tensor] = 1,
+                               ignore_index: Optional[int] = None,
+                               reduction: Literal["mean", "sum", "none"] = "mean") -> Tuple[Tensor, Tensor]:
+    """`nll_loss` of ``probs`` = softmax(x) together with its gradient w.r.t. the logits x:
+    (probs - onehot(labels)) * loss_grad, divided by the counted items for "mean", zero for ignored
+    items. A float ``loss_grad`` becomes a float32 constant; for "none" it may have the labels'
+    shape. Returns ``(loss, dE/dx)``; no gradient flows through this op."""
+    ignore_index = _nll_args("nll_loss_with_softmax_grad", ignore_index, reduction)
+    if not isinstance(loss_grad, Tensor):
+        loss_grad = as_tensor(float(loss_grad), dtype=dtypes.float32)
+    loss, grad = create_op("nll_loss_with_softmax_grad", [probs, labels, loss_grad],
+                           {"ignore_index": ignore_index, "reduction": reduction})
+    return loss, grad
+
+
+# roi_align --------------------------------------------------------------------------------------------
+def _roi_align_infer(specs, output_size, spatial_scale, sampling_ratio):
+    x, rois, bidx = specs
+    if len(x.shape) != 4:
+        raise ValueError(f"t must be (N, C, H, W), got shape {x.shape}")
+    if not x.dtype.is_floating_point or x.dtype in _FP8:
+        raise TypeError(f"t must be float16/float32/float64, got {x.dtype.name}")
+    if len(rois.shape) != 2 or rois.shape[1] != 4:
+        raise ValueError(f"rois must be (R, 4) boxes x1, y1, x2, y2, got shape {rois.shape}")
+    if rois.dtype is not x.dtype:
+        raise TypeError(f"rois must have t's dtype {x.dtype.name}, got {rois.dtype.name}")
+    if bidx.shape != (rois.shape[0],) or not bidx.dtype.is_int:
+        raise ValueError(f"batch_index must be ({rois.shape[0]},) integers, got {bidx.shape} {bidx.dtype.name}")
+    if len(output_size) != 2 or any(v < 1 for v in output_size):
+        raise ValueError(f"output_size must be two positive ints (h, w), got {output_size}")
+    if sampling_ratio < 0:
+        raise ValueError(f"sampling_ratio must be >= 0, got {sampling_ratio}")
+    return [spec((rois.shape[0], x.shape[1]) + tuple(output_size), x.dtype)]
+
+
+def _bilinear_weights(pos: np.ndarray, size: int):
+    """Low/high indices and weights of 1-D linear interpolation at ``pos`` (ONNX RoiAlign edge
+    rules: outside [-1, size] contributes nothing, else clamped to the border)."""
+    inside = (pos >= -1.0) & (pos <= size)
+    p = np.clip(pos, 0.0, None)
+    lo = np.minimum(np.floor(p).astype(np.int64), size - 1)
+    hi = np.minimum(lo + 1, size - 1)
+    p = np.where(lo >= size - 1, lo, p)
+    frac = p - lo
+    return lo, hi, (1.0 - frac) * inside, frac * inside
+
+
+def _roi_align_kernel(x, rois, batch_index, output_size, spatial_scale, sampling_ratio):
+    w = _wide(x.dtype)
+    xf = x.astype(w)
+    _, c, height, width = x.shape
+    ph, pw = output_size
+    out = np.zeros((rois.shape[0], c, ph, pw), w)
+    for r in range(rois.shape[0]):
+        x1, y1, x2, y2 = (float(v) * spatial_scale for v in rois[r].astype(np.float64))
+        rh, rw = max(y2 - y1, 1.0), max(x2 - x1, 1.0)
+        bh, bw = rh / ph, rw / pw
+        gh = sampling_ratio or int(math.ceil(rh / ph))
+        gw = sampling_ratio or int(math.ceil(rw / pw))
+        ys = y1 + (np.arange(ph)[:, None] + (np.arange(gh)[None, :] + 0.5) / gh) * bh  # (ph, gh)
+        xs = x1 + (np.arange(pw)[:, None] + (np.arange(gw)[None, :] + 0.5) / gw) * bw  # (pw, gw)
+        ylo, yhi, wyl, wyh = _bilinear_weights(ys.reshape(-1), height)
+        xlo, xhi, wxl, wxh = _bilinear_weights(xs.reshape(-1), width)
+        img = xf[int(batch_index[r])]
+        val = sum(img[:, yi][:, :, xi] * (wy[:, None] * wx[None, :]).astype(w)
+                  for yi, wy in ((ylo, wyl), (yhi, wyh)) for xi, wx in ((xlo, wxl), (xhi, wxh)))
+        out[r] = val.reshape(c, ph, gh, pw, gw).mean(axis=(2, 4))
+    return out.astype(x.dtype)
+
+
+register(OpDef("roi_align", _roi_align_infer, _roi_align_kernel, family="nn"))
+
+
+def roi_align(t: Tensor, rois: Tensor, batch_index: Tensor, output_size: Tuple[int], spatial_scale: float,
+              sampling_ratio: int) -> Tensor:
+    """Average RoI align: for each box ``rois[r]`` = (x1, y1, x2, y2) on image
+    ``batch_index[r]`` of ``t`` (N, C, H, W), an (h, w) = ``output_size`` grid of bins, each the
+    mean of bilinear samples on a regular sub-grid (``sampling_ratio`` per side, 0 = adaptive
+    ceil(box size / output size)). Boxes are multiplied by ``spatial_scale`` with no half-pixel
+    shift (ONNX's "output_half_pixel" mode, as in RoiAlign-10) and are at least 1x1. Samples
+    beyond one pixel outside the image count as 0."""
+    try:
+        size = _ints(output_size, 2, "output_size", -1)
+        if isinstance(sampling_ratio, bool) or not isinstance(sampling_ratio, (int, np.integer)):
+            raise TypeError(f"sampling_ratio must be an int, not {sampling_ratio!r}")
+    except (TypeError, ValueError) as e:
+        raise _fail("roi_align", e) from None
+    return create_op("roi_align", [t, rois, batch_index], {"output_size": size, "spatial_scale": float(spatial_scale),
+                                                            "sampling_ratio": int(sampling_ratio)})[0]
+
+
+# float8 casts -----------------------------------------------------------------------------------------
+def _to_fp8_infer(specs, data_type):
+    x, s = specs
+    if data_type not in _FP8:
+        raise TypeError(f"data_type must be float8_143 or float8_152, not {data_type!r}")
+    if not x.dtype.is_floating_point or x.dtype in _FP8:
+        raise TypeError(f"t must be float16/float32/float64, got {x.dtype.name}")
+    _check_log2_scale(s)
+    return [spec(x.shape, data_type)]
+
+
+def _to_fp8_kernel(x, s, data_type):
+    fmt = dtypes.ml_dtype(data_type)
+    v = x.astype(np.float64) * _scale_value(s)
+    limit = float(ml_dtypes.finfo(fmt).max)
+    v = np.where(np.abs(v) > limit, np.nan, v)
+    return v.astype(fmt)
+
+
+def _from_fp8_infer(specs, data_type):
+    x, s = specs
+    if x.dtype not in _FP8:
+        raise TypeError(f"t must be float8_143 or float8_152, got {x.dtype.name}")
+    if data_type not in (dtypes.float16, dtypes.float32):
+        raise TypeError(f"data_type must be float16 or float32, not {data_type!r}")
+    _check_log2_scale(s)
+    return [spec(x.shape, data_type)]
+
+
+def _from_fp8_kernel(x, s, data_type):
+    return (x.astype(np.float64) * _scale_value(s)).astype(dtypes.ml_dtype(data_type))
+
+
+register(OpDef("pow2scale_cast_to_fp8", _to_fp8_infer, _to_fp8_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("pow2scale_cast_from_fp8", _from_fp8_infer, _from_fp8_kernel, grad=Grad.RAISE, family="nn"))
+
+
+def pow2scale_cast_to_fp8(t: Tensor, log2_scale: Tensor, data_type: dtypes.dtype) -> Tensor:
+    """``t * 2**log2_scale`` rounded to the float8 ``data_type`` (nearest, ties to even); values
+    beyond the format's largest magnitude become NaN, as the host conversion does by default.
+    ``log2_scale`` is a scalar int32 tensor with a value in [-32, 32)."""
+    return create_op("pow2scale_cast_to_fp8", [t, log2_scale], {"data_type": data_type})[0]
+
+
+def pow2scale_cast_from_fp8(t: Tensor, log2_scale: Tensor, data_type: dtypes.dtype) -> Tensor:
+    """Float8 ``t`` decoded to float16/float32 ``data_type`` and multiplied by 2**log2_scale."""
+    return create_op("pow2scale_cast_from_fp8", [t, log2_scale], {"data_type": data_type})[0]

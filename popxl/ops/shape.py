@@ -1,4 +1,5 @@
-"""Shape and data-movement ops: reshape, transpose, slice, concat, squeeze, subsample, gather,
+"""Shape and data-movement ops: reshape, transpose, slice, concat, split, squeeze, subsample,
+gather (plain, tied, grouped), scatter, scatter_reduce, dynamic slice/update, onehot, interpolate,
 and Tensor indexing. View variants (``reshape_``, ``transpose_``, ``slice_``, ``flatten_``) alias
 their input: lowering places them inside the input's storage, so writes through them are seen."""
 from __future__ import annotations
@@ -13,7 +14,9 @@ from popxl.op import Grad, OpDef, create_op, register
 from popxl.ops.utils import normalize_axes, same_dtype, spec
 from popxl.tensor import Tensor, constant
 
-__all__ = ["concat", "flatten", "flatten_", "gather", "reshape", "reshape_", "slice", "slice_", "squeeze", "subsample", "transpose", "transpose_"]
+__all__ = ["concat", "concat_", "dynamic_slice", "dynamic_update", "dynamic_update_", "flatten", "flatten_", "gather",
+           "groupedgather", "interpolate", "onehot", "reshape", "reshape_", "scatter", "scatter_reduce", "slice", "slice_",
+           "split", "squeeze", "subsample", "tied_gather", "transpose", "transpose_"]
 
 INT32_MAX = 2 ** 31 - 1
 INT32_MIN = -(2 ** 31)
@@ -344,3 +347,527 @@ def getitem(t: Tensor, key: Any) -> Tensor:
     if tuple(out_shape) != out.shape:
         out = reshape(out, tuple(out_shape))
     return out
+
+
+# helpers shared by the ops below ---------------------------------------------------------------------
+def _axis_of(opname: str, rank: int, axis: int, what: str = "axis") -> int:
+    """One axis normalised to 0..rank-1; errors name the op."""
+    try:
+        return normalize_axes(rank, axis)[0]
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"ops.{opname}: {what}: {e}") from None
+
+
+def _int_tensor(value: Any, dtype: dtypes.dtype = dtypes.int32) -> Tensor:
+    """A Tensor as is; host data (lists, arrays, ints) as an integer constant."""
+    return value if isinstance(value, Tensor) else constant(np.asarray(value), dtype)
+
+
+def _need_int(s, what: str) -> None:
+    if not s.dtype.is_int:
+        raise TypeError(f"{what} must be an integer tensor, got {s.dtype.name}")
+
+
+def _wrap(idx: np.ndarray, dim: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Indices as int64 with negatives counted from the end, and a mask of those in range."""
+    idx = idx.astype(np.int64)
+    idx = np.where(idx < 0, idx + dim, idx)
+    return idx, (idx >= 0) & (idx < dim)
+
+
+# concat_ --------------------------------------------------------------------------------------------
+register(OpDef("concat_", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis), family="shape"))
+
+
+def concat_(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
+    """Join tensors along ``axis``, the in-place flavour of `concat`. Here the result is a new
+    tensor holding the same values (it does not share storage with the inputs)."""
+    return create_op("concat_", list(ts), {"axis": int(axis)})[0]
+
+
+# split ----------------------------------------------------------------------------------------------
+def _split_infer(specs, axis, splits):
+    s = specs[0]
+    shapes = []
+    for n in splits:
+        shape = list(s.shape)
+        shape[axis] = n
+        shapes.append(spec(shape, s.dtype))
+    return shapes
+
+
+def _split_kernel(x, axis, splits):
+    return tuple(np.split(x, np.cumsum(splits)[:-1], axis=axis))
+
+
+register(OpDef("split", _split_infer, _split_kernel, family="shape"))
+
+
+def split(t: Tensor, splits: Union[int, List[int]], axis: int = 0) -> List[Tensor]:
+    """Cut ``t`` along ``axis``: into ``splits`` equal parts (an int, which must divide the axis
+    length) or into parts of the listed lengths (which must add up to the axis length)."""
+    if t.rank == 0:
+        raise ValueError(f"ops.split: cannot split the scalar {t.id!r}")
+    ax = _axis_of("split", t.rank, axis)
+    d = t.shape[ax]
+    if isinstance(splits, (int, np.integer)):
+        if splits <= 0 or d % splits:
+            raise ValueError(f"ops.split: axis {ax} of {t.id!r} {t.shape} (length {d}) cannot be split into "
+                             f"{splits} equal parts")
+        parts = [d // int(splits)] * int(splits)
+    else:
+        parts = [int(n) for n in splits]
+        if not parts or any(n < 0 for n in parts) or builtins.sum(parts) != d:
+            raise ValueError(f"ops.split: part lengths {parts} must be non-negative and add up to the length "
+                             f"{d} of axis {ax} of {t.id!r} {t.shape}")
+    return list(create_op("split", [t], {"axis": ax, "splits": tuple(parts)}))
+
+
+# scatter --------------------------------------------------------------------------------------------
+def _scatter_infer(specs, axis):
+    t, idx, vals = specs
+    _need_int(idx, "indices")
+    if vals.dtype is not t.dtype:
+        raise TypeError(f"values ({vals.dtype.name}) must have the dtype of t ({t.dtype.name})")
+    if not (len(t.shape) == len(idx.shape) == len(vals.shape)) or len(t.shape) == 0:
+        raise ValueError("t, indices and values must have the same rank (at least 1)")
+    if idx.shape != vals.shape:
+        raise ValueError(f"indices {idx.shape} and values {vals.shape} must have the same shape")
+    if any(i > d for i, d in zip(idx.shape, t.shape)):
+        raise ValueError(f"indices {idx.shape} may not be larger than t {t.shape} in any dimension")
+    return [spec(t.shape, t.dtype)]
+
+
+def _target_positions(idx, axis, dim):
+    """Full coordinates into the output for every element of an index tensor used along ``axis``
+    (ScatterElements style), and which of them are in range."""
+    wrapped, ok = _wrap(idx, dim)
+    coords = list(np.indices(idx.shape, sparse=False))
+    coords[axis] = wrapped
+    return tuple(c[ok] for c in coords), ok
+
+
+def _scatter_kernel(t, idx, vals, axis):
+    out = t.copy()
+    where, ok = _target_positions(idx, axis, t.shape[axis])
+    out[where] = vals[ok]
+    return out
+
+
+register(OpDef("scatter", _scatter_infer, _scatter_kernel, family="shape"))
+
+
+def scatter(t: Tensor, indices: Tensor, values: Tensor, axis: int = 0,
+            available_memory_proportion: Optional[float] = None) -> Tensor:
+    """A copy of ``t`` with ``values`` written where ``indices`` point along ``axis`` (ONNX
+    ScatterElements: ``out[..., indices[i, j], ...] = values[i, j]`` with the index replacing the
+    ``axis`` coordinate). Negative indices count from the end; out-of-range ones are ignored; when
+    several indices hit one place, the last written wins."""
+    indices = _int_tensor(indices)
+    values = values if isinstance(values, Tensor) else constant(np.asarray(values), t.dtype)
+    return create_op("scatter", [t, indices, values], {"axis": _axis_of("scatter", t.rank, axis)})[0]
+
+
+# scatter_reduce -------------------------------------------------------------------------------------
+_SCATTER_REDUCTIONS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "none": None}
+
+
+def _scatter_index_shape(data_shape, idx_shape, axis, broadcast):
+    """The shape indices are expanded to (the data's), or ValueError."""
+    if tuple(idx_shape) == tuple(data_shape):
+        return idx_shape
+    if not broadcast:
+        raise ValueError(f"indices {idx_shape} must have the shape of data {data_shape} "
+                         f"(enable_index_broadcast is off)")
+    ok = (len(idx_shape) == 1 and idx_shape[0] == data_shape[axis]) or (
+        len(idx_shape) <= len(data_shape) and
+        all(i in (1, d) for i, d in zip(idx_shape, data_shape)))
+    if not ok:
+        raise ValueError(f"indices {idx_shape} cannot be broadcast to data {data_shape} along axis {axis}")
+    return data_shape
+
+
+def _expand_indices(idx, data_shape, axis):
+    if idx.shape == data_shape:
+        return idx
+    if idx.ndim == 1 and idx.shape[0] == data_shape[axis] and len(data_shape) > 1:
+        idx = idx.reshape([1] * axis + [-1] + [1] * (len(data_shape) - axis - 1))
+    else:
+        idx = idx.reshape(idx.shape + (1,) * (len(data_shape) - idx.ndim))
+    return np.broadcast_to(idx, data_shape)
+
+
+def _scatter_reduce_infer(specs, reduction, axis, axis_size, enable_index_broadcast):
+    data, idx = specs[:2]
+    _need_int(idx, "indices")
+    if not (data.dtype.is_floating_point or data.dtype.is_int):
+        raise TypeError(f"data must be numeric, got {data.dtype.name}")
+    if reduction not in _SCATTER_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {list(_SCATTER_REDUCTIONS)}, got {reduction!r}")
+    if len(data.shape) == 0:
+        raise ValueError("data must have at least one dimension")
+    _scatter_index_shape(data.shape, idx.shape, axis, enable_index_broadcast)
+    shape = list(data.shape)
+    shape[axis] = axis_size
+    if len(specs) > 2:
+        init = specs[2]
+        if init.dtype is not data.dtype:
+            raise TypeError(f"initial_values ({init.dtype.name}) must have the dtype of data ({data.dtype.name})")
+        if tuple(init.shape) != tuple(shape):
+            raise ValueError(f"initial_values has shape {init.shape}, expected the output shape {tuple(shape)}")
+    return [spec(shape, data.dtype)]
+
+
+def _identity_of(ufunc, dt: np.dtype):
+    """The neutral start value of a reduction in dtype ``dt``."""
+    if ufunc is np.add:
+        return 0
+    big = np.inf if dt.kind == "f" else np.iinfo(dt).max
+    small = -np.inf if dt.kind == "f" else np.iinfo(dt).min
+    return small if ufunc is np.maximum else big
+
+
+def _scatter_reduce_kernel(data, idx, *init, reduction, axis, axis_size, enable_index_broadcast):
+    shape = list(data.shape)
+    shape[axis] = axis_size
+    idx = _expand_indices(idx, data.shape, axis)
+    where, ok = _target_positions(idx, axis, axis_size)
+    src = data[ok]
+    out = init[0].copy() if init else np.zeros(shape, data.dtype)
+    ufunc = _SCATTER_REDUCTIONS[reduction]
+    if ufunc is None:
+        out[where] = src
+    elif init:
+        ufunc.at(out, where, src)
+    else:  # only the scattered values take part; untouched places stay 0
+        hit = np.zeros(shape, bool)
+        hit[where] = True
+        acc = np.full(shape, _identity_of(ufunc, data.dtype), data.dtype)
+        ufunc.at(acc, where, src)
+        out = np.where(hit, acc, out)
+    return out
+
+
+register(OpDef("scatter_reduce", _scatter_reduce_infer, _scatter_reduce_kernel, family="shape"))
+
+
+def scatter_reduce(data: Tensor, indices: Tensor, reduction: str, initial_values: Optional[Tensor] = None,
+                   axis: int = 0, axis_size: Optional[int] = None, enable_index_broadcast: int = True,
+                   available_memory_proportion: Optional[float] = None) -> Tensor:
+    """Reduce the elements of ``data`` into the places ``indices`` name along ``axis``.
+
+    The output is ``data``'s shape with axis length ``axis_size`` (or ``initial_values.shape[axis]``).
+    ``reduction``: "sum", "max", "min", or "none" (plain writes, last one wins). With
+    ``initial_values`` the output starts from them and they take part in the reduction; without,
+    places no index names are 0. ``indices`` has data's shape, or (``enable_index_broadcast``) a
+    1-D list of ``data.shape[axis]`` positions, or a shape that broadcasts after padding trailing
+    dimensions. Negative indices count from the end; out-of-range ones are ignored."""
+    if initial_values is None and axis_size is None:
+        raise ValueError("ops.scatter_reduce: give initial_values or axis_size (the output's axis length)")
+    ax = _axis_of("scatter_reduce", data.rank, axis)
+    if axis_size is None:
+        axis_size = initial_values.shape[ax]
+    elif initial_values is not None and initial_values.rank == data.rank and initial_values.shape[ax] != axis_size:
+        raise ValueError(f"ops.scatter_reduce: axis_size {axis_size} does not match initial_values "
+                         f"{initial_values.shape} on axis {ax}")
+    ins = [data, _int_tensor(indices)] + ([initial_values] if initial_values is not None else [])
+    return create_op("scatter_reduce", ins, {"reduction": reduction, "axis": ax, "axis_size": int(axis_size),
+                                             "enable_index_broadcast": builtins.bool(enable_index_broadcast)})[0]
+
+
+# dynamic_slice / dynamic_update ---------------------------------------------------------------------
+# Offsets are read at run time from a 1-D integer tensor (one entry per listed axis). An offset
+# that would put the region outside the tensor is clamped so the region stays inside.
+def _dynamic_region(t_shape, idx_spec, axes, sizes):
+    """Validate a dynamic region and return the region's shape."""
+    _need_int(idx_spec, "index")
+    if len(axes) != len(sizes):
+        raise ValueError(f"axes {list(axes)} and sizes {list(sizes)} must have the same length")
+    if tuple(idx_spec.shape) != (len(axes),):
+        raise ValueError(f"index must be 1-D with one offset per axis, i.e. shape ({len(axes)},), "
+                         f"got {idx_spec.shape}")
+    shape = list(t_shape)
+    for a, n in zip(axes, sizes):
+        if not 0 <= n <= t_shape[a]:
+            raise ValueError(f"size {n} on axis {a} must be between 0 and the axis length {t_shape[a]}")
+        shape[a] = n
+    return shape
+
+
+def _dynamic_index(x_shape, offsets, axes, sizes) -> tuple:
+    sl = [builtins.slice(None)] * len(x_shape)
+    for a, n, off in zip(axes, sizes, np.asarray(offsets).reshape(-1).tolist()):
+        start = min(max(int(off), 0), x_shape[a] - n)
+        sl[a] = builtins.slice(start, start + n)
+    return tuple(sl)
+
+
+def _dynamic_slice_infer(specs, axes, sizes, no_overlap):
+    t, idx = specs
+    return [spec(_dynamic_region(t.shape, idx, axes, sizes), t.dtype)]
+
+
+def _dynamic_update_infer(specs, axes, sizes, no_overlap):
+    t, idx, upd = specs
+    shape = _dynamic_region(t.shape, idx, axes, sizes)
+    if upd.dtype is not t.dtype:
+        raise TypeError(f"t_update ({upd.dtype.name}) must have the dtype of t ({t.dtype.name})")
+    if tuple(upd.shape) != tuple(shape):
+        raise ValueError(f"t_update has shape {upd.shape} but the updated region has shape {tuple(shape)}")
+    return [spec(t.shape, t.dtype)]
+
+
+def _dynamic_update_kernel(t, idx, upd, axes, sizes, no_overlap):
+    out = t.copy()
+    out[_dynamic_index(t.shape, idx, axes, sizes)] = upd
+    return out
+
+
+register(OpDef("dynamic_slice", _dynamic_slice_infer,
+               lambda t, idx, axes, sizes, no_overlap: t[_dynamic_index(t.shape, idx, axes, sizes)].copy(),
+               family="shape"))
+register(OpDef("dynamic_update", _dynamic_update_infer, _dynamic_update_kernel, family="shape"))
+register(OpDef("dynamic_update_", _dynamic_update_infer, _dynamic_update_kernel, inplace=0, grad=Grad.STOP,
+               family="shape"))
+
+
+def _dynamic_attrs(opname: str, t: Tensor, axes: Iterable[int], sizes: Iterable[int], no_overlap: bool) -> dict:
+    try:
+        ax = normalize_axes(t.rank, list(axes))
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"ops.{opname}: {e} (tensor {t.id!r} of shape {t.shape})") from None
+    return {"axes": ax, "sizes": tuple(int(n) for n in sizes), "no_overlap": builtins.bool(no_overlap)}
+
+
+def dynamic_slice(t: Tensor, index: Tensor, axes: List[int], sizes: List[int], no_overlap: bool) -> Tensor:
+    """A copy of the region of ``t`` starting at the run-time offsets ``index`` (1-D, one per entry
+    of ``axes``) with lengths ``sizes``. Offsets that would overrun are clamped so the region
+    stays inside ``t``. ``no_overlap`` only informs gradients."""
+    index = _int_tensor(index, dtypes.uint32)
+    return create_op("dynamic_slice", [t, index], _dynamic_attrs("dynamic_slice", t, axes, sizes, no_overlap))[0]
+
+
+def dynamic_update(t: Tensor, index: Tensor, t_update: Tensor, axes: Iterable[int], sizes: Iterable[int],
+                   no_overlap: bool) -> Tensor:
+    """A copy of ``t`` with the region at the run-time offsets ``index`` (see `dynamic_slice`)
+    replaced by ``t_update``, whose shape is the region's."""
+    index = _int_tensor(index, dtypes.uint32)
+    return create_op("dynamic_update", [t, index, t_update],
+                     _dynamic_attrs("dynamic_update", t, axes, sizes, no_overlap))[0]
+
+
+def dynamic_update_(t: Tensor, index: Tensor, t_update: Tensor, axes: Iterable[int], sizes: Iterable[int],
+                    no_overlap: bool) -> Tensor:
+    """`dynamic_update` in place: writes the region of ``t`` and returns an alias of ``t``."""
+    index = _int_tensor(index, dtypes.uint32)
+    return create_op("dynamic_update_", [t, index, t_update],
+                     _dynamic_attrs("dynamic_update_", t, axes, sizes, no_overlap))[0]
+
+
+# tied_gather / groupedgather ------------------------------------------------------------------------
+register(OpDef("tied_gather", _gather_infer, _gather_kernel, family="shape"))
+
+
+def tied_gather(t: Tensor, indices: Tensor, axis: int = 0, available_memory_proportion: Optional[float] = None,
+                zero_OOR: bool = False) -> Tensor:
+    """Numerically `gather` (numpy.take); on the IPU it differs only in tile layout. Negative
+    indices count from the end; out-of-range ones give 0."""
+    return create_op("tied_gather", [t, _int_tensor(indices)],
+                     {"axis": _axis_of("tied_gather", t.rank, axis), "zero_OOR": builtins.bool(zero_OOR)})[0]
+
+
+def _grouped_gather_infer(specs, axis, group_size):
+    t, idx = specs
+    _need_int(idx, "indices")
+    if len(t.shape) < 2 or len(idx.shape) < 1:
+        raise ValueError("t needs a group dimension and at least one more; indices needs a group dimension")
+    if t.shape[0] != group_size or idx.shape[0] != group_size:
+        raise ValueError(f"the first dimension of t ({t.shape[0]}) and of indices ({idx.shape[0]}) must both "
+                         f"equal group_size={group_size}")
+    rest = list(t.shape[1:])
+    return [spec([group_size] + rest[:axis] + list(idx.shape[1:]) + rest[axis + 1:], t.dtype)]
+
+
+def _grouped_gather_kernel(t, idx, axis, group_size):
+    return np.stack([_gather_kernel(t[g], idx[g], axis, True) for g in range(group_size)])
+
+
+register(OpDef("groupedgather", _grouped_gather_infer, _grouped_gather_kernel, family="shape"))
+
+
+def groupedgather(t: Tensor, indices: Tensor, axis: int = 0, group_size: Optional[int] = 1,
+                  available_memory_proportion: Optional[float] = None, zero_OOR: bool = False) -> Tensor:
+    """`gather` done separately for each of ``group_size`` groups: dimension 0 of both ``t`` and
+    ``indices`` is the group, and ``out[g] = gather(t[g], indices[g], axis)``. ``axis`` counts
+    the dimensions of one group (``t.shape[1:]``). Out-of-range indices give 0."""
+    group_size = 1 if group_size is None else int(group_size)
+    ax = _axis_of("groupedgather", builtins.max(t.rank - 1, 0), axis)
+    return create_op("groupedgather", [t, _int_tensor(indices)], {"axis": ax, "group_size": group_size})[0]
+
+
+# onehot ---------------------------------------------------------------------------------------------
+def _onehot_infer(specs, axis, num_classes):
+    t, _, values = specs
+    if not (t.dtype.is_int or t.dtype.is_floating_point):
+        raise TypeError(f"t must hold numeric class indices, got {t.dtype.name}")
+    if tuple(values.shape) != (2,):
+        raise ValueError(f"values must have shape (2,) ([off, on]), got {values.shape}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be positive, got {num_classes}")
+    r = len(t.shape)
+    if not -r - 1 <= axis <= r:
+        raise ValueError(f"axis {axis} is out of range for an output of rank {r + 1}")
+    shape = list(t.shape)
+    shape.insert(axis % (r + 1), num_classes)
+    return [spec(shape, values.dtype)]
+
+
+def _onehot_kernel(t, _num_classes, values, axis, num_classes):
+    idx, ok = _wrap(np.trunc(t) if t.dtype.kind == "f" else t, num_classes)
+    ax = axis % (t.ndim + 1)
+    classes = np.arange(num_classes).reshape([num_classes] + [1] * (t.ndim - ax))
+    hot = (np.expand_dims(idx, ax) == classes) & np.expand_dims(ok, ax)
+    return np.where(hot, values[1], values[0]).astype(values.dtype)
+
+
+register(OpDef("onehot", _onehot_infer, _onehot_kernel, family="shape"))
+
+
+def onehot(t: Tensor, num_classes: Tensor, values: Tensor, axis: int) -> Tensor:
+    """ONNX OneHot: a new axis of length ``num_classes`` at ``axis`` (-1 = last) holding
+    ``values[1]`` at each index of ``t`` and ``values[0]`` elsewhere; output dtype is ``values``'.
+    ``num_classes`` must be a constant (its value fixes the shape). Negative indices count from
+    the end; out-of-range ones give an all-off row."""
+    from popxl.tensor import Constant
+
+    if not isinstance(num_classes, Tensor):
+        num_classes = constant(np.asarray(num_classes), dtypes.int32)
+    if not isinstance(num_classes, Constant):
+        raise ValueError(f"ops.onehot: num_classes ({num_classes.id!r}) must be a constant so the output shape "
+                         f"is known when tracing")
+    depth = np.asarray(num_classes._host_data_value).reshape(-1)
+    if depth.size != 1:
+        raise ValueError(f"ops.onehot: num_classes must hold one value, got shape {num_classes.shape}")
+    if not isinstance(values, Tensor):
+        values = constant(np.asarray(values))
+    return create_op("onehot", [t, num_classes, values], {"axis": int(axis), "num_classes": int(depth[0])})[0]
+
+
+# interpolate ----------------------------------------------------------------------------------------
+# ONNX Resize with scales, done one axis at a time (all modes are separable). Each axis maps its
+# output positions to (fractional) input coordinates, then a mode turns each coordinate into a
+# few input indices (clamped to the edges) with weights.
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+_COORD_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize")
+_INTERP_MODES = ("nearest", "linear", "cubic")
+_CUBIC_A = -0.75
+
+
+def _source_coords(n_in: int, n_out: int, scale: float, mode: str) -> np.ndarray:
+    x = np.arange(n_out, dtype=np.float64)
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros(n_out)
+    if mode == "asymmetric":
+        return x / scale
+    if n_out == 1:  # align_corners / tf_crop_and_resize (whole-input region)
+        return np.full(1, 0.0 if mode == "align_corners" else 0.5 * (n_in - 1))
+    return x * (n_in - 1) / (n_out - 1)
+
+
+def _nearest_taps(x: np.ndarray, nearest_mode: str):
+    lo = np.floor(x)
+    frac = x - lo
+    pick = {"round_prefer_floor": frac > 0.5, "round_prefer_ceil": frac >= 0.5,
+            "floor": np.zeros_like(frac, bool), "ceil": frac > 0}[nearest_mode]
+    return [lo + pick], [np.ones_like(x)]
+
+
+def _linear_taps(x: np.ndarray, n_in: int):
+    x = np.clip(x, 0, n_in - 1)
+    lo = np.floor(x)
+    w = x - lo
+    return [lo, lo + 1], [1 - w, w]
+
+
+def _cubic_weight(d: np.ndarray) -> np.ndarray:
+    """Keys cubic convolution kernel with a = -0.75 at distance d."""
+    a, d = _CUBIC_A, np.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def _cubic_taps(x: np.ndarray):
+    lo = np.floor(x)
+    taps = [lo + k for k in (-1, 0, 1, 2)]
+    return taps, [_cubic_weight(x - p) for p in taps]
+
+
+def _resize_axis(a: np.ndarray, axis: int, n_out: int, scale: float, mode: str, nearest_mode: str,
+                 coord_mode: str) -> np.ndarray:
+    n_in = a.shape[axis]
+    x = _source_coords(n_in, n_out, scale, coord_mode)
+    if mode == "nearest":
+        taps, weights = _nearest_taps(x, nearest_mode)
+    elif mode == "linear":
+        taps, weights = _linear_taps(x, n_in)
+    else:
+        taps, weights = _cubic_taps(x)
+    bshape = [1] * a.ndim
+    bshape[axis] = n_out
+    out = None
+    for p, w in zip(taps, weights):
+        vals = np.take(a, np.clip(p, 0, n_in - 1).astype(np.int64), axis=axis)
+        if mode == "nearest":
+            return vals
+        term = vals * w.reshape(bshape)
+        out = term if out is None else out + term
+    return out
+
+
+def _interpolate_infer(specs, scale_factor, mode, nearest_mode, coordinate_transformation_mode):
+    s = specs[0]
+    if len(scale_factor) != len(s.shape):
+        raise ValueError(f"scale_factor has {len(scale_factor)} entries but the tensor has rank {len(s.shape)}")
+    if any(not f > 0 for f in scale_factor):
+        raise ValueError(f"scale factors must be positive, got {list(scale_factor)}")
+    for what, value, allowed in (("mode", mode, _INTERP_MODES), ("nearest_mode", nearest_mode, _NEAREST_MODES),
+                                 ("coordinate_transformation_mode", coordinate_transformation_mode, _COORD_MODES)):
+        if value not in allowed:
+            raise ValueError(f"{what} must be one of {list(allowed)}, got {value!r}")
+    if mode != "nearest" and not s.dtype.is_floating_point:
+        raise TypeError(f"mode {mode!r} needs a floating point tensor, got {s.dtype.name}")
+    if not (s.dtype.is_floating_point or s.dtype.is_int):
+        raise TypeError(f"needs a numeric tensor, got {s.dtype.name}")
+    return [spec([int(np.floor(d * f)) for d, f in zip(s.shape, scale_factor)], s.dtype)]
+
+
+def _interpolate_kernel(x, scale_factor, mode, nearest_mode, coordinate_transformation_mode):
+    out = x if mode == "nearest" else x.astype(np.float64)
+    for axis, (d, f) in enumerate(zip(x.shape, scale_factor)):
+        n_out = int(np.floor(d * f))
+        if n_out == d and f == 1.0:
+            continue  # identity along this axis for every mode
+        out = _resize_axis(out, axis, n_out, f, mode, nearest_mode, coordinate_transformation_mode)
+    return np.ascontiguousarray(out).astype(x.dtype)
+
+
+register(OpDef("interpolate", _interpolate_infer, _interpolate_kernel, family="shape"))
+
+
+def interpolate(t: Tensor, scale_factor: Optional[Tuple[float, ...]] = (1.0, 1.0, 1.0, 1.0),
+                mode: Optional[str] = "nearest", nearest_mode: Optional[str] = "round_prefer_floor",
+                coordinate_transformation_mode: Optional[str] = "half_pixel") -> Tensor:
+    """Resize ``t`` by ``scale_factor`` (one per dimension; output length floor(length * scale))
+    as ONNX Resize does. ``mode``: "nearest" (rounding chosen by ``nearest_mode``), "linear"
+    (multi-linear) or "cubic" (Keys kernel, a = -0.75). ``coordinate_transformation_mode`` maps
+    output positions to input ones: half_pixel, pytorch_half_pixel, align_corners, asymmetric,
+    or tf_crop_and_resize over the whole input. Samples beyond the edges repeat the edge value."""
+    scale_factor = tuple(float(f) for f in scale_factor)
+    return create_op("interpolate", [t], {
+        "scale_factor": scale_factor, "mode": "nearest" if mode is None else mode,
+        "nearest_mode": "round_prefer_floor" if nearest_mode is None else nearest_mode,
+        "coordinate_transformation_mode": "half_pixel" if coordinate_transformation_mode is None
+        else coordinate_transformation_mode})[0]
