@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
     from popxl.tensor import Tensor, TensorSpec
 
-__all__ = ["OpDef", "Op", "REGISTRY", "register", "create_op", "user_location"]
+__all__ = ["OpDef", "Op", "REGISTRY", "register", "grad_rule", "create_op", "user_location"]
 
 
 class Grad:
@@ -67,6 +67,21 @@ def register(opdef: OpDef) -> OpDef:
         raise RuntimeError(f"op {opdef.name!r} is registered twice")
     REGISTRY[opdef.name] = opdef
     return opdef
+
+
+def grad_rule(*opnames: str) -> Callable[[Callable], Callable]:
+    """Decorator: make the function the gradient rule of the named ops (declared next to the op).
+
+    A rule gets a ``popxl.transforms.autodiff.GradOpContext`` while the gradient graph is being
+    traced and returns one gradient (or None) per forward input."""
+    def attach(rule: Callable) -> Callable:
+        for opname in opnames:
+            current = REGISTRY[opname].grad
+            if current is not None:
+                raise RuntimeError(f"op {opname!r} already has a gradient decision ({current!r})")
+            REGISTRY[opname] = attrs.evolve(REGISTRY[opname], grad=rule)
+        return rule
+    return attach
 
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -12,9 +12,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from popxl.graph import Graph
-from popxl.op import Op, OpDef, create_op, register, user_location
+from popxl.op import Op, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.utils import spec
-from popxl.tensor import Tensor, TensorLike, constant
+from popxl.tensor import Tensor, TensorLike, constant, graph_input, graph_output
 
 __all__ = ["call", "call_with_info", "repeat", "repeat_with_info", "conditional", "conditional_with_info",
            "CallSiteInfo", "ConditionalSiteInfo"]
@@ -314,3 +314,72 @@ def conditional(cond: Tensor, then_branch: Graph, else_branch: Graph,
     """Run one of two graphs with matching outputs depending on the scalar ``cond``."""
     return conditional_with_info(cond, then_branch, else_branch, then_inputs, else_inputs,
                                  then_inputs_dict, else_inputs_dict).outputs
+
+
+# gradients ------------------------------------------------------------------------------------------
+# A call is differentiated by differentiating the called graph and calling its gradient graph.
+def _forward_values(ctx, info, to_parent) -> Dict[Tensor, Tensor]:
+    """The gradient graph's Fwd inputs bound to the parent's forward values (via the site)."""
+    from popxl.transforms.autodiff import ExpectedConnectionType
+    return {g_in: ctx.forward(to_parent(c.fwd_tensor)) for g_in, c in zip(info.graph.inputs, info.expected_inputs)
+            if c.connection_type is ExpectedConnectionType.Fwd}
+
+
+def _seeds(ctx, info, graph: Graph) -> List[Tensor]:
+    """Output gradients of the site, in the order the gradient graph takes them."""
+    from popxl.transforms.autodiff import ExpectedConnectionType
+    return [ctx.grad_or_zeros(graph._outputs.index(c.fwd_tensor)) for c in info.expected_inputs
+            if c.connection_type is ExpectedConnectionType.FwdGrad]
+
+
+def _branch_grad(ctx, graph: Graph, positions: Sequence[int], index: Sequence[int]):
+    """Differentiate ``graph`` for the site outputs that have gradients and for the site inputs
+    at ``positions`` (bound to graph inputs ``index``) that need them."""
+    provided = [graph._outputs[i] for i in range(len(ctx.op.outputs)) if ctx.grad(i) is not None]
+    required = [graph._inputs[i] for p, i in zip(positions, index) if ctx.needs(p)]
+    return ctx.subgraph_grad(graph, provided, required)
+
+
+@grad_rule("call")
+def _call_grad(ctx):
+    graph, index = ctx.attrs["graph"], ctx.attrs["input_index"]
+    info = _branch_grad(ctx, graph, range(len(index)), index)
+    site = CallSiteInfo(ctx.op)
+    outs = call(info.graph, *_seeds(ctx, info, graph), inputs_dict=_forward_values(ctx, info, site.graph_to_parent))
+    grads: List[Optional[Tensor]] = [None] * len(ctx.op.inputs)
+    for c, g in zip(info.expected_outputs, outs):
+        grads[index.index(graph._inputs.index(c.fwd_tensor))] = g
+    return grads
+
+
+@grad_rule("if")
+def _if_grad(ctx):
+    """Each branch's gradient graph is wrapped so both wrappers output gradients for the same
+    site inputs (zeros for the other branch's); a conditional on the same condition picks one."""
+    from popxl.ops.misc import init
+    a = ctx.attrs
+    site = ConditionalSiteInfo(ctx.op)
+    n_then = len(a["then_index"])
+    branches = [(a["then_graph"], a["then_index"], 1, True), (a["else_graph"], a["else_index"], 1 + n_then, False)]
+    infos = [_branch_grad(ctx, g, range(base, base + len(index)), index) for g, index, base, _ in branches]
+    wanted = [p for p in range(1, len(ctx.op.inputs)) if ctx.needs(p)]
+    wrappers, bindings = [], []
+    for (graph, index, base, is_then), info in zip(branches, infos):
+        seeds = _seeds(ctx, info, graph)
+        fwd = _forward_values(ctx, info, lambda t, b=is_then: site.graph_to_parent(t, b))
+        wrapper = ctx.op.graph.ir.create_empty_graph(f"{graph.name}_grad_branch")
+        with wrapper:
+            ins = [graph_input(t.shape, t.dtype, t.name) for t in [*seeds, *fwd.values()]]
+            outs = call(info.graph, *ins[:len(seeds)], inputs_dict=dict(zip(fwd.keys(), ins[len(seeds):])))
+            by_position = {base + index.index(graph._inputs.index(c.fwd_tensor)): g
+                           for c, g in zip(info.expected_outputs, outs)}
+            for p in wanted:
+                t = ctx.op.inputs[p]
+                graph_output(by_position[p] if p in by_position else init(t.shape, t.dtype, name="zero_grad"))
+        wrappers.append(wrapper)
+        bindings.append([*seeds, *fwd.values()])
+    outs = conditional(ctx.input(0), wrappers[0], wrappers[1], then_inputs=bindings[0], else_inputs=bindings[1])
+    grads: List[Optional[Tensor]] = [None] * len(ctx.op.inputs)
+    for p, g in zip(wanted, outs):
+        grads[p] = g
+    return grads

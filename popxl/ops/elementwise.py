@@ -9,7 +9,7 @@ from typing import Callable, Dict, Optional, Sequence, Union
 import numpy as np
 
 from popxl import dtypes
-from popxl.op import Grad, OpDef, create_op, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import as_tensor, broadcast_shapes, same_dtype, spec
 from popxl.tensor import Tensor, TensorSpec
 
@@ -367,3 +367,139 @@ def scaled_add(X: Tensor, Y: Tensor, a: Union[float, Tensor] = 1.0, b: Union[flo
 def scaled_add_(X: Tensor, Y: Tensor, a: Union[float, Tensor] = 1.0, b: Union[float, Tensor] = 1.0) -> Tensor:
     """X = a*X + b*Y in place; returns an alias of X."""
     return _scaled_add("scaled_add_", X, Y, a, b)
+
+
+# gradients ------------------------------------------------------------------------------------------
+# Rules trace the input gradients from the output gradient ``ctx.grad(0)``; see transforms/autodiff.py.
+def _mask(cond: Tensor, like: Tensor) -> Tensor:
+    """A bool tensor as 0/1 of ``like``'s dtype."""
+    return cast(cond, like.dtype)
+
+
+def _elementwise_rule(derivative: Callable[..., Tensor]) -> Callable:
+    """Rule of a unary op with d out / d x = ``derivative(ctx.input(0), ctx.output(0))``."""
+    def rule(ctx):
+        return [ctx.grad(0) * derivative(ctx.input(0), ctx.output(0))]
+    return rule
+
+
+_UNARY_DERIVATIVES: Dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "abs": lambda x, y: create_op("sign", [x])[0],
+    "cos": lambda x, y: negate(create_op("sin", [x])[0]),
+    "sin": lambda x, y: create_op("cos", [x])[0],
+    "tanh": lambda x, y: 1.0 - y * y,
+    "exp": lambda x, y: y,
+    "log": lambda x, y: 1.0 / x,
+    "log2": lambda x, y: 1.0 / (x * math.log(2.0)),
+    "sqrt": lambda x, y: 0.5 / y,
+    "negate": lambda x, y: as_tensor(-1.0, like=x),
+    "relu": lambda x, y: _mask(greater(x, as_tensor(0, like=x)), x),
+    "sigmoid": lambda x, y: y * (1.0 - y),
+    "swish": lambda x, y: _swish_derivative(x),
+}
+
+
+def _swish_derivative(x: Tensor) -> Tensor:
+    s = create_op("sigmoid", [x])[0]
+    return s * (1.0 + x * (1.0 - s))
+
+
+for _name, _derivative in _UNARY_DERIVATIVES.items():
+    grad_rule(_name)(_elementwise_rule(_derivative))
+
+
+def _gelu_grad_kernel(form: Callable) -> Callable:
+    def k(g, x):
+        wide = np.promote_types(x.dtype, np.float32)
+        xf = x.astype(wide)
+        return (g.astype(wide) * form(xf)).astype(x.dtype)
+    return k
+
+
+def _d_gelu_tanh(x):
+    c = np.sqrt(2.0 / np.pi)
+    inner = c * (x + 0.044715 * x ** 3)
+    t = np.tanh(inner)
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+
+
+def _d_gelu_erf(x):
+    cdf = 0.5 * (1.0 + np.asarray(_erf(x / np.sqrt(2.0))).astype(x.dtype))
+    return cdf + x * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)
+
+
+# Dedicated gradient ops: one fused kernel instead of a dozen elementwise ops.
+for _name, _form in (("gelu", _d_gelu_tanh), ("geluerf", _d_gelu_erf)):
+    register(OpDef(_name + "_grad", lambda specs: [specs[1]], _gelu_grad_kernel(_form), grad=Grad.RAISE,
+                   family="elementwise"))
+    grad_rule(_name)(lambda ctx, _op=_name + "_grad": [create_op(_op, [ctx.grad(0), ctx.input(0)])[0]])
+
+
+@grad_rule("add")
+def _add_grad(ctx):
+    return [ctx.unbroadcast(ctx.grad(0), 0), ctx.unbroadcast(ctx.grad(0), 1)]
+
+
+@grad_rule("sub")
+def _sub_grad(ctx):
+    return [ctx.unbroadcast(ctx.grad(0), 0), ctx.unbroadcast(negate(ctx.grad(0)), 1)]
+
+
+@grad_rule("mul")
+def _mul_grad(ctx):
+    g, a, b = ctx.grad(0), ctx.input(0), ctx.input(1)
+    return [ctx.unbroadcast(g * b, 0) if ctx.needs(0) else None,
+            ctx.unbroadcast(g * a, 1) if ctx.needs(1) else None]
+
+
+@grad_rule("div")
+def _div_grad(ctx):
+    g, b = ctx.grad(0), ctx.input(1)
+    return [ctx.unbroadcast(g / b, 0) if ctx.needs(0) else None,
+            ctx.unbroadcast(negate(g * ctx.output(0) / b), 1) if ctx.needs(1) else None]
+
+
+@grad_rule("pow")
+def _pow_grad(ctx):
+    g, a, e, y = ctx.grad(0), ctx.input(0), ctx.input(1), ctx.output(0)
+    return [ctx.unbroadcast(g * e * _binary("pow", a, e - 1.0), 0) if ctx.needs(0) else None,
+            ctx.unbroadcast(g * y * create_op("log", [a])[0], 1) if ctx.needs(1) else None]
+
+
+@grad_rule("fmod")
+def _fmod_grad(ctx):  # d/d lhs = 1 (the quotient is piecewise constant); no gradient for rhs, as PopXL
+    return [ctx.unbroadcast(ctx.grad(0), 0), None]
+
+
+@grad_rule("maximum")
+def _maximum_grad(ctx):  # every input equal to the maximum receives the full gradient
+    g, y = ctx.grad(0), ctx.output(0)
+    return [ctx.unbroadcast(g * _mask(equal(ctx.input(i), y), g), i) if ctx.needs(i) else None
+            for i in range(len(ctx.op.inputs))]
+
+
+@grad_rule("where")
+def _where_grad(ctx):
+    g, c = ctx.grad(0), ctx.input(0)
+    zero = as_tensor(0, like=g)
+    return [None, ctx.unbroadcast(where(c, g, zero), 1) if ctx.needs(1) else None,
+            ctx.unbroadcast(where(c, zero, g), 2) if ctx.needs(2) else None]
+
+
+@grad_rule("clip")
+def _clip_grad(ctx):  # passes where min <= x <= max
+    x, a = ctx.input(0), ctx.attrs
+    inside = logical_and(logical_not(greater(as_tensor(a["min"], like=x), x)),
+                         logical_not(greater(x, as_tensor(a["max"], like=x))))
+    return [ctx.grad(0) * _mask(inside, x)]
+
+
+@grad_rule("cast")
+def _cast_grad(ctx):  # only from float16/float32 (other sources never need a gradient)
+    src = ctx.op.inputs[0].dtype
+    return [cast(ctx.grad(0), src) if src in (dtypes.float16, dtypes.float32) else None]
+
+
+@grad_rule("identity")
+def _identity_grad(ctx):
+    return [ctx.grad(0)]

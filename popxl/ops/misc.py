@@ -9,7 +9,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from popxl import dtypes
-from popxl.op import Grad, OpDef, create_op, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import spec
 from popxl.tensor import Tensor
 
@@ -166,3 +166,13 @@ def print_tensor(t: Tensor, title: str = None, print_self: bool = True, print_gr
     title = str(title)
     return create_op("print_tensor", [t], {"title": title, "print_self": builtins.bool(print_self),
                                            "print_gradient": builtins.bool(print_gradient), **fmt})[0]
+
+
+@grad_rule("print_tensor")
+def _print_tensor_grad(ctx):
+    """Identity; with ``print_gradient`` the gradient is printed too, titled ``Gradient___<title>``."""
+    g, a = ctx.grad(0), ctx.attrs
+    if not a["print_gradient"]:
+        return [g]
+    fmt = {key: a[key] for key in _FORMAT_KEYS}
+    return [create_op("print_tensor", [g], {**a, **fmt, "title": "Gradient___" + a["title"], "print_gradient": False})[0]]

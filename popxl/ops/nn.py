@@ -19,7 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from popxl import dtypes
-from popxl.op import Grad, OpDef, create_op, register, user_location
+from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.utils import as_tensor, broadcast_shapes, normalize_axes, same_dtype, spec
 from popxl.tensor import Tensor
 
@@ -897,3 +897,124 @@ def pow2scale_cast_to_fp8(t: Tensor, log2_scale: Tensor, data_type: dtypes.dtype
 def pow2scale_cast_from_fp8(t: Tensor, log2_scale: Tensor, data_type: dtypes.dtype) -> Tensor:
     """Float8 ``t`` decoded to float16/float32 ``data_type`` and multiplied by 2**log2_scale."""
     return create_op("pow2scale_cast_from_fp8", [t, log2_scale], {"data_type": data_type})[0]
+
+
+# gradients ------------------------------------------------------------------------------------------
+@grad_rule("matmul")
+def _matmul_grad(ctx):
+    """dA = g @ B^T and dB = A^T @ g on operands promoted to rank >= 2, summed over broadcast
+    batch dimensions, then back to the operands' shapes."""
+    a_t, b_t = ctx.op.inputs
+    a, b, g = ctx.input(0), ctx.input(1), ctx.grad(0)
+    if ctx.op.outputs[0].dtype is not a_t.dtype:  # output_type given: differentiate in the operands' dtype
+        g = create_op("cast", [g], {"data_type": a_t.dtype})[0]
+    a2 = a.reshape((1, a_t.shape[0])) if a_t.rank == 1 else a
+    b2 = b.reshape((b_t.shape[0], 1)) if b_t.rank == 1 else b
+    out2 = broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1])
+    g2 = g.reshape(out2) if g.shape != out2 else g
+
+    def last2_t(t: Tensor) -> Tensor:
+        perm = tuple(range(t.rank - 2)) + (t.rank - 1, t.rank - 2)
+        return create_op("transpose_", [t], {"permutation": perm})[0]
+
+    def back(d: Tensor, like2: Tuple[int, ...], i: int) -> Tensor:
+        lead = len(d.shape) - len(like2)
+        axes = list(range(lead)) + [lead + k for k, n in enumerate(like2[:-2]) if n == 1 and d.shape[lead + k] != 1]
+        if axes:
+            d = create_op("sum", [d], {"axis": tuple(axes), "keepdims": True})[0]
+        return d.reshape(ctx.op.inputs[i].shape) if d.shape != ctx.op.inputs[i].shape else d
+
+    return [back(matmul(g2, last2_t(b2)), a2.shape, 0) if ctx.needs(0) else None,
+            back(matmul(last2_t(a2), g2), b2.shape, 1) if ctx.needs(1) else None]
+
+
+@grad_rule("softmax")
+def _softmax_grad(ctx):
+    g, y = ctx.grad(0), ctx.output(0)
+    gy = g * y
+    return [gy - y * create_op("sum", [gy], {"axis": (ctx.attrs["axis"],), "keepdims": True})[0]]
+
+
+def _nll_grad_infer(specs, ignore_index, reduction, log_prob):
+    return [specs[0]]
+
+
+def _nll_grad_kernel(probs, labels, grad, ignore_index, reduction, log_prob):
+    item, keep, idx = _nll_items(probs, labels, ignore_index, log_prob)
+    w = item.dtype
+    scale = np.broadcast_to(grad.astype(w), labels.shape) if reduction == "none" else \
+        np.full(labels.shape, grad.astype(w).reshape(-1)[0], w)
+    if reduction == "mean":
+        scale = scale / max(int(keep.sum()), 1)
+    picked = np.take_along_axis(probs.astype(w), idx[..., None], -1)[..., 0]
+    eps = 6.104e-5 if probs.dtype == np.float16 else 1e-7
+    # d(-log max(p, eps))/dp = -1/p above eps, 0 where the clamp holds
+    local = np.full_like(picked, -1.0) if log_prob else np.where(picked > eps, -1.0 / np.maximum(picked, eps), 0.0)
+    out = np.zeros(probs.shape, w)
+    np.put_along_axis(out, idx[..., None], np.where(keep, scale * local, 0)[..., None], axis=-1)
+    return out.astype(probs.dtype)
+
+
+register(OpDef("nll_loss_grad", _nll_grad_infer, _nll_grad_kernel, grad=Grad.RAISE, family="nn"))
+
+
+@grad_rule("nll_loss")
+def _nll_loss_grad(ctx):
+    return [create_op("nll_loss_grad", [ctx.input(0), ctx.input(1), ctx.grad(0)], ctx.attrs)[0], None]
+
+
+def _group_norm_grad_infer(specs, num_groups, eps):
+    x, w = specs[0], specs[1]
+    return [spec(x.shape, x.dtype), spec(w.shape, w.dtype), spec(w.shape, w.dtype)]
+
+
+def _group_norm_grad_kernel(x, weight, g, num_groups, eps):
+    """(dx, dweight, dbias) of group_norm, with the statistics recomputed from x."""
+    w = _wide(x.dtype)
+    n, c = x.shape[:2]
+    grouped = x.astype(w).reshape(n, num_groups, -1)
+    mean = grouped.mean(axis=-1, keepdims=True)
+    inv_std = 1.0 / np.sqrt(((grouped - mean) ** 2).mean(axis=-1, keepdims=True) + w.type(eps))
+    xhat = ((grouped - mean) * inv_std).reshape(x.shape)
+    gw = g.astype(w)
+    per_channel = (0,) + tuple(range(2, x.ndim))
+    dweight, dbias = (gw * xhat).sum(axis=per_channel), gw.sum(axis=per_channel)
+    dxhat = (gw * _channel(weight, x.ndim, w)).reshape(n, num_groups, -1)
+    xh = xhat.reshape(n, num_groups, -1)
+    dx = (dxhat - dxhat.mean(axis=-1, keepdims=True) - xh * (dxhat * xh).mean(axis=-1, keepdims=True)) * inv_std
+    return dx.reshape(x.shape).astype(x.dtype), dweight.astype(weight.dtype), dbias.astype(weight.dtype)
+
+
+# One fused kernel for the three gradients of a normalisation (a composite would take ~15 ops).
+register(OpDef("group_norm_grad", _group_norm_grad_infer, _group_norm_grad_kernel, grad=Grad.RAISE, family="nn"))
+
+
+@grad_rule("group_norm", "layer_norm")
+def _group_norm_grad(ctx):
+    groups = ctx.attrs.get("num_groups", 1)
+    dx, dw, db = create_op("group_norm_grad", [ctx.input(0), ctx.input(1), ctx.grad(0)],
+                           {"num_groups": groups, "eps": ctx.attrs["eps"]})
+    return [dx, dw, db]
+
+
+@grad_rule("batch_norm_inference")
+def _batch_norm_grad(ctx):
+    """y = scale * (x - mean) * r + bias with r = 1/sqrt(var + eps): gradients for all five inputs."""
+    x, scale, mean, var, g = ctx.input(0), ctx.input(1), ctx.input(3), ctx.input(4), ctx.grad(0)
+    c_shape = (1, x.shape[1]) + (1,) * (x.rank - 2)
+    per_channel = (0,) + tuple(range(2, x.rank))
+
+    def chan(t: Tensor) -> Tensor:
+        return t.reshape(c_shape)
+
+    def total(t: Tensor) -> Tensor:
+        return create_op("sum", [t], {"axis": per_channel, "keepdims": False})[0]
+
+    r = 1.0 / create_op("sqrt", [var + ctx.attrs["epsilon"]])[0]
+    centred = x - chan(mean)
+    g_scaled = g * chan(scale * r)
+    return [g_scaled if ctx.needs(0) else None,
+            total(g * centred) * r if ctx.needs(1) else None,
+            total(g) if ctx.needs(2) else None,
+            create_op("negate", [total(g_scaled)])[0] if ctx.needs(3) else None,
+            total(g * centred) * scale * r * r * r * -0.5 if ctx.needs(4) else None]

@@ -45,7 +45,7 @@ from typing import Iterable, Sequence, Tuple
 import numpy as np
 
 from popxl import dtypes
-from popxl.op import Grad, OpDef, create_op, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import broadcast_shapes, spec
 from popxl.tensor import Tensor, TensorSpec
 
@@ -250,3 +250,11 @@ def split_random_seed(seed: Tensor, n: int = 2) -> Tuple[Tensor, ...]:
     """``n`` new seeds (uint32, shape (2,)) derived deterministically from ``seed``: use a fresh
     one for each random op, e.g. ``seed, s1 = ops.split_random_seed(seed)``."""
     return tuple(create_op("split_random_seed", [seed], {"n": n}))
+
+
+# gradients ------------------------------------------------------------------------------------------
+# The mask depends only on the seed and the shape, so dropping the gradient with the same seed
+# multiplies it by exactly the mask (and the 1/(1-p) scale) the forward pass used.
+@grad_rule("dropout", "shaped_dropout")
+def _dropout_grad(ctx):
+    return [create_op(ctx.op.type, [ctx.grad(0), ctx.input(1)], ctx.attrs)[0], None]

@@ -8,7 +8,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 from popxl import dtypes
-from popxl.op import Grad, OpDef, create_op, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import normalize_axes, spec
 from popxl.tensor import Tensor
 
@@ -244,3 +244,69 @@ register(OpDef("lamb_square", _lamb_square_infer,
 def lamb_square(t: Tensor) -> Tensor:
     """Sum of the squares of all elements, as a float32 scalar (used for LAMB norms)."""
     return create_op("lamb_square", [t])[0]
+
+
+# gradients ------------------------------------------------------------------------------------------
+def _spread(ctx, t: Tensor) -> Tensor:
+    """A reduction-output-shaped ``t`` broadcast back over the reduced axes to the input shape."""
+    from popxl.ops.shape import broadcast_to
+    x = ctx.op.inputs[0]
+    keep = tuple(1 if i in ctx.attrs["axis"] else d for i, d in enumerate(x.shape))
+    if t.shape != keep:
+        t = t.reshape(keep)
+    return broadcast_to(t, x.shape)
+
+
+def _reduction_rule(local: Callable[..., Tensor]) -> Callable:
+    """Rule of a reduction whose input gradient is ``local(ctx, g, x, y)``, with g and y (the
+    output gradient and output) already spread back to the input shape."""
+    def rule(ctx):
+        return [local(ctx, _spread(ctx, ctx.grad(0)), ctx.input(0), _spread(ctx, ctx.output(0)))]
+    return rule
+
+
+def _count(ctx) -> int:
+    shape = ctx.op.inputs[0].shape
+    return int(np.prod([shape[a] for a in ctx.attrs["axis"]], dtype=np.int64))
+
+
+def _at_extreme(ctx, g, x, y):  # every element equal to the result receives the full gradient
+    from popxl.ops.elementwise import cast, equal
+    return g * cast(equal(x, y), x.dtype)
+
+
+_REDUCTION_GRADS: Dict[str, Callable] = {
+    "sum": lambda ctx, g, x, y: g,
+    "mean": lambda ctx, g, x, y: g * (1.0 / builtins.max(_count(ctx), 1)),
+    "prod": lambda ctx, g, x, y: g * y / x,
+    "max": _at_extreme,
+    "min": _at_extreme,
+    "median": _at_extreme,
+    "l1": lambda ctx, g, x, y: g * create_op("sign", [x])[0],
+    "l2": lambda ctx, g, x, y: g * x / y,
+    "logsum": lambda ctx, g, x, y: g / create_op("exp", [y])[0],
+    "logsumexp": lambda ctx, g, x, y: g * create_op("exp", [x - y])[0],
+    "sumsquare": lambda ctx, g, x, y: g * x * 2.0,
+}
+for _name, _local in _REDUCTION_GRADS.items():
+    grad_rule(_name)(_reduction_rule(_local))
+
+
+@grad_rule("cumsum")
+def _cumsum_grad(ctx):
+    # d/dx_i of sum_j g_j * y_j with y_j = sum_{i<=j} x_i is sum_{j>=i} g_j = total - cumsum(g) + g.
+    g, dim, shape = ctx.grad(0), ctx.attrs["dim"], ctx.op.inputs[0].shape
+    axis = 0 if dim is None else dim
+    if g.rank == 0:
+        return [g]
+    out = sum(g, [axis], keepdims=True) - cumsum(g, axis) + g
+    return [out.reshape(shape) if out.shape != shape else out]
+
+
+@grad_rule("topk")
+def _topk_grad(ctx):  # the values' gradients go back to the places they were taken from
+    from popxl.ops.misc import init
+    from popxl.ops.shape import scatter
+    x = ctx.op.inputs[0]
+    zeros = init(x.shape, x.dtype, name="zero_grad_topk")
+    return [scatter(zeros, ctx.output(1), ctx.grad_or_zeros(0), ctx.attrs["axis"])]

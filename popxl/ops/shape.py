@@ -10,7 +10,7 @@ from typing import Any, Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 from popxl import dtypes
-from popxl.op import Grad, OpDef, create_op, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import normalize_axes, same_dtype, spec
 from popxl.tensor import Tensor, constant
 
@@ -871,3 +871,120 @@ def interpolate(t: Tensor, scale_factor: Optional[Tuple[float, ...]] = (1.0, 1.0
         "nearest_mode": "round_prefer_floor" if nearest_mode is None else nearest_mode,
         "coordinate_transformation_mode": "half_pixel" if coordinate_transformation_mode is None
         else coordinate_transformation_mode})[0]
+
+
+# gradients ------------------------------------------------------------------------------------------
+def _broadcast_infer(specs, shape):
+    broadcast = np.broadcast_shapes(tuple(specs[0].shape), tuple(shape))
+    if broadcast != tuple(shape):
+        raise ValueError(f"cannot broadcast {specs[0].shape} to {tuple(shape)}")
+    return [spec(shape, specs[0].dtype)]
+
+
+# Internal (not in PopXL's API): gradients of reductions spread values back with it. Lowered to a
+# strided copy from a zero-stride view, so no engine needs a kernel.
+register(OpDef("broadcast_to", _broadcast_infer, lambda x, shape: np.broadcast_to(x, shape).copy(),
+               view=lambda x, shape: np.broadcast_to(x, shape), copy=True, grad=Grad.RAISE, family="shape"))
+
+
+def broadcast_to(t: Tensor, shape: Tuple[int, ...]) -> Tensor:
+    """A copy of ``t`` broadcast (NumPy rules) to ``shape``."""
+    shape = tuple(int(d) for d in shape)
+    return t if t.shape == shape else create_op("broadcast_to", [t], {"shape": shape})[0]
+
+
+def _into_zeros(ctx, view_op: str, g: Tensor) -> Tensor:
+    """Zeros of the input's shape with ``g`` written into the region the forward op read
+    (``view_op`` with the forward op's attributes must be an injective view)."""
+    from popxl.ops.misc import init
+    x = ctx.op.inputs[0]
+    zeros = init(x.shape, x.dtype, name=f"zero_grad_{x.name}")
+    region = create_op(view_op, [zeros], ctx.attrs)[0]
+    create_op("copy_var_update_", [region, g])
+    return zeros
+
+
+@grad_rule("reshape")
+def _reshape_grad(ctx):
+    return [ctx.grad(0).reshape(ctx.op.inputs[0].shape)]
+
+
+@grad_rule("transpose")
+def _transpose_grad(ctx):
+    inverse = tuple(int(i) for i in np.argsort(ctx.attrs["permutation"]))
+    return [transpose(ctx.grad(0), inverse)]
+
+
+@grad_rule("slice")
+def _slice_grad(ctx):
+    return [_into_zeros(ctx, "slice_", ctx.grad(0))]
+
+
+@grad_rule("subsample")
+def _subsample_grad(ctx):
+    return [_into_zeros(ctx, "subsample_view", ctx.grad(0))]
+
+
+register(OpDef("subsample_view", _subsample_infer, _subsample_view, view=_subsample_view, grad=Grad.RAISE,
+               family="shape"))
+
+
+@grad_rule("concat", "concat_")
+def _concat_grad(ctx):
+    axis = normalize_axes(ctx.op.outputs[0].rank, ctx.attrs["axis"])[0]
+    sizes = [t.shape[axis] for t in ctx.op.inputs]
+    if len(sizes) == 1:
+        return [ctx.grad(0)]
+    return list(create_op("split", [ctx.grad(0)], {"axis": axis, "splits": tuple(sizes)}))
+
+
+@grad_rule("split")
+def _split_grad(ctx):
+    parts = [ctx.grad_or_zeros(i) for i in range(len(ctx.op.outputs))]
+    return [parts[0] if len(parts) == 1 else create_op("concat", parts, {"axis": ctx.attrs["axis"]})[0]]
+
+
+def _gather_grad_infer(specs, axis, size):
+    g, idx = specs
+    shape = list(g.shape[:axis]) + [size] + list(g.shape[axis + len(idx.shape):])
+    return [spec(shape, g.dtype)]
+
+
+def _gather_grad_kernel(g, idx, axis, size):
+    """Sum the gathered gradients back into their rows (repeats add; out-of-range rows got 0)."""
+    idx = idx.astype(np.int64)
+    idx = np.where(idx < 0, idx + size, idx)
+    valid = ((idx >= 0) & (idx < size)).reshape(-1)
+    rows = np.moveaxis(g, list(range(axis, axis + idx.ndim)), list(range(idx.ndim)))
+    rows = rows.reshape((-1,) + rows.shape[idx.ndim:])
+    wide = np.promote_types(g.dtype, np.float32)
+    out = np.zeros((size,) + rows.shape[1:], wide)
+    np.add.at(out, idx.reshape(-1)[valid], rows[valid].astype(wide))
+    return np.moveaxis(out, 0, axis).astype(g.dtype)
+
+
+# A dedicated op: the scatter-add of a gather's gradient is one pass, not a one-hot matmul.
+register(OpDef("gather_grad", _gather_grad_infer, _gather_grad_kernel, grad=Grad.RAISE, family="shape"))
+
+
+@grad_rule("gather", "tied_gather")
+def _gather_grad(ctx):
+    x, axis = ctx.op.inputs[0], ctx.attrs["axis"]
+    return [create_op("gather_grad", [ctx.grad(0), ctx.input(1)], {"axis": axis, "size": x.shape[axis]})[0], None]
+
+
+@grad_rule("dynamic_slice")
+def _dynamic_slice_grad(ctx):
+    from popxl.ops.misc import init
+    x = ctx.op.inputs[0]
+    zeros = init(x.shape, x.dtype, name=f"zero_grad_{x.name}")
+    return [create_op("dynamic_update", [zeros, ctx.input(1), ctx.grad(0)], ctx.attrs)[0], None]
+
+
+@grad_rule("dynamic_update")
+def _dynamic_update_grad(ctx):
+    from popxl.ops.misc import init
+    g, index, upd = ctx.grad(0), ctx.input(1), ctx.op.inputs[2]
+    cleared = create_op("dynamic_update", [g, index, init(upd.shape, upd.dtype, name="zero_update")], ctx.attrs)[0]
+    return [cleared if ctx.needs(0) else None, None,
+            create_op("dynamic_slice", [g, index], ctx.attrs)[0] if ctx.needs(2) else None]

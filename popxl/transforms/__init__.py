@@ -1,2 +1,4 @@
-"""IR-to-IR transforms (autodiff and friends arrive with the autodiff issue)."""
-__all__: list = []
+"""IR-to-IR transforms: autodiff and the exchange/sum rewrites."""
+from popxl.transforms.autodiff import ExpectedConnection, ExpectedConnectionType, GradGraphInfo, autodiff
+
+__all__ = ["autodiff", "GradGraphInfo", "ExpectedConnection", "ExpectedConnectionType"]

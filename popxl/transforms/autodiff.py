@@ -1,0 +1,444 @@
+"""Reverse-mode autodiff as an IR transform: forward graph in, gradient graph + `GradGraphInfo` out.
+
+How it works:
+1. Find the ops on a path from a tensor whose gradient is *required* to a tensor whose
+   gradient is *provided*.
+2. Walk those ops in reverse order inside a new graph. Each op's registry entry decides:
+   a rule (a callable, declared next to the op with ``popxl.op.grad_rule``) traces that op's
+   input gradients from its output gradients; ``Grad.STOP`` lets no gradient through;
+   ``Grad.ZERO`` gives zeros; ``Grad.RAISE`` (and no decision at all) is an error naming the op.
+3. Forward values a rule reads become gradient-graph inputs (``Fwd`` connections). A forward
+   intermediate is first made an extra output of the forward graph, and every ``call`` site of
+   that graph gets the matching output, as PopXL does, so the user can pass it in with
+   ``GradGraphInfo.inputs_dict(call_info)``.
+4. Contributions to one tensor's gradient are summed; the required gradients become the
+   gradient graph's outputs, named ``Gradient___<forward name>``. Unused ops are dropped.
+
+Calls and conditionals are differentiated by differentiating the called graphs (recursively,
+or with the user's ``called_graphs_grad_info``) and calling their gradient graphs.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+from popxl.graph import Graph
+from popxl.op import REGISTRY, Grad, Op
+from popxl.tensor import Constant, Tensor, TensorSpec, Variable, constant, graph_input, graph_output
+
+__all__ = ["autodiff", "GradGraphInfo", "ExpectedConnection", "ExpectedConnectionType", "GradOpContext"]
+
+GRAD_PREFIX = "Gradient___"
+
+
+class ExpectedConnectionType(Enum):
+    Fwd = "Fwd"
+    FwdGrad = "FwdGrad"
+
+
+class ExpectedConnection:
+    """One input or output of a gradient graph: a forward tensor, or the gradient of one."""
+
+    def __init__(self) -> None:
+        raise TypeError("ExpectedConnection is made by autodiff, not constructed directly.")
+
+    @classmethod
+    def _create(cls, fwd_tensor: Tensor, connection_type: ExpectedConnectionType) -> "ExpectedConnection":
+        c = object.__new__(cls)
+        c._fwd_tensor, c._connection_type = fwd_tensor, connection_type
+        return c
+
+    @property
+    def fwd_tensor(self) -> Tensor:
+        return self._fwd_tensor
+
+    @property
+    def connection_type(self) -> ExpectedConnectionType:
+        return self._connection_type
+
+    def __repr__(self) -> str:
+        return f"({self._connection_type.name}, {self._fwd_tensor})"
+
+
+class GradGraphInfo:
+    """A gradient graph and how to connect it: which forward tensors (or their gradients) its
+    inputs expect, and which forward tensors its outputs are the gradients of."""
+
+    def __init__(self) -> None:
+        raise TypeError("GradGraphInfo is returned by popxl.transforms.autodiff, not constructed directly.")
+
+    @classmethod
+    def _create(cls, graph: Graph, forward_graph: Graph, expected_inputs: Sequence[ExpectedConnection],
+                expected_outputs: Sequence[ExpectedConnection]) -> "GradGraphInfo":
+        info = object.__new__(cls)
+        info._graph, info._forward_graph = graph, forward_graph
+        info._expected_inputs, info._expected_outputs = tuple(expected_inputs), tuple(expected_outputs)
+        return info
+
+    @property
+    def graph(self) -> Graph:
+        return self._graph
+
+    @property
+    def forward_graph(self) -> Graph:
+        return self._forward_graph
+
+    @property
+    def expected_inputs(self) -> Tuple[ExpectedConnection, ...]:
+        return self._expected_inputs
+
+    @property
+    def expected_outputs(self) -> Tuple[ExpectedConnection, ...]:
+        return self._expected_outputs
+
+    @property
+    def inputs(self) -> Tuple[Tensor, ...]:
+        """The forward tensors of `expected_inputs`."""
+        return tuple(c.fwd_tensor for c in self._expected_inputs)
+
+    @property
+    def outputs(self) -> Tuple[Tensor, ...]:
+        """The forward tensors whose gradients the gradient graph outputs."""
+        return tuple(c.fwd_tensor for c in self._expected_outputs)
+
+    def get_input_tensors(self) -> Tuple[Tensor, ...]:
+        return self.inputs
+
+    def get_output_tensors(self) -> Tuple[Tensor, ...]:
+        return self.outputs
+
+    def _check_site(self, info: Any, graph: Graph, what: str) -> None:
+        called = getattr(info, "called_graph", None)
+        if called is not graph:
+            got = called.id if isinstance(called, Graph) else type(info).__name__
+            raise TypeError(f"GradGraphInfo: {what} must be the CallSiteInfo of a call of {graph.id!r}, "
+                            f"got a call of {got}.")
+
+    def inputs_dict(self, fwd_call_info: Any) -> Dict[Tensor, Tensor]:
+        """Gradient-graph input -> the tensor of ``fwd_call_info``'s parent graph holding that
+        forward value (``Fwd`` connections only; the ``FwdGrad`` seeds are passed positionally)."""
+        self._check_site(fwd_call_info, self._forward_graph, "fwd_call_info")
+        return {g_in: fwd_call_info.graph_to_parent(c.fwd_tensor)
+                for g_in, c in zip(self._graph.inputs, self._expected_inputs)
+                if c.connection_type is ExpectedConnectionType.Fwd}
+
+    def fwd_graph_ins_to_grad_parent_outs(self, grad_call_info: Any) -> Dict[Tensor, Tensor]:
+        """Forward-graph tensor -> its gradient at the parent of ``grad_call_info``."""
+        self._check_site(grad_call_info, self._graph, "grad_call_info")
+        return {c.fwd_tensor: grad_call_info.parent_output(i) for i, c in enumerate(self._expected_outputs)}
+
+    def fwd_parent_ins_to_grad_parent_outs(self, fwd_call_info: Any, grad_call_info: Any) -> Dict[Tensor, Tensor]:
+        """Parent tensor of the forward call -> its gradient at the parent of the gradient call."""
+        self._check_site(fwd_call_info, self._forward_graph, "fwd_call_info")
+        return {fwd_call_info.graph_to_parent(f): g
+                for f, g in self.fwd_graph_ins_to_grad_parent_outs(grad_call_info).items()}
+
+    def __repr__(self) -> str:
+        return (f"GradGraphInfo[graph={self._graph.id} forward_graph={self._forward_graph.id}\n"
+                f"  expected_inputs={list(self._expected_inputs)}\n"
+                f"  expected_outputs={list(self._expected_outputs)}]")
+
+
+def _is_float(t: Tensor) -> bool:
+    return t.dtype.is_floating_point
+
+
+def _describe(op: Op) -> str:
+    return f"{op.type} {op.name!r} in graph {op.graph.id!r} (created at {op.location})"
+
+
+def _call_sites(graph: Graph) -> List[Op]:
+    """Every op in the IR that calls ``graph`` (as call/repeat body or conditional branch)."""
+    return [op for g in graph.ir._all_graphs() for op in g._ops
+            if any(v is graph for v in op.attrs.values() if isinstance(v, Graph))]
+
+
+def _append_output(graph: Graph, t: Tensor) -> None:
+    """Make ``t`` a new output of ``graph`` and give every site calling it the matching output."""
+    sites = _call_sites(graph)
+    for op in sites:
+        if op.type == "repeat":
+            raise NotImplementedError(
+                f"autodiff: the gradient needs {t.id!r}, an intermediate of {graph.id!r}, but {graph.id!r} is "
+                f"the body of ops.repeat at {op.location}; a loop body cannot get extra outputs. Call the "
+                f"graph with ops.call inside the loop body and differentiate that call instead.")
+    graph._outputs.append(t)
+    for op in sites:
+        if op.type == "if":  # both branches must keep matching outputs: the sibling outputs zeros
+            then_g, else_g = op.attrs["then_graph"], op.attrs["else_graph"]
+            if then_g is not else_g:
+                sibling = else_g if then_g is graph else then_g
+                from popxl import ops
+                with sibling:
+                    sibling._outputs.append(ops.init(t.shape, t.dtype, name=f"zero_{t.name}"))
+        out = Tensor._create(op.graph, t.name, TensorSpec(t.shape, t.dtype, t.meta_shape), producer=op)
+        op.outputs = op.outputs + (out,)
+
+
+class GradOpContext:
+    """What a gradient rule sees while it traces one forward op's gradient into the gradient graph.
+
+    ``input(i)`` / ``output(i)`` are that op's forward values (as gradient-graph tensors),
+    ``grad(i)`` the gradient of output ``i`` (None if nothing flows back into it), ``needs(i)``
+    whether the gradient of input ``i`` is wanted. The rule returns one gradient (or None) per input.
+    """
+
+    def __init__(self, builder: "_GradBuilder", op: Op, out_grads: List[Optional[Tensor]]) -> None:
+        self._b, self.op, self._out_grads = builder, op, out_grads
+
+    @property
+    def attrs(self) -> Dict[str, Any]:
+        return self.op.attrs
+
+    def input(self, i: int) -> Tensor:
+        return self._b.forward_value(self.op.inputs[i])
+
+    def output(self, i: int) -> Tensor:
+        return self._b.forward_value(self.op.outputs[i])
+
+    def forward(self, t: Tensor) -> Tensor:
+        """Any tensor of the forward graph, as a gradient-graph tensor."""
+        return self._b.forward_value(t)
+
+    def grad(self, i: int) -> Optional[Tensor]:
+        return self._out_grads[i]
+
+    def grad_or_zeros(self, i: int) -> Tensor:
+        g = self._out_grads[i]
+        if g is not None:
+            return g
+        from popxl import ops
+        out = self.op.outputs[i]
+        return ops.init(out.shape, out.dtype, name=f"zero_grad_{out.name}")
+
+    def needs(self, i: int) -> bool:
+        return self._b.needs_grad(self.op.inputs[i])
+
+    def unbroadcast(self, g: Tensor, i: int) -> Tensor:
+        """Sum ``g`` over the axes along which input ``i`` was broadcast, back to its shape."""
+        from popxl import ops
+        shape = self.op.inputs[i].shape
+        if g.shape == shape:
+            return g
+        lead = len(g.shape) - len(shape)
+        axes = list(range(lead)) + [lead + a for a, d in enumerate(shape) if d == 1 and g.shape[lead + a] != 1]
+        if axes:
+            g = ops.sum(g, axes, keepdims=True)
+        return g.reshape(shape) if g.shape != shape else g
+
+    def subgraph_grad(self, graph: Graph, provided: Sequence[Tensor], required: Sequence[Tensor]) -> GradGraphInfo:
+        """The gradient graph of a called graph (the user's from ``called_graphs_grad_info`` if given)."""
+        return self._b.subgraph_grad(graph, provided, required)
+
+
+class _GradBuilder:
+    def __init__(self, fwd: Graph, provided: Sequence[Tensor], required: Sequence[Tensor],
+                 called_info: Mapping[Graph, GradGraphInfo], all_infos: Dict[Graph, GradGraphInfo],
+                 cache: Dict[Tuple, GradGraphInfo], strict: bool) -> None:
+        self.fwd, self.provided, self.required = fwd, list(provided), list(required)
+        self.called_info, self.all_infos, self.cache, self.strict = called_info, all_infos, cache, strict
+        self.graph = fwd.ir.create_empty_graph(f"{fwd.name}_grad")
+        self.values: Dict[Tensor, Tensor] = {}  # forward tensor -> gradient-graph tensor
+        self.expected_inputs: List[ExpectedConnection] = []
+        self.grads: Dict[Tensor, List[Tensor]] = {}
+        self.depends: Set[Tensor] = set()
+
+    # forward values -------------------------------------------------------------------------------
+    def forward_value(self, t: Tensor) -> Tensor:
+        if t in self.values:
+            return self.values[t]
+        if t.graph is not self.fwd:
+            raise ValueError(f"autodiff: {t.id!r} is not a tensor of the forward graph {self.fwd.id!r}.")
+        with self.graph:
+            if isinstance(t, Constant):
+                v = constant(t._host_data_value, t.dtype, name=t.name)
+            else:
+                if t not in self.fwd._inputs and t not in self.fwd._outputs:
+                    _append_output(self.fwd, self._stable(t))
+                v = graph_input(t.shape, t.dtype, t.name, meta_shape=t.meta_shape)
+                self.expected_inputs.append(ExpectedConnection._create(t, ExpectedConnectionType.Fwd))
+        self.values[t] = v
+        return v
+
+    def _stable(self, t: Tensor) -> Tensor:
+        """``t`` itself if no later op overwrites it in place, else a copy taken right after it
+        is made: a graph output is read when the graph ends, the gradient needs the value then."""
+        ops_ = self.fwd._ops
+        start = ops_.index(t.producer) + 1 if t.producer is not None else 0
+        overwritten = any(op.opdef.inplace is not None and _root(op.inputs[op.opdef.inplace]) is _root(t)
+                          for op in ops_[start:])
+        if not overwritten:
+            return t
+        from popxl import ops
+        with self.fwd:
+            copy = ops.identity(t, f"{t.name}_for_grad")
+        ops_.insert(start, ops_.pop())  # run the copy before anything can overwrite t
+        return copy
+
+    # which tensors take part -------------------------------------------------------------------------
+    def needs_grad(self, t: Tensor) -> bool:
+        return t in self.depends and _is_float(t)
+
+    def _mark(self) -> List[Op]:
+        self.depends = {t for t in self.required if _is_float(t)}
+        for op in self.fwd._ops:
+            decision = REGISTRY[op.type].grad
+            if decision == Grad.STOP or not any(i in self.depends for i in op.inputs):
+                continue
+            self.depends.update(o for o in op.outputs if _is_float(o))
+        reaches: Set[Tensor] = set(self.provided)
+        active = []
+        for op in reversed(self.fwd._ops):
+            if any(o in reaches for o in op.outputs) and any(i in self.depends for i in op.inputs):
+                reaches.update(op.inputs)
+                active.append(op)
+        return active
+
+    # gradients --------------------------------------------------------------------------------------
+    def _total(self, t: Tensor) -> Optional[Tensor]:
+        parts = self.grads.get(t)
+        if not parts:
+            return None
+        if len(parts) > 1:
+            from popxl import ops
+            with self.graph:
+                total = parts[0]
+                for p in parts[1:]:
+                    total = ops.add(total, p)
+            self.grads[t] = parts = [total]
+        return parts[0]
+
+    def _add_grad(self, t: Tensor, g: Tensor, op: Op) -> None:
+        if g.shape != t.shape or g.dtype is not t.dtype:
+            raise RuntimeError(f"autodiff: the gradient rule of {_describe(op)} gave {g.shape} {g.dtype.name} "
+                               f"for input {t.id!r} of {t.shape} {t.dtype.name} (a bug in the rule).")
+        self.grads.setdefault(t, []).append(g)
+
+    def _differentiate(self, op: Op) -> None:
+        out_grads = [self._total(o) for o in op.outputs]
+        if all(g is None for g in out_grads):
+            return
+        decision = REGISTRY[op.type].grad
+        if decision is None:
+            raise NotImplementedError(f"autodiff: no gradient rule for {_describe(op)}.")
+        if decision == Grad.RAISE:
+            raise RuntimeError(f"autodiff: {_describe(op)} cannot be differentiated (PopXL has no gradient "
+                               f"for it); detach its inputs or leave it off the path to the loss.")
+        if decision == Grad.STOP:
+            return
+        with self.graph:
+            if decision == Grad.ZERO:
+                from popxl import ops
+                in_grads = [ops.init(t.shape, t.dtype, name=f"zero_grad_{t.name}") if self.needs_grad(t) else None
+                            for t in op.inputs]
+            else:
+                in_grads = list(decision(GradOpContext(self, op, out_grads)))
+        if len(in_grads) != len(op.inputs):
+            raise RuntimeError(f"autodiff: the gradient rule of {_describe(op)} returned {len(in_grads)} "
+                               f"gradients for {len(op.inputs)} inputs (a bug in the rule).")
+        for t, g in zip(op.inputs, in_grads):
+            if g is not None and self.needs_grad(t):
+                self._add_grad(t, g, op)
+
+    def subgraph_grad(self, graph: Graph, provided: Sequence[Tensor], required: Sequence[Tensor]) -> GradGraphInfo:
+        if graph in self.called_info:
+            return self.called_info[graph]
+        key = (graph, tuple(provided), tuple(required))
+        if key not in self.cache:
+            info = _GradBuilder(graph, provided, required, self.called_info, self.all_infos, self.cache,
+                                strict=False).build()
+            self.cache[key] = self.all_infos[graph] = info
+        return self.cache[key]
+
+    def build(self) -> GradGraphInfo:
+        active = self._mark()
+        with self.graph:
+            for t in self.provided:
+                seed = graph_input(t.shape, t.dtype, GRAD_PREFIX + t.name, meta_shape=t.meta_shape)
+                self.expected_inputs.append(ExpectedConnection._create(t, ExpectedConnectionType.FwdGrad))
+                self.grads.setdefault(t, []).append(seed)
+        for op in active:
+            self._differentiate(op)
+        expected_outputs = []
+        for t in self.required:
+            g = self._total(t)
+            if g is None:
+                if self.strict:
+                    raise RuntimeError(
+                        f"autodiff: Unable to provide required gradient output for {t.id!r} of graph "
+                        f"{self.fwd.id!r}: no path of differentiable ops leads from it to the tensors whose "
+                        f"gradients are provided ({[p.id for p in self.provided]}).")
+                continue
+            with self.graph:
+                graph_output(self._named(g, GRAD_PREFIX + t.name))
+            expected_outputs.append(ExpectedConnection._create(t, ExpectedConnectionType.FwdGrad))
+        _prune(self.graph)
+        return GradGraphInfo._create(self.graph, self.fwd, self.expected_inputs, expected_outputs)
+
+    def _named(self, g: Tensor, name: str) -> Tensor:
+        """``g`` renamed to ``name``, or a named copy if ``g`` is an input or already an output."""
+        if g.producer is None or g in self.graph._outputs or g.producer.opdef.view is not None:
+            from popxl import ops
+            return ops.identity(g, name)
+        graph = self.graph
+        del graph._tensors[g._id]
+        g._id = graph._new_tensor_id(name)
+        graph._tensors[g._id] = g
+        return g
+
+
+def _root(t: Tensor) -> Tensor:
+    """The tensor whose storage ``t`` views (through view ops such as reshape_ / transpose_)."""
+    while t.producer is not None and t.producer.opdef.view is not None and not t.producer.opdef.copy:
+        t = t.producer.inputs[0]
+    return t
+
+
+def _prune(graph: Graph) -> None:
+    """Drop ops whose results nothing uses (rules compute a gradient for every input they can)."""
+    used = set(graph._outputs)
+    keep = []
+    for op in reversed(graph._ops):
+        if op.opdef.side_effect or op.opdef.inplace is not None or any(o in used for o in op.outputs):
+            keep.append(op)
+            used.update(op.inputs)
+        else:
+            for o in op.outputs:
+                graph._tensors.pop(o._id, None)
+    graph._ops[:] = reversed(keep)
+
+
+def autodiff(graph: Graph, grads_provided: Optional[Iterable[Tensor]] = None,
+             grads_required: Optional[Iterable[Tensor]] = None,
+             called_graphs_grad_info: Optional[Mapping[Graph, GradGraphInfo]] = None,
+             return_all_grad_graphs: bool = False) -> Union[GradGraphInfo, Dict[Graph, GradGraphInfo]]:
+    """Build the gradient graph of ``graph``.
+
+    ``grads_provided`` (default: all outputs of ``graph``) are the tensors whose gradients the
+    gradient graph takes as its first inputs, in order; ``grads_required`` (default: all inputs)
+    are the tensors whose gradients it outputs, in order. Forward values it needs are further
+    inputs (``Fwd`` connections; intermediates become extra outputs of ``graph``). Called graphs
+    are differentiated too, unless their `GradGraphInfo` is given in ``called_graphs_grad_info``.
+    Returns the `GradGraphInfo`, or with ``return_all_grad_graphs`` a dict with one per
+    differentiated graph (``graph`` included).
+    """
+    if not isinstance(graph, Graph):
+        raise TypeError(f"autodiff: expected a popxl.Graph, not {type(graph).__name__}.")
+    if graph is graph.ir.main_graph:
+        raise ValueError("autodiff: the main graph cannot be differentiated (its gradient graph could not be "
+                         "called with its values); build the forward pass with ir.create_graph and call it.")
+    graph.ir._check_mutable()
+    provided = list(graph.outputs if grads_provided is None else grads_provided)
+    required = list(graph.inputs if grads_required is None else grads_required)
+    for what, ts in (("grads_provided", provided), ("grads_required", required)):
+        for t in ts:
+            if not isinstance(t, Tensor) or t.graph is not graph:
+                name = t.id if isinstance(t, Tensor) else repr(t)
+                raise ValueError(f"autodiff: {what} entry {name} is not a tensor of graph {graph.id!r}.")
+            if isinstance(t, Variable):
+                raise ValueError(f"autodiff: {what} entry {t.id!r} is a Variable.")
+    all_infos: Dict[Graph, GradGraphInfo] = {}
+    info = _GradBuilder(graph, provided, required, dict(called_graphs_grad_info or {}), all_infos, {},
+                        strict=True).build()
+    all_infos[graph] = info
+    return all_infos if return_all_grad_graphs else info
