@@ -14,6 +14,8 @@ from popxl.graph import Graph
 from popxl.ir import Ir
 from popxl.module import Module
 from popxl.random_seed import create_seeds
+from popxl.remote_buffer import (RemoteBuffer, remote_buffer, remote_replica_sharded_variable, remote_variable,
+                                 replica_sharded_buffer, replica_sharded_variable)
 from popxl.replica_grouping import ReplicaGrouping
 from popxl.streams import DeviceToHostStream, HostToDeviceStream, d2h_stream, h2d_stream
 from popxl.tensor import Constant, Tensor, TensorByRef, TensorSpec, Variable, constant, graph_input, graph_output, variable
@@ -27,8 +29,10 @@ __all__ = [
     "get_current_graph", "get_main_graph", "get_ir", "gcg", "gmg", "gir", "in_sequence", "name_scope", "ipu",
     "io_tiles", "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "half",
     "float8_143", "float8_152", "float16", "float", "float32", "double", "float64", "complex64", "complex128",
-    "Graph", "Ir", "Module", "create_seeds", "ReplicaGrouping", "HostToDeviceStream", "DeviceToHostStream",
-    "h2d_stream", "d2h_stream", "Tensor", "variable", "constant", "graph_input", "graph_output", "TensorByRef",
+    "Graph", "Ir", "Module", "create_seeds", "RemoteBuffer", "remote_buffer", "ReplicaGrouping",
+    "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream", "Tensor", "variable",
+    "remote_variable", "remote_replica_sharded_variable", "replica_sharded_variable", "constant", "graph_input",
+    "graph_output", "TensorByRef",
     "TensorSpec", "TensorStorage", "TensorLocation", "ReplicatedTensorSharding", "TileSet", "ExecutionContext",
     "Session",
 ]

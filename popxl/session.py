@@ -11,6 +11,7 @@ from popxl import dtypes
 from popxl.compiler import lower
 from popxl.engines import create_engine
 from popxl.ir import Ir
+from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Variable
 from popxl.utils import to_numpy
@@ -77,11 +78,15 @@ class Session:
         self._exe = lower(ir)
         ir._frozen_by = f"Session on {device_desc!r}"
         self._engine = create_engine(self._exe)
-        self._variables: List[Variable] = []
         var_by_id = {t.id: t for t in ir.main_graph.variables}
-        self._variables = [var_by_id[v["name"]] for v in self._exe.variables]
+        # On-chip variables come first in the executable's device state; remote buffer regions
+        # and shard mirrors follow (handled by self._remote).
+        self._variables: List[Variable] = [var_by_id[v["name"]] for v in self._exe.variables
+                                           if "remote_buffer" not in v and "mirror_of" not in v]
+        self._remote = RemoteMemory(ir, self._exe)
         # The host copies of the weights: what get_tensor_data returns views of.
-        self._host: Dict[Variable, np.ndarray] = {v: v._host_data_value.copy() for v in self._variables}
+        self._host: Dict[Variable, np.ndarray] = {v: v._host_data_value.copy()
+                                                  for v in (*self._variables, *self._remote.variables)}
         self._host_stale = False
         self._enter_stack: List[bool] = []
         streams = {s.tensor_id: s for s in (*ir.get_all_h2d_streams(), *ir.get_all_d2h_streams())}
@@ -136,16 +141,18 @@ class Session:
 
     def _write_device(self, variables: Iterable[Variable]) -> None:
         index = {v: i for i, v in enumerate(self._variables)}
+        variables = list(variables)
         for v in variables:
-            if v not in index:  # not used by any program: nothing on the device
+            if v not in index:  # remote, or not used by any program: nothing on chip
                 continue
             for r in range(self._engine.replicas):
                 self._engine.write_variable(index[v], r, self._device_value(v, r))
+        self._remote.write(self._engine, [v for v in variables if v in self._remote], self._device_value)
 
     def weights_from_host(self) -> None:
         """Copy every variable's host value to the device."""
         self._require_attached("weights_from_host")
-        self._write_device(self._variables)
+        self._write_device([*self._variables, *self._remote.variables])
 
     def weights_to_host(self) -> None:
         """Copy every variable's device value to its host copy."""
@@ -157,6 +164,7 @@ class Session:
             vals = [self._engine.read_variable(i, r) for r in firsts]
             value = np.stack(vals) if rg.num_groups > 1 else vals[0]
             host[...] = value.view(host.dtype) if host.dtype.names else value
+        self._remote.read(self._engine, self._host)
         self._host_stale = False
 
     def get_tensor_data(self, tensor: Union[Variable, Constant]) -> np.ndarray:

@@ -77,6 +77,9 @@ class Tensor:
     __array_ufunc__ = None
     __iter__ = None  # type: ignore[assignment]
     __contains__ = None  # type: ignore[assignment]
+    # (RemoteBuffer, offset, shards): set on a remote variable (its value lives in that slot, not
+    # on chip) and on a replica-sharded variable's shard tensor (kept on chip, synced with the slot).
+    _remote_slot: Optional[Tuple[Any, int, int]] = None
 
     def __init__(self) -> None:
         raise RuntimeError(
@@ -371,12 +374,24 @@ def variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None, name:
              retrieval_mode: Optional[Literal["one_per_group", "all_replicas"]] = None,
              log2_scale: Optional[int] = None, nan_on_overflow: Optional[builtins.bool] = None) -> Variable:
     """Create a variable in the main graph, initialised from host ``data``."""
+    return _create_variable(data, dtype, name, downcast, replica_grouping, retrieval_mode, log2_scale,
+                            nan_on_overflow)
+
+
+def _create_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype], name: Optional[str],
+                     downcast: builtins.bool, replica_grouping: Optional["ReplicaGrouping"],
+                     retrieval_mode: Optional[str], log2_scale: Optional[int],
+                     nan_on_overflow: Optional[builtins.bool], what: str = "popxl.variable",
+                     check: Optional[Any] = None, **extra: Any) -> Variable:
+    """Shared by every variable factory. ``check(spec, replica_grouping) -> spec`` runs before the
+    variable exists (so a rejected call leaves the graph untouched) and may add a meta_shape;
+    ``extra`` becomes attributes of the new Variable (e.g. its remote buffer slot)."""
     ctx = get_current_context()
     g = ctx.graph
     g.ir._check_mutable()
     if g is not g.ir.main_graph:
         raise ValueError(
-            f"popxl.variable {name or ''!r}: variables can only be created in the main graph, not in "
+            f"{what} {name or ''!r}: variables can only be created in the main graph, not in "
             f"{g.id!r}. Create it under `with ir.main_graph:` and pass it to the subgraph as an input.")
     data = _host_data(data, dtype, downcast, log2_scale, nan_on_overflow)
     rg = replica_grouping if replica_grouping is not None else g.ir.replica_grouping()
@@ -388,12 +403,15 @@ def variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None, name:
     if rg.num_groups > 1:
         if not shape or shape[0] != rg.num_groups:
             raise ValueError(
-                f"popxl.variable {name!r}: with a replica grouping of {rg.num_groups} groups the data needs "
+                f"{what} {name!r}: with a replica grouping of {rg.num_groups} groups the data needs "
                 f"a leading axis of {rg.num_groups} (one value per group); got shape {shape}.")
         shape = shape[1:]
     dt = dtype if dtype is not None else dtypes.from_numpy(data.dtype)
-    return Variable._create(g, name or "v", TensorSpec(shape, dt), _host_data_value=data,
-                            _replica_grouping=rg, _retrieval_mode=retrieval_mode)
+    spec = TensorSpec(shape, dt)
+    if check is not None:
+        spec = check(spec, rg)
+    return Variable._create(g, name or "v", spec, _host_data_value=data,
+                            _replica_grouping=rg, _retrieval_mode=retrieval_mode, **extra)
 
 
 def constant(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,

@@ -8,7 +8,9 @@ engine can load exactly what the reference engine runs. Layout:
   a buffer is a strided view into the arena. Several buffers may view the same bytes (aliases).
 - ``constants``: ``{"buffer", "data"}``: raw C-order bytes written at load.
 - ``variables``: ``{"name", "buffer"}``: device state kept between runs, written by
-  weights_from_host and read by weights_to_host.
+  weights_from_host and read by weights_to_host. After the variables come the remote buffers'
+  regions (``"remote_buffer": id``, shape ``(entries, *tensor_shape)``) and tensors that mirror a
+  remote slot (``"mirror_of": [buffer id, offset]``, the shards of replica-sharded variables).
 - ``h2d`` / ``d2h``: streams ``{"name", "shape", "dtype"}``; indices are used by instructions.
 - ``graphs``: list of ``{"id", "program"}``; graph 0 is the main program, run once per ``run``.
 - ``num_host_transfers``, ``replication_factor``.
@@ -18,7 +20,8 @@ Instructions (``program`` entries), executed in order:
 - ``{"kind": "op", "type", "inputs": [buf], "outputs": [buf], "attrs": {...}}``: run the kernel
   registered for ``type`` on the input views and write its results into the output views.
   Attrs are JSON values; a dtype is encoded as ``{"dtype": name}``.
-  Collective ops (registry flag) run across all replicas at once.
+  Collective ops (registry flag) run across all replicas at once. Ops with a remote buffer
+  attribute get that buffer's region as an extra last input (the attribute becomes its id).
 - ``{"kind": "copy", "src": buf, "dst": buf}``: copy the (possibly strided) view ``src`` into
   ``dst`` (same shape and dtype). Ops that copy a view of their input (reshape, transpose,
   slice, identity, ...) lower to this.

@@ -6,7 +6,8 @@
 2. Aliases: a view op's output (``reshape_``, ``transpose_``, ``slice_``, ...) is placed inside its
    input's storage; an in-place op's output *is* its input's storage. Each tensor therefore has a
    root storage and a strided view of it.
-3. Memory plan: variables and constants get permanent places; each graph gets its own region in
+3. Memory plan: variables and constants get permanent places, and so does each remote buffer
+   (a region of ``(entries, *tensor_shape)``, handed to remote ops as an extra last input); each graph gets its own region in
    which root storages are packed first-fit by liveness (a storage is live from the op that
    defines it to the last op that reads any view of it; graph inputs and outputs for the whole
    graph). Regions of different graphs never overlap, so a graph may call another freely.
@@ -22,6 +23,7 @@ from popxl import dtypes
 from popxl.compiler.executable import Executable, encode_attr
 from popxl.graph import Graph, op_called_graphs
 from popxl.op import Op
+from popxl.remote_buffer import RemoteBuffer, _buffers_of
 from popxl.tensor import Constant, Tensor, Variable
 
 ALIGN = 64
@@ -34,12 +36,16 @@ def _align(n: int) -> int:
 
 
 def _contiguous_desc(offset: int, t: Tensor) -> Desc:
-    item = dtypes.ml_dtype(t.dtype).itemsize
+    return _packed_desc(offset, t.shape, t.dtype)
+
+
+def _packed_desc(offset: int, shape: Tuple[int, ...], dtype: dtypes.dtype) -> Desc:
+    item = dtypes.ml_dtype(dtype).itemsize
     strides, acc = [], item
-    for d in reversed(t.shape):
+    for d in reversed(shape):
         strides.append(acc)
         acc *= max(d, 1)
-    return offset, tuple(t.shape), tuple(reversed(strides)), t.dtype.name
+    return offset, tuple(shape), tuple(reversed(strides)), dtype.name
 
 
 def _nbytes(t: Tensor) -> int:
@@ -74,6 +80,7 @@ class _Lowering:
         self.desc: Dict[Tensor, Desc] = {}
         self.h2d: Dict[object, int] = {}
         self.d2h: Dict[object, int] = {}
+        self.regions: Dict[RemoteBuffer, Desc] = {}
         self.arena = 0
         self.graphs = self._reachable_graphs()
         self.graph_index = {g: i for i, g in enumerate(self.graphs)}
@@ -102,9 +109,21 @@ class _Lowering:
     def place_permanent(self) -> None:
         for g in self.graphs:
             for t in g._tensors.values():
-                if isinstance(t, (Variable, Constant)):
+                if isinstance(t, Variable) and t._remote_slot is not None:
+                    rb, offset, _ = t._remote_slot  # it lives in its buffer's region, not on chip
+                    if offset >= rb.entries:
+                        raise ValueError(f"remote variable {t.id!r} is in slot {offset} of {rb!r}, which has "
+                                         f"only {rb.entries} entries.")
+                    continue
+                # Non-variable tensors with a remote slot are replica-sharded variables' shards:
+                # on-chip state kept between runs, like variables.
+                if isinstance(t, (Variable, Constant)) or t._remote_slot is not None:
                     self.desc[t] = _contiguous_desc(self.arena, t)
                     self.arena += _align(_nbytes(t))
+        for rb in _buffers_of(self.ir):
+            shape = (rb.entries, *rb.tensor_shape)
+            self.regions[rb] = _packed_desc(self.arena, shape, rb.tensor_dtype)
+            self.arena += _align(int(np.prod(shape, dtype=np.int64)) * dtypes.ml_dtype(rb.tensor_dtype).itemsize)
 
     def place_graph(self, g: Graph) -> None:
         ops = g._ops
@@ -208,10 +227,18 @@ class _Lowering:
             elif op.opdef.control:
                 raise NotImplementedError(f"lowering of control op {op.type!r} is not implemented")
             else:
+                for t in op.inputs:
+                    if isinstance(t, Variable) and t._remote_slot is not None:
+                        raise ValueError(
+                            f"{op.type} {op.name!r} (at {op.location}) reads remote variable {t.id!r}, which lives "
+                            f"in remote memory ({t._remote_slot[0]!r}, slot {t._remote_slot[1]}); load it first "
+                            f"with ops.remote_load.")
+                regions = [self.buf_of_desc(self.regions[v]) for v in a.values() if isinstance(v, RemoteBuffer)]
                 prog.append({"kind": "op", "type": op.type, "name": op.name,
-                             "inputs": [self.buf(t) for t in op.inputs],
+                             "inputs": [self.buf(t) for t in op.inputs] + regions,
                              "outputs": [self.buf(t) for t in op.outputs],
-                             "attrs": {k: encode_attr(v) for k, v in a.items()}})
+                             "attrs": {k: encode_attr(v.remote_buffer_id if isinstance(v, RemoteBuffer) else v)
+                                       for k, v in a.items()}})
         return prog
 
     def run(self) -> Executable:
@@ -225,8 +252,17 @@ class _Lowering:
                 if isinstance(t, Constant):
                     data = np.ascontiguousarray(t._host_data_value).view(np.uint8).tobytes()
                     constants.append({"name": t.id, "buffer": self.buf(t), "data": data})
-                elif isinstance(t, Variable):
+                elif isinstance(t, Variable) and t._remote_slot is None:
                     variables.append({"name": t.id, "buffer": self.buf(t)})
+        # Device state after the variables (the Session indexes those first): remote buffer
+        # regions, then shard tensors that mirror a remote slot.
+        for rb, d in self.regions.items():
+            variables.append({"name": f"<remote buffer {rb.remote_buffer_id}>", "buffer": self.buf_of_desc(d),
+                              "remote_buffer": rb.remote_buffer_id})
+        for t in self.ir.main_graph._tensors.values():
+            if t._remote_slot is not None and not isinstance(t, Variable):
+                variables.append({"name": t.id, "buffer": self.buf(t),
+                                  "mirror_of": [t._remote_slot[0].remote_buffer_id, t._remote_slot[1]]})
 
         def streams(table):
             return [{"name": s.tensor_id, "shape": list(s.shape), "dtype": s.dtype.name}

@@ -1,0 +1,360 @@
+"""Remote memory: `RemoteBuffer`, the remote-variable factories, and the Session's remote sync.
+
+A remote buffer is ``entries`` slots of one tensor shape and dtype, per replica, outside the
+on-chip memory of a program (PopXL's "Streaming Memory"). Ops move tensors in and out of slots
+(``ops.remote_load`` / ``ops.remote_store``). On the CPU each buffer is a persistent arena
+region of shape ``(entries, *tensor_shape)`` per replica, kept across runs like a variable;
+lowering hands that region to the remote ops as an extra input, so their kernels are plain
+NumPy slicing.
+
+Remote variables have no on-chip storage: their value lives in slot ``offset`` of their buffer,
+and the Session moves it between the host and that slot. A replica-sharded (RTS) variable keeps
+one 1-D shard per replica in its slot: the flattened value, zero padded to a multiple of the
+shard count, split into equal chunks. Within each replica group, the members (in replica order)
+are split into consecutive sub-groups of ``shards`` replicas; member ``j`` of a sub-group holds
+chunk ``j``, so every sub-group holds a whole copy.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple, Union
+
+import numpy as np
+
+from popxl import dtypes
+from popxl.context import get_current_context
+from popxl.tensor import (HostScalarTensor, Tensor, TensorSpec, Variable, _create_variable, _host_data)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from popxl.ir import Ir
+    from popxl.replica_grouping import ReplicaGrouping
+
+__all__ = ["RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_sharded_variable",
+           "replica_sharded_buffer", "replica_sharded_variable"]
+
+
+def _buffers_of(ir: "Ir") -> List["RemoteBuffer"]:
+    """The remote buffers of ``ir`` in creation order (ids 1, 2, ...)."""
+    if not hasattr(ir, "_remote_buffers"):
+        ir._remote_buffers = []
+    return ir._remote_buffers
+
+
+def _shape(value: Iterable[int], what: str) -> Tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in value)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of ints, not {value!r}.") from None
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{what} {shape} has a negative dimension.")
+    return shape
+
+
+def _check_entries(entries: Any) -> int:
+    if not isinstance(entries, (int, np.integer)) or isinstance(entries, builtins.bool) or entries < 1:
+        raise ValueError(f"RemoteBuffer: entries must be an int >= 1, not {entries!r}.")
+    return int(entries)
+
+
+class RemoteBuffer:
+    """``entries`` slots of ``tensor_shape`` / ``tensor_dtype`` in remote memory, per replica.
+
+    Created in the Ir of the current graph (needs ``with ir.main_graph:`` or another graph).
+    """
+
+    def __init__(self, tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype, entries: int) -> None:
+        ir = get_current_context().ir  # RuntimeError outside a graph context, as every factory
+        ir._check_mutable()
+        self._ir = ir
+        self.set_remote_buffer_info(tensor_dtype, tensor_shape, entries)
+        self._meta_shape: Tuple[int, ...] = ()
+        self._shard_over: Optional[int] = None  # set by replica_sharded_buffer
+        buffers = _buffers_of(ir)
+        buffers.append(self)
+        self._remote_buffer_id = len(buffers)
+
+    # properties -----------------------------------------------------------------------------------
+    @property
+    def remote_buffer_id(self) -> int:
+        return self._remote_buffer_id
+
+    @property
+    def tensor_shape(self) -> Tuple[int, ...]:
+        return self._tensor_shape
+
+    @property
+    def tensor_dtype(self) -> dtypes.dtype:
+        return self._tensor_dtype
+
+    @property
+    def entries(self) -> int:
+        return self._entries
+
+    @entries.setter
+    def entries(self, value: int) -> None:
+        self._ir._check_mutable()
+        self._entries = _check_entries(value)
+
+    @property
+    def meta_shape(self) -> Tuple[int, ...]:
+        """The full (unsharded) shape of the tensors whose shards the slots hold, or ``()``."""
+        return self._meta_shape
+
+    @meta_shape.setter
+    def meta_shape(self, shape: Iterable[int]) -> None:
+        self._ir._check_mutable()
+        self._meta_shape = _shape(shape, "RemoteBuffer.meta_shape")
+
+    @property
+    def spec(self) -> TensorSpec:
+        """What one slot holds (the spec of a tensor loaded from it)."""
+        return TensorSpec(self._tensor_shape, self._tensor_dtype, self._meta_shape)
+
+    def set_remote_buffer_info(self, tensor_dtype: dtypes.dtype, tensor_shape: Iterable[int], entries: int) -> None:
+        """Set the slot dtype, slot shape and number of slots together."""
+        self._ir._check_mutable()
+        if not isinstance(tensor_dtype, dtypes.dtype):
+            raise TypeError(f"RemoteBuffer: tensor_dtype must be a popxl dtype, not {tensor_dtype!r}.")
+        self._tensor_shape = _shape(tensor_shape, "RemoteBuffer.tensor_shape")
+        self._tensor_dtype = tensor_dtype
+        self._entries = _check_entries(entries)
+
+    def validate_tensor_matches_buffer(self, t: Union[Tensor, TensorSpec], num_shards: int = 1) -> None:
+        """ValueError unless ``t`` fits a slot: same dtype and shape. With ``num_shards`` > 1, ``t``
+        is a whole tensor to be sharded: its shape must be ``meta_shape`` (when set) and its
+        shards (``ceil(nelms / num_shards)`` elements) must be the slot shape."""
+        what = f"tensor {t.id!r}" if isinstance(t, Tensor) else "the tensor"
+        shape, dt = tuple(t.shape), t.dtype
+        problems = []
+        if dt is not self._tensor_dtype:
+            problems.append(f"dtype {dt.name} != {self._tensor_dtype.name}")
+        if num_shards == 1:
+            if shape != self._tensor_shape:
+                problems.append(f"shape {shape} != {self._tensor_shape}")
+        else:
+            if self._meta_shape and shape != self._meta_shape:
+                problems.append(f"shape {shape} != meta_shape {self._meta_shape}")
+            shard = (math.ceil(math.prod(shape) / num_shards),)
+            if shard != self._tensor_shape:
+                problems.append(f"its shards over {num_shards} replicas have shape {shard} != {self._tensor_shape}")
+        if problems:
+            raise ValueError(f"{what} does not match {self!r}: " + "; ".join(problems) + ".")
+
+    def __hash__(self) -> int:
+        return hash((self._ir.id, self._remote_buffer_id))
+
+    def __eq__(self, other: Any) -> builtins.bool:
+        return self is other
+
+    def __repr__(self) -> str:
+        meta = f", meta_shape={self._meta_shape}" if self._meta_shape else ""
+        return (f"RemoteBuffer[id={self._remote_buffer_id} shape={self._tensor_shape} "
+                f"dtype={self._tensor_dtype.name} entries={self._entries}{meta}]")
+
+
+def remote_buffer(tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype, entries: int = 1) -> RemoteBuffer:
+    """A new remote buffer of ``entries`` slots of ``tensor_shape`` / ``tensor_dtype`` per replica."""
+    return RemoteBuffer(tensor_shape, tensor_dtype, entries)
+
+
+# factories ----------------------------------------------------------------------------------------
+def _check_buffer(remote_buffer: Any, offset: Any, what: str) -> int:
+    if not isinstance(remote_buffer, RemoteBuffer):
+        raise TypeError(f"{what}: remote_buffer must be a popxl.RemoteBuffer, not {type(remote_buffer).__name__}.")
+    if remote_buffer._ir is not get_current_context().ir:
+        raise ValueError(f"{what}: {remote_buffer!r} belongs to a different Ir.")
+    if not isinstance(offset, (int, np.integer)) or isinstance(offset, builtins.bool) or offset < 0:
+        raise ValueError(f"{what}: offset must be an int >= 0, not {offset!r}.")
+    return int(offset)
+
+
+def remote_variable(data: HostScalarTensor, remote_buffer: RemoteBuffer, offset: int = 0,
+                    dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None, downcast: bool = True,
+                    replica_grouping: Optional["ReplicaGrouping"] = None,
+                    retrieval_mode: Optional[Literal["one_per_group", "all_replicas"]] = "one_per_group",
+                    log2_scale: Optional[int] = None, nan_on_overflow: Optional[bool] = None) -> Variable:
+    """A variable stored in slot ``offset`` of ``remote_buffer`` (read it with ``ops.remote_load``).
+    Its shape (per replica, without the group axis) and dtype must match the buffer's slots."""
+    what = "popxl.remote_variable"
+    offset = _check_buffer(remote_buffer, offset, what)
+
+    def check(spec: TensorSpec, rg: "ReplicaGrouping") -> TensorSpec:
+        try:
+            remote_buffer.validate_tensor_matches_buffer(spec)
+        except ValueError as e:
+            raise ValueError(f"{what} {name or ''!r}: {e}") from None
+        return spec
+
+    return _create_variable(data, dtype, name, downcast, replica_grouping, retrieval_mode, log2_scale,
+                            nan_on_overflow, what=what, check=check, _remote_slot=(remote_buffer, offset, 1))
+
+
+def _shard_count(remote_buffer: RemoteBuffer, rg: "ReplicaGrouping") -> int:
+    return remote_buffer._shard_over if remote_buffer._shard_over is not None else rg.group_size
+
+
+def remote_replica_sharded_variable(data: HostScalarTensor, remote_buffer: RemoteBuffer, offset: int = 0,
+                                    dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
+                                    downcast: bool = True, replica_grouping: Optional["ReplicaGrouping"] = None,
+                                    retrieval_mode: Optional[Literal["one_per_group", "all_replicas"]] = "one_per_group",
+                                    log2_scale: Optional[int] = None,
+                                    nan_on_overflow: Optional[bool] = None) -> Variable:
+    """A variable stored sharded over the replicas of its group, one 1-D shard per replica in slot
+    ``offset`` of ``remote_buffer`` (see the module docstring for the layout). The variable's shape
+    and ``meta_shape`` are the whole value's; sets the buffer's ``meta_shape`` if unset."""
+    what = "popxl.remote_replica_sharded_variable"
+    offset = _check_buffer(remote_buffer, offset, what)
+    ir = get_current_context().ir
+    if ir.replication_factor <= 1:
+        raise ValueError(f"{what} {name or ''!r}: replicated tensor sharding needs replication "
+                         f"(ir.replication_factor > 1), but it is {ir.replication_factor}.")
+    shards: List[int] = []
+
+    def check(spec: TensorSpec, rg: "ReplicaGrouping") -> TensorSpec:
+        if remote_buffer.meta_shape and remote_buffer.meta_shape != spec.shape:
+            raise ValueError(f"{what} {name or ''!r}: the data's shape {spec.shape} (per group) differs from the "
+                             f"meta_shape {remote_buffer.meta_shape} of {remote_buffer!r}.")
+        n = _shard_count(remote_buffer, rg)
+        try:
+            remote_buffer.validate_tensor_matches_buffer(spec, num_shards=n)
+        except ValueError as e:
+            raise ValueError(f"{what} {name or ''!r}: {e}") from None
+        shards.append(n)
+        return TensorSpec(spec.shape, spec.dtype, spec.shape)
+
+    var = _create_variable(data, dtype, name, downcast, replica_grouping, retrieval_mode, log2_scale,
+                           nan_on_overflow, what=what, check=check)
+    var._remote_slot = (remote_buffer, offset, shards[0])
+    if not remote_buffer.meta_shape:
+        remote_buffer._meta_shape = var.shape
+    return var
+
+
+def replica_sharded_buffer(shape: Tuple[int, ...], dtype: dtypes.dtype,
+                           replica_grouping: Optional["ReplicaGrouping"] = None, shard_over: Optional[int] = None,
+                           entries: int = 1) -> RemoteBuffer:
+    """A remote buffer for tensors of ``shape`` sharded over ``shard_over`` replicas (default: the
+    group size of ``replica_grouping``): slots of shape ``(ceil(nelms / shard_over),)`` and
+    ``meta_shape = shape`` (without the leading group axis when there are several groups)."""
+    ir = get_current_context().ir
+    rg = replica_grouping if replica_grouping is not None else ir.replica_grouping()
+    shape = _shape(shape, "replica_sharded_buffer: shape")
+    if rg.num_groups > 1:
+        if not shape or shape[0] != rg.num_groups:
+            raise ValueError(f"replica_sharded_buffer: with {rg.num_groups} replica groups the shape needs a "
+                             f"leading group axis of {rg.num_groups}; got {shape}.")
+        shape = shape[1:]
+    if shard_over is None:
+        shard_over = rg.group_size
+    if (not isinstance(shard_over, (int, np.integer)) or isinstance(shard_over, builtins.bool) or shard_over < 1
+            or rg.group_size % shard_over):
+        raise ValueError(f"replica_sharded_buffer: shard_over must be a positive divisor of the replica group "
+                         f"size {rg.group_size}, not {shard_over!r}.")
+    buffer = RemoteBuffer((math.ceil(math.prod(shape) / shard_over),), dtype, entries)
+    buffer._meta_shape = shape
+    buffer._shard_over = int(shard_over)
+    return buffer
+
+
+def replica_sharded_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None,
+                             name: Optional[str] = None, downcast: bool = True,
+                             replica_grouping: Optional["ReplicaGrouping"] = None, shard_over: Optional[int] = None,
+                             retrieval_mode: Optional[Literal["one_per_group", "all_replicas"]] = "one_per_group",
+                             log2_scale: Optional[int] = None,
+                             nan_on_overflow: Optional[bool] = None) -> Tuple[Variable, Tensor]:
+    """A replica-sharded variable in a buffer of its own, plus its shard: ``(full_var, shard)``.
+
+    ``shard`` is this replica's 1-D shard as an ordinary main-graph tensor for computing (and
+    updating in place). It stays on the device between runs; the Session fills it from the
+    remote slot on ``weights_from_host`` and writes it back on ``weights_to_host``, so host data
+    goes in and out through ``full_var``.
+    """
+    arr = _host_data(data, dtype, downcast, log2_scale, nan_on_overflow)
+    dt = dtype if dtype is not None else dtypes.from_numpy(arr.dtype)
+    buffer = replica_sharded_buffer(arr.shape, dt, replica_grouping, shard_over)
+    var = remote_replica_sharded_variable(data, buffer, 0, dtype, name, downcast, replica_grouping,
+                                          retrieval_mode, log2_scale, nan_on_overflow)
+    shard = Tensor._create(var.graph, f"{var.name}_rts", buffer.spec, _remote_slot=var._remote_slot)
+    return var, shard
+
+
+# session support ----------------------------------------------------------------------------------
+def _slot_members(v: Variable, replicas: int) -> Dict[int, Tuple[int, int]]:
+    """For each replica: (group index, chunk index) of the value ``v``'s slot holds there."""
+    assignment = v.replica_grouping.assignment
+    shards = v._remote_slot[2]
+    out, seen = {}, {}
+    for r in range(replicas):
+        g = assignment[r]
+        j = seen.get(g, 0)
+        seen[g] = j + 1
+        out[r] = (g, j % shards)
+    return out
+
+
+def _chunk(value: np.ndarray, j: int, shards: int, size: int) -> np.ndarray:
+    flat = np.zeros(size * shards, value.dtype)
+    flat[:value.size] = value.reshape(-1)
+    return flat[j * size:(j + 1) * size]
+
+
+class RemoteMemory:
+    """What a Session needs to sync remote variables: the executable's buffer regions (one
+    device-state entry per remote buffer) and mirror entries (shard tensors of
+    ``replica_sharded_variable``), plus the remote variables of the main graph."""
+
+    def __init__(self, ir: "Ir", exe: Any) -> None:
+        self.replicas = exe.replication_factor
+        self.buffers = {b.remote_buffer_id: b for b in _buffers_of(ir)}
+        self.regions = {e["remote_buffer"]: i for i, e in enumerate(exe.variables) if "remote_buffer" in e}
+        self.mirrors = [(i, *e["mirror_of"]) for i, e in enumerate(exe.variables) if "mirror_of" in e]
+        self.variables = [v for v in ir.main_graph.variables if v._remote_slot is not None]
+
+    def __contains__(self, v: Any) -> bool:
+        return isinstance(v, Variable) and v._remote_slot is not None
+
+    def write(self, engine: Any, variables: Iterable[Variable],
+              device_value: Callable[[Variable, int], np.ndarray]) -> None:
+        """Host values of remote ``variables`` -> their slots (and the mirrors of those slots)."""
+        by_buffer: Dict[int, List[Variable]] = {}
+        for v in variables:
+            by_buffer.setdefault(v._remote_slot[0].remote_buffer_id, []).append(v)
+        for bid, vs in by_buffer.items():
+            ri = self.regions[bid]
+            members = [_slot_members(v, self.replicas) for v in vs]
+            for r in range(self.replicas):
+                region = engine.read_variable(ri, r)
+                for v, m in zip(vs, members):
+                    _, offset, shards = v._remote_slot
+                    value = device_value(v, r)
+                    region[offset] = _chunk(value, m[r][1], shards, region.shape[1]) if shards > 1 else value
+                engine.write_variable(ri, r, region)
+            written = {v._remote_slot[1] for v in vs}
+            for mi, mbid, offset in self.mirrors:
+                if mbid == bid and offset in written:
+                    for r in range(self.replicas):
+                        engine.write_variable(mi, r, engine.read_variable(ri, r)[offset])
+
+    def read(self, engine: Any, host: Dict[Variable, np.ndarray]) -> None:
+        """Mirrors -> their slots, then every remote variable's slot(s) -> its host copy."""
+        for mi, bid, offset in self.mirrors:
+            ri = self.regions[bid]
+            for r in range(self.replicas):
+                region = engine.read_variable(ri, r)
+                region[offset] = engine.read_variable(mi, r)
+                engine.write_variable(ri, r, region)
+        for v in self.variables:
+            rb, offset, shards = v._remote_slot
+            ri = self.regions[rb.remote_buffer_id]
+            rg = v.replica_grouping
+            per_group: Dict[int, List[np.ndarray]] = {}
+            for r, (g, j) in _slot_members(v, self.replicas).items():
+                chunks = per_group.setdefault(g, [])
+                if len(chunks) == j and len(chunks) < shards:  # first sub-group of each group
+                    chunks.append(engine.read_variable(ri, r)[offset])
+            values = [np.concatenate([c.reshape(-1) for c in per_group[g]])[:math.prod(v.shape)].reshape(v.shape)
+                      for g in range(rg.num_groups)]
+            value = np.stack(values) if rg.num_groups > 1 else values[0]
+            out = host[v]
+            out[...] = value.view(out.dtype) if out.dtype.names else value
