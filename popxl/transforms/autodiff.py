@@ -201,10 +201,11 @@ class GradOpContext:
         return self._b.forward_value(t)
 
     def grad(self, i: int) -> Optional[Tensor]:
-        return self._out_grads[i]
+        # outputs added while differentiating (exposed activations of a called graph) have none
+        return self._out_grads[i] if i < len(self._out_grads) else None
 
     def grad_or_zeros(self, i: int) -> Tensor:
-        g = self._out_grads[i]
+        g = self.grad(i)
         if g is not None:
             return g
         from popxl import ops
@@ -253,10 +254,12 @@ class _GradBuilder:
             if isinstance(t, Constant):
                 v = constant(t._host_data_value, t.dtype, name=t.name)
             else:
+                exposed = t
                 if t not in self.fwd._inputs and t not in self.fwd._outputs:
-                    _append_output(self.fwd, self._stable(t))
+                    exposed = self._stable(t)
+                    _append_output(self.fwd, exposed)
                 v = graph_input(t.shape, t.dtype, t.name, meta_shape=t.meta_shape)
-                self.expected_inputs.append(ExpectedConnection._create(t, ExpectedConnectionType.Fwd))
+                self.expected_inputs.append(ExpectedConnection._create(exposed, ExpectedConnectionType.Fwd))
         self.values[t] = v
         return v
 

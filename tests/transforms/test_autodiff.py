@@ -1,0 +1,206 @@
+"""transforms.autodiff: GradGraphInfo, exposure of activations, pruning, nested graphs, errors."""
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+from popxl import transforms
+from popxl.op import REGISTRY, Grad
+from popxl.transforms import ExpectedConnectionType as ECT
+
+R = np.random.default_rng(3)
+
+
+class Linear(popxl.Module):
+    def build(self, x):
+        self.w = popxl.graph_input((4, 3), popxl.float32, "w")
+        self.b = popxl.graph_input((3,), popxl.float32, "b")
+        return ops.gelu(x @ self.w + self.b)
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _dgelu(x):
+    c = np.sqrt(2 / np.pi)
+    t = np.tanh(c * (x + 0.044715 * x ** 3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
+
+
+def test_linear_layer_canonical_usage_and_info():
+    x, w, b, dy = (R.standard_normal(s).astype(np.float32) for s in [(2, 4), (4, 3), (3,), (2, 3)])
+    ir = popxl.Ir()
+    with ir.main_graph:
+        wv, bv = popxl.variable(w, name="w"), popxl.variable(b, name="b")
+        xt = popxl.constant(x, name="x")
+        layer = Linear()
+        g = ir.create_graph(layer, xt)
+        fwd_info = ops.call_with_info(g, xt, inputs_dict={layer.w: wv, layer.b: bv})
+        ga = transforms.autodiff(g)
+        # FwdGrad first, then the forward values needed; one grad output per required input
+        assert [c.connection_type for c in ga.expected_inputs][0] is ECT.FwdGrad
+        assert ga.expected_inputs[0].fwd_tensor is g.outputs[0]
+        assert [c.fwd_tensor for c in ga.expected_outputs] == list(g.inputs)
+        assert all(c.connection_type is ECT.FwdGrad for c in ga.expected_outputs)
+        assert ga.graph.inputs[0].name == "Gradient___" + g.outputs[0].name
+        assert [t.name for t in ga.graph.outputs] == ["Gradient___" + t.name for t in g.inputs]
+        # the pre-activation is needed: it became an extra output of g and of the existing call site
+        assert len(g.outputs) > 1 and len(fwd_info.outputs) == len(g.outputs)
+        assert ga.inputs == ga.get_input_tensors() and ga.outputs == ga.get_output_tensors()
+        in_dict = ga.inputs_dict(fwd_info)
+        assert len(in_dict) == sum(c.connection_type is ECT.Fwd for c in ga.expected_inputs)
+        dyt = popxl.constant(dy, name="dy")
+        grad_info = ops.call_with_info(ga.graph, dyt, inputs_dict=in_dict)
+        m = ga.fwd_parent_ins_to_grad_parent_outs(fwd_info, grad_info)
+        assert set(m) == {xt, wv, bv}
+        assert set(ga.fwd_graph_ins_to_grad_parent_outs(grad_info)) == set(g.inputs)
+        outs = {k: popxl.d2h_stream(k.shape, k.dtype, f"d_{k.name}") for k in m}
+        for k, s in outs.items():
+            ops.host_store(s, m[k])
+        assert "FwdGrad" in repr(ga) and repr(ga.expected_inputs[0]).startswith("(FwdGrad, ")
+    with popxl.Session(ir, "ipu_model") as sess:
+        res = sess.run()
+    z = x @ w + b
+    dz = dy * _dgelu(z)
+    np.testing.assert_allclose(res[outs[xt]], dz @ w.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(res[outs[wv]], x.T @ dz, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(res[outs[bv]], dz.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_grads_required_prunes_and_orders_outputs():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(lambda a, b: ops.exp(a) * b, popxl.TensorSpec((3,), popxl.float32),
+                            popxl.TensorSpec((3,), popxl.float32))
+        a, b = g.inputs
+        info = transforms.autodiff(g, grads_required=[b])
+        assert [c.fwd_tensor for c in info.expected_outputs] == [b]
+        # d/db needs only exp(a): no op computing d/da survives
+        assert not any(op.type == "mul" and len(op.inputs) == 2 and op.inputs[0] in info.graph.inputs[1:]
+                       and False for op in info.graph.ops)
+        n_ops_b = len(info.graph.ops)
+        both = transforms.autodiff(g, grads_required=[b, a])
+        assert [c.fwd_tensor for c in both.expected_outputs] == [b, a]
+        assert len(both.graph.ops) > n_ops_b
+
+
+def test_grads_provided_subset():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        def f(a):
+            return ops.sin(a), ops.cos(a)
+        g = ir.create_graph(f, popxl.TensorSpec((3,), popxl.float32))
+        info = transforms.autodiff(g, grads_provided=[g.outputs[1]])
+        assert len([c for c in info.expected_inputs if c.connection_type is ECT.FwdGrad]) == 1
+        assert info.expected_inputs[0].fwd_tensor is g.outputs[1]
+        assert not any(op.type == "cos" for op in info.graph.ops)  # sin's gradient is not built
+
+
+def _run_nested(build_fwd, x, dy):
+    """Differentiate a graph that calls other graphs; return the gradient of x."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(build_fwd, popxl.TensorSpec(x.shape, popxl.float32))
+        infos = transforms.autodiff(g, return_all_grad_graphs=True)
+        info = infos[g]
+        xt = popxl.constant(x)
+        site = ops.call_with_info(g, xt)
+        (dx,) = ops.call(info.graph, popxl.constant(dy), inputs_dict=info.inputs_dict(site))
+        s = popxl.d2h_stream(dx.shape, dx.dtype, "dx")
+        ops.host_store(s, dx)
+    with popxl.Session(ir, "ipu_model") as sess:
+        return sess.run()[s], infos
+
+
+def test_gradient_through_nested_calls():
+    x, dy = R.standard_normal(4).astype(np.float32), R.standard_normal(4).astype(np.float32)
+    ir_holder = {}
+
+    def outer(a):
+        inner = popxl.gcg().ir.create_graph(lambda t: ops.tanh(t) * t, a)
+        ir_holder["inner"] = inner
+        (y,) = ops.call(inner, a)
+        (z,) = ops.call(inner, y)
+        return z
+
+    dx, infos = _run_nested(outer, x, dy)
+    assert ir_holder["inner"] in infos and len(infos) == 2
+    y = np.tanh(x) * x
+    d = lambda t: np.tanh(t) + t * (1 - np.tanh(t) ** 2)  # noqa: E731
+    np.testing.assert_allclose(dx, dy * d(y) * d(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_gradient_through_conditional(flag):
+    x, dy = R.standard_normal(3).astype(np.float32), R.standard_normal(3).astype(np.float32)
+
+    def f(a):
+        ir = popxl.gcg().ir
+        then_g = ir.create_graph(lambda t: ops.sin(t) * t, a)
+        else_g = ir.create_graph(lambda t: ops.exp(t), a)
+        (y,) = ops.conditional(popxl.constant(flag), then_g, else_g, [a], [a])
+        return y
+
+    dx, _ = _run_nested(f, x, dy)
+    want = dy * (np.cos(x) * x + np.sin(x)) if flag else dy * np.exp(x)
+    np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-6)
+
+
+def test_called_graphs_grad_info_is_reused():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        spec = popxl.TensorSpec((3,), popxl.float32)
+        inner = ir.create_graph(lambda t: ops.sin(t), spec)
+        inner_info = transforms.autodiff(inner)
+        outer = ir.create_graph(lambda t: ops.call(inner, t)[0] * 2.0, spec)
+        infos = transforms.autodiff(outer, called_graphs_grad_info={inner: inner_info},
+                                    return_all_grad_graphs=True)
+        assert set(infos) == {outer}
+        assert any(op.type == "call" and op.attrs["graph"] is inner_info.graph for op in infos[outer].graph.ops)
+
+
+def test_errors_name_the_problem():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        spec = popxl.TensorSpec((3,), popxl.float32)
+        g = ir.create_graph(lambda a, b: ops.exp(a), spec, spec)
+        with pytest.raises(RuntimeError, match="Unable to provide required gradient output"):
+            transforms.autodiff(g)
+        bad = ir.create_graph(lambda a: ops.slice_(a, 0, 2) * 2.0, spec)
+        with pytest.raises(RuntimeError, match="slice_ .* cannot be differentiated"):
+            transforms.autodiff(bad)
+        with pytest.raises(ValueError, match="main graph"):
+            transforms.autodiff(ir.main_graph)
+        with pytest.raises(ValueError, match="not a tensor of graph"):
+            transforms.autodiff(g, grads_required=[popxl.constant(1.0)])
+        with pytest.raises(TypeError):
+            transforms.GradGraphInfo()
+        info = transforms.autodiff(g, grads_required=[g.inputs[0]])
+        other = ir.create_graph(lambda a: a + 1.0, spec)
+        site = ops.call_with_info(other, popxl.constant(np.zeros(3, np.float32)))
+        with pytest.raises(TypeError, match="call of"):
+            info.inputs_dict(site)
+
+
+def test_activation_overwritten_in_place_is_copied_first():
+    x, dy = R.standard_normal(3).astype(np.float32), R.standard_normal(3).astype(np.float32)
+
+    def f(a):
+        y = ops.exp(a)
+        z = y * y  # needs y
+        ops.relu_(y)  # later overwrites y (no effect on z)
+        return z
+
+    dx, _ = _run_nested(f, x, dy)
+    np.testing.assert_allclose(dx, dy * 2 * np.exp(2 * x), rtol=1e-5)
+
+
+def test_every_op_has_a_gradient_decision():
+    missing = sorted(name for name, d in REGISTRY.items() if d.grad is None)
+    assert not missing, f"ops without a gradient decision: {missing}"
+
+
+def test_zero_and_stop_decisions():
+    assert REGISTRY["floor"].grad == Grad.ZERO and REGISTRY["detach"].grad == Grad.STOP
+    assert REGISTRY["greater"].grad == Grad.RAISE and callable(REGISTRY["matmul"].grad)
