@@ -194,6 +194,13 @@ def _shard_count(remote_buffer: RemoteBuffer, rg: "ReplicaGrouping") -> int:
     return remote_buffer._shard_over if remote_buffer._shard_over is not None else rg.group_size
 
 
+def _require_replication(what: str, name: Optional[str]) -> None:
+    rf = get_current_context().ir.replication_factor
+    if rf <= 1:
+        raise ValueError(f"{what} {name or ''!r}: replicated tensor sharding needs replication "
+                         f"(ir.replication_factor > 1), but it is {rf}.")
+
+
 def remote_replica_sharded_variable(data: HostScalarTensor, remote_buffer: RemoteBuffer, offset: int = 0,
                                     dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
                                     downcast: bool = True, replica_grouping: Optional["ReplicaGrouping"] = None,
@@ -205,10 +212,7 @@ def remote_replica_sharded_variable(data: HostScalarTensor, remote_buffer: Remot
     and ``meta_shape`` are the whole value's; sets the buffer's ``meta_shape`` if unset."""
     what = "popxl.remote_replica_sharded_variable"
     offset = _check_buffer(remote_buffer, offset, what)
-    ir = get_current_context().ir
-    if ir.replication_factor <= 1:
-        raise ValueError(f"{what} {name or ''!r}: replicated tensor sharding needs replication "
-                         f"(ir.replication_factor > 1), but it is {ir.replication_factor}.")
+    _require_replication(what, name)
     shards: List[int] = []
 
     def check(spec: TensorSpec, rg: "ReplicaGrouping") -> TensorSpec:
@@ -270,6 +274,7 @@ def replica_sharded_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtyp
     remote slot on ``weights_from_host`` and writes it back on ``weights_to_host``, so host data
     goes in and out through ``full_var``.
     """
+    _require_replication("popxl.replica_sharded_variable", name)  # before making its buffer
     arr = _host_data(data, dtype, downcast, log2_scale, nan_on_overflow)
     dt = dtype if dtype is not None else dtypes.from_numpy(arr.dtype)
     buffer = replica_sharded_buffer(arr.shape, dt, replica_grouping, shard_over)

@@ -11,6 +11,7 @@ import popxl
 import popxl.ops as ops
 from engine_harness import engine
 from popxl.op import REGISTRY, Grad
+from popxl.remote_buffer import _buffers_of
 
 ENGINES = ["native", "reference"]
 RNG = np.random.default_rng(11)
@@ -373,8 +374,9 @@ def test_factory_errors():
         assert len(ir.main_graph.variables) == n_vars  # rejected calls leave no variable behind
         with pytest.raises(ValueError, match="replication"):
             popxl.remote_replica_sharded_variable(np.zeros(4, np.float32), buf)
-        with pytest.raises(ValueError, match="replication"):
-            popxl.replica_sharded_variable(np.zeros(4, np.float32))
+        with pytest.raises(ValueError, match="replica_sharded_variable 'w'.*replication"):
+            popxl.replica_sharded_variable(np.zeros(4, np.float32), name="w")
+        assert [b.remote_buffer_id for b in _buffers_of(ir)] == [1]
         g = ir.create_empty_graph("sub")
     with g:
         with pytest.raises(ValueError, match="main graph"):
