@@ -1018,3 +1018,87 @@ def _batch_norm_grad(ctx):
             total(g) if ctx.needs(2) else None,
             create_op("negate", [total(g_scaled)])[0] if ctx.needs(3) else None,
             total(g * centred) * scale * r * r * r * -0.5 if ctx.needs(4) else None]
+
+
+def _windows_adjoint(dwin: np.ndarray, x_shape: Tuple[int, ...], kernel, strides, dilations, pads,
+                     ceil_mode: bool = False) -> np.ndarray:
+    """The transpose of `_windows`: adds every window element back onto the input position it was
+    read from (padding positions are dropped). Works for any pads/crops by taking the windows of
+    an array of flat positions (0 marks padding)."""
+    positions = np.arange(1, math.prod(x_shape) + 1, dtype=np.int64).reshape(x_shape)
+    where = _windows(positions, kernel, strides, dilations, pads, ceil_mode, fill=0)
+    hit = where > 0
+    out = np.zeros(math.prod(x_shape), dwin.dtype)
+    np.add.at(out, where[hit] - 1, dwin[hit])
+    return out.reshape(x_shape)
+
+
+def _conv_grad_infer(specs, strides, pads, dilations, groups):
+    x, w = specs[:2]
+    return [spec(x.shape, x.dtype), spec(w.shape, w.dtype)]
+
+
+def _conv_grad_kernel(x, w, g, strides, pads, dilations, groups):
+    """(dx, dweight) of `_conv_compute`: the window contraction run backwards."""
+    wide = _wide(x.dtype)
+    r = x.ndim - 2
+    k = w.shape[2:]
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    win = _windows(x.astype(wide), k, strides, dilations, pads)
+    out = win.shape[2:2 + r]
+    win = win.reshape((n, groups, c // groups) + out + k)
+    wg = w.astype(wide).reshape((groups, m // groups, c // groups) + k)
+    gg = g.astype(wide).reshape((n, groups, m // groups) + out)
+    o_ax, k_ax = "opq"[:r], "xyz"[:r]
+    dwin = np.einsum(f"ngm{o_ax},gmc{k_ax}->ngc{o_ax}{k_ax}", gg, wg, optimize=True)
+    dx = _windows_adjoint(dwin.reshape((n, c) + out + k), x.shape, k, strides, dilations, pads)
+    dw = np.einsum(f"ngc{o_ax}{k_ax},ngm{o_ax}->gmc{k_ax}", win, gg, optimize=True)
+    return dx.astype(x.dtype), dw.reshape(w.shape).astype(w.dtype)
+
+
+# Dedicated gradient ops for convolution and pooling (one kernel each instead of a composite).
+register(OpDef("conv_grad", _conv_grad_infer, _conv_grad_kernel, grad=Grad.RAISE, family="nn"))
+
+
+@grad_rule("conv")
+def _conv_grad(ctx):
+    dx, dw = create_op("conv_grad", [ctx.input(0), ctx.input(1), ctx.grad(0)], ctx.attrs)
+    return [dx if ctx.needs(0) else None, dw if ctx.needs(1) else None]
+
+
+def _pool_grad_infer(specs, **_):
+    return [specs[0]]
+
+
+def _max_pool_grad_kernel(x, g, kernel, strides, pads, dilations, ceil_mode, storage_order):
+    """The gradient goes to the first maximum of each window."""
+    r = len(kernel)
+    win = _windows(x, kernel, strides, dilations, pads, ceil_mode, fill=-np.inf)
+    flat = win.reshape(win.shape[:-r] + (-1,))
+    first = np.argmax(flat, axis=-1)[..., None]
+    wide = g.astype(_wide(g.dtype))
+    dflat = np.zeros(flat.shape, wide.dtype)
+    np.put_along_axis(dflat, first, wide[..., None], axis=-1)
+    dx = _windows_adjoint(dflat.reshape(win.shape), x.shape, kernel, strides, dilations, pads, ceil_mode)
+    return dx.astype(x.dtype)
+
+
+def _average_pool_grad_kernel(x, g, kernel, strides, pads, dilations, ceil_mode):
+    """Each output's gradient is shared equally by the input positions it averaged."""
+    r = len(kernel)
+    wide = _wide(x.dtype)
+    ones = np.ones((1, 1) + x.shape[2:], wide)
+    count = _windows(ones, kernel, strides, dilations, pads, ceil_mode).sum(axis=tuple(range(-r, 0)))
+    share = g.astype(wide) / count
+    dwin = np.broadcast_to(share.reshape(share.shape + (1,) * r), share.shape + tuple(kernel))
+    return _windows_adjoint(dwin, x.shape, kernel, strides, dilations, pads, ceil_mode).astype(x.dtype)
+
+
+register(OpDef("max_pool_grad", _pool_grad_infer, _max_pool_grad_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("average_pool_grad", _pool_grad_infer, _average_pool_grad_kernel, grad=Grad.RAISE, family="nn"))
+
+
+@grad_rule("max_pool", "average_pool")
+def _pool_grad(ctx):
+    return [create_op(ctx.op.type + "_grad", [ctx.input(0), ctx.grad(0)], ctx.attrs)[0]]

@@ -111,3 +111,21 @@ def test_dropout_gradient_uses_the_forward_mask():
 def test_float32_gradients_catch_errors_too():
     check_grad(lambda a, b: ops.gelu(a @ b), [rnd(3, 4).astype(np.float32), rnd(4, 2).astype(np.float32)],
                eps=1e-2, rtol=2e-2, atol=2e-3)
+
+
+CONV_CASES = {
+    "conv_plain": (lambda x, w: ops.conv(x, w), [rnd(2, 3, 5, 5), rnd(4, 3, 3, 3)]),
+    "conv_stride_pad_dilation": (lambda x, w: ops.conv(x, w, stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2)),
+                                 [rnd(1, 2, 6, 7), rnd(3, 2, 2, 3)]),
+    "conv_groups_1d": (lambda x, w: ops.conv(x, w, groups=2, stride=(2,), padding=(1, 1)),
+                       [rnd(2, 4, 7), rnd(6, 2, 3)]),
+    "max_pool": (lambda x: ops.max_pool(x, (2, 2), stride=(2, 1), padding=(0, 1, 1, 0)), [rnd(2, 2, 5, 4)]),
+    "max_pool_ceil": (lambda x: ops.max_pool(x, (3,), stride=(2,), ceil_mode=True), [rnd(1, 2, 8)]),
+    "average_pool": (lambda x: ops.average_pool(x, (3, 2), stride=(1, 2), padding=(1, 1, 1, 0)), [rnd(2, 1, 4, 5)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONV_CASES))
+def test_conv_and_pool_gradients(name):
+    build, inputs = CONV_CASES[name]
+    check_grad(build, inputs, eps=1e-6, rtol=1e-5, atol=1e-7, directions=6)
