@@ -213,23 +213,21 @@ def remote_replica_sharded_variable(data: HostScalarTensor, remote_buffer: Remot
     what = "popxl.remote_replica_sharded_variable"
     offset = _check_buffer(remote_buffer, offset, what)
     _require_replication(what, name)
-    shards: List[int] = []
+    rg = replica_grouping if replica_grouping is not None else get_current_context().ir.replica_grouping()
+    shards = _shard_count(remote_buffer, rg)
 
     def check(spec: TensorSpec, rg: "ReplicaGrouping") -> TensorSpec:
         if remote_buffer.meta_shape and remote_buffer.meta_shape != spec.shape:
             raise ValueError(f"{what} {name or ''!r}: the data's shape {spec.shape} (per group) differs from the "
                              f"meta_shape {remote_buffer.meta_shape} of {remote_buffer!r}.")
-        n = _shard_count(remote_buffer, rg)
         try:
-            remote_buffer.validate_tensor_matches_buffer(spec, num_shards=n)
+            remote_buffer.validate_tensor_matches_buffer(spec, num_shards=shards)
         except ValueError as e:
             raise ValueError(f"{what} {name or ''!r}: {e}") from None
-        shards.append(n)
         return TensorSpec(spec.shape, spec.dtype, spec.shape)
 
-    var = _create_variable(data, dtype, name, downcast, replica_grouping, retrieval_mode, log2_scale,
-                           nan_on_overflow, what=what, check=check)
-    var._remote_slot = (remote_buffer, offset, shards[0])
+    var = _create_variable(data, dtype, name, downcast, rg, retrieval_mode, log2_scale, nan_on_overflow,
+                           what=what, check=check, _remote_slot=(remote_buffer, offset, shards))
     if not remote_buffer.meta_shape:
         remote_buffer._meta_shape = var.shape
     return var

@@ -97,6 +97,10 @@ class _Lowering:
         return order
 
     def buf(self, t: Tensor) -> int:
+        if t not in self.desc and t._remote_slot is not None:
+            raise ValueError(f"remote variable {t.id!r} lives in remote memory ({t._remote_slot[0]!r}, slot "
+                             f"{t._remote_slot[1]}) and cannot be used by ops directly; load it with "
+                             f"ops.remote_load.")
         return self.buf_of_desc(self.desc[t])
 
     def buf_of_desc(self, d: Desc) -> int:
@@ -227,12 +231,6 @@ class _Lowering:
             elif op.opdef.control:
                 raise NotImplementedError(f"lowering of control op {op.type!r} is not implemented")
             else:
-                for t in op.inputs:
-                    if isinstance(t, Variable) and t._remote_slot is not None:
-                        raise ValueError(
-                            f"{op.type} {op.name!r} (at {op.location}) reads remote variable {t.id!r}, which lives "
-                            f"in remote memory ({t._remote_slot[0]!r}, slot {t._remote_slot[1]}); load it first "
-                            f"with ops.remote_load.")
                 regions = [self.buf_of_desc(self.regions[v]) for v in a.values() if isinstance(v, RemoteBuffer)]
                 prog.append({"kind": "op", "type": op.type, "name": op.name,
                              "inputs": [self.buf(t) for t in op.inputs] + regions,

@@ -406,6 +406,14 @@ def test_compile_time_errors(eng):
     ir = popxl.Ir()
     with ir.main_graph:
         buf = popxl.remote_buffer((2,), popxl.float32, 1)
+        rv = popxl.remote_variable(np.zeros(2, np.float32), buf, name="rv")
+        g = ir.create_graph(lambda x: x + 1, rv)
+        _out(ops.call(g, rv)[0], "y")  # as a subgraph argument too
+    with pytest.raises(ValueError, match="remote variable 'rv'.*ops.remote_load"):
+        _session(ir, eng)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buf = popxl.remote_buffer((2,), popxl.float32, 1)
         popxl.remote_variable(np.zeros(2, np.float32), buf, 3, name="far")
         _out(ops.remote_load(buf, 0), "y")
     with pytest.raises(ValueError, match="'far' is in slot 3.*only 1 entries"):
