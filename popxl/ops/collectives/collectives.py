@@ -12,7 +12,7 @@ from typing import List, Literal, Optional, Sequence
 import numpy as np
 
 from popxl.context import get_current_context
-from popxl.op import Grad, OpDef, create_op, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import normalize_axes, spec
 from popxl.tensor import Tensor
 
@@ -200,9 +200,10 @@ def _all_gather_infer(specs, axis, groups, output_shape, meta_shape):
     if output_shape == "new_axis":
         return [spec((n, *s.shape), s.dtype)]
     if output_shape == "meta_shape":
-        if not s.meta_shape:
+        shape = tuple(meta_shape) or s.meta_shape
+        if not shape:
             raise ValueError("output_shape='meta_shape' needs a tensor with a meta_shape")
-        return [spec(s.meta_shape, s.dtype)]
+        return [spec(shape, s.dtype)]
     if not s.shape:
         raise ValueError("cannot concatenate scalars; use output_shape='new_axis'")
     shape = list(s.shape)
@@ -241,7 +242,7 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group=None,
 
 
 # across IPUs within a replica ----------------------------------------------------------------------
-def _all_reduce_ipus_infer(specs, op, identity):
+def _all_reduce_ipus_infer(specs, op, identity, backward):
     if not specs:
         raise ValueError("needs at least one tensor")
     if len({(s.shape, s.dtype) for s in specs}) > 1:
@@ -249,7 +250,7 @@ def _all_reduce_ipus_infer(specs, op, identity):
     return [spec(s.shape, s.dtype) for s in specs]
 
 
-def _all_reduce_ipus(*xs, op, identity):
+def _all_reduce_ipus(*xs, op, identity, backward):
     if identity:
         return tuple(x.copy() for x in xs)
     r = _REDUCERS[op](np.stack(xs)).astype(xs[0].dtype)
@@ -259,12 +260,13 @@ def _all_reduce_ipus(*xs, op, identity):
 register(OpDef("all_reduce", _all_reduce_ipus_infer, _all_reduce_ipus, family="collectives"))
 
 
-def _ipu_all_reduce(ts: List[Tensor], ipus: Optional[List[int]], op: str, identity: bool) -> List[Tensor]:
+def _ipu_all_reduce(ts: List[Tensor], ipus: Optional[List[int]], op: str, identity: bool,
+                    backward: str = "all_reduce") -> List[Tensor]:
     if ipus is not None and len(ipus) != len(ts):
         raise ValueError(f"ops.collectives.all_reduce: {len(ts)} tensors but {len(ipus)} ipus")
     if op != "add":
         to_collective_op(op)
-    return list(create_op("all_reduce", list(ts), {"op": op, "identity": identity}))
+    return list(create_op("all_reduce", list(ts), {"op": op, "identity": identity, "backward": backward}))
 
 
 def all_reduce(ts: List[Tensor], ipus: Optional[List[int]] = None, op: CollectiveOps = "add") -> List[Tensor]:
@@ -281,4 +283,47 @@ def all_reduce_identical_inputs(ts: List[Tensor], ipus: Optional[List[int]] = No
 def all_reduce_identical_grad_inputs(ts: List[Tensor], ipus: Optional[List[int]] = None,
                                      op: CollectiveOps = "add") -> List[Tensor]:
     """Forward: all-reduce. Backward: identity."""
-    return _ipu_all_reduce(ts, ipus, op, identity=False)
+    return _ipu_all_reduce(ts, ipus, op, identity=False, backward="identity")
+
+
+# gradients ------------------------------------------------------------------------------------------
+@grad_rule("all_reduce")
+def _all_reduce_grad(ctx):
+    """Every output is the sum (or an identical copy) of the inputs, so each input's gradient is
+    the sum of the output gradients, unless the op was declared to pass gradients through."""
+    if ctx.attrs["op"] != "add":
+        raise RuntimeError(f"autodiff: all_reduce with op {ctx.attrs['op']!r} has no gradient (only 'add' has) "
+                           f"(created at {ctx.op.location})")
+    grads = [ctx.grad_or_zeros(i) for i in range(len(ctx.op.inputs))]
+    if ctx.attrs["backward"] == "identity":
+        return grads
+    return list(create_op("all_reduce", grads, {"op": "add", "identity": False, "backward": "all_reduce"}))
+
+
+@grad_rule("replicated_all_gather")
+def _all_gather_grad(ctx):
+    """The local reduce-scatter: each replica keeps the part of its own gradient that its input
+    became (gradients are not summed across replicas, as in PopXL)."""
+    a, g = ctx.attrs, ctx.grad(0)
+    if a["output_shape"] == "new_axis":
+        g = g.reshape((g.shape[0] * g.shape[1],) + g.shape[2:]) if g.rank > 1 else g
+        part = create_op("replicated_slice", [g], {"axis": 0, "groups": a["groups"]})[0]
+        return [part.reshape(ctx.op.inputs[0].shape)]
+    if a["output_shape"] == "meta_shape":
+        return [create_op("replica_sharded_slice", [g], {"groups": a["groups"]})[0]]
+    return [create_op("replicated_slice", [g], {"axis": a["axis"], "groups": a["groups"]})[0]]
+
+
+@grad_rule("replica_sharded_slice")
+def _sharded_slice_grad(ctx):
+    x = ctx.op.inputs[0]
+    return [create_op("replicated_all_gather", [ctx.grad(0)], {"axis": 0, "groups": ctx.attrs["groups"],
+                                                               "output_shape": "meta_shape",
+                                                               "meta_shape": tuple(x.shape)})[0]]
+
+
+@grad_rule("replicated_slice")
+def _replicated_slice_grad(ctx):
+    return [create_op("replicated_all_gather", [ctx.grad(0)], {"axis": ctx.attrs["axis"],
+                                                               "groups": ctx.attrs["groups"],
+                                                               "output_shape": "concat", "meta_shape": ()})[0]]
