@@ -198,20 +198,6 @@ const RegisterKernel where_op{{"where"}, [](const OpInstr& ins, const std::vecto
   return k;
 }};
 
-template <class To, class From>
-To convert(From v) {
-  if constexpr (std::is_same_v<To, bool>) {
-    return v != From(0);
-  } else if constexpr (std::is_integral_v<To> && !std::is_integral_v<From>) {
-    // float -> int truncates toward zero; NaN and out-of-range give 0 rather than UB
-    double d = double(v);
-    if (!(d >= double(std::numeric_limits<To>::lowest()) && d <= double(std::numeric_limits<To>::max()))) return To(0);
-    return static_cast<To>(d);
-  } else {
-    return static_cast<To>(v);
-  }
-}
-
 const RegisterKernel cast_op{{"cast"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer x = in(ins, bufs, 0), y = out(ins, bufs);
   unique_ptr<Kernel> k;

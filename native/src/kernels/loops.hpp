@@ -1,10 +1,13 @@
 // Shared loops for kernels: dtype dispatch and a broadcasting N-ary loop over strided views.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../engine.hpp"
@@ -121,5 +124,91 @@ struct FnKernel : Kernel {
 
 template <class T>
 inline T& at(uint8_t* p, int64_t i, int64_t stride) { return *reinterpret_cast<T*>(p + i * stride); }
+
+// Value conversion as NumPy's astype does it for values in range; float -> int truncates toward
+// zero, and NaN or out-of-range values give 0 rather than undefined behaviour.
+template <class To, class From>
+To convert(From v) {
+  if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (std::is_integral_v<To> && !std::is_integral_v<From>) {
+    double d = double(v);
+    if (!(d >= double(std::numeric_limits<To>::lowest()) && d <= double(std::numeric_limits<To>::max()))) return To(0);
+    return static_cast<To>(d);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// One strided row of any numeric dtype converted to/from a packed row of W. The dtype switch is
+// per row, so each typed loop stays simple enough to vectorise.
+template <class W>
+void load_row(const uint8_t* p, int64_t stride, DType d, W* out, int64_t n) {
+  const bool ok = dispatch_numeric(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (int64_t i = 0; i < n; ++i) out[i] = convert<W>(*reinterpret_cast<const T*>(p + i * stride));
+  });
+  if (!ok) throw std::runtime_error(std::string("unsupported dtype ") + dtype_name(d));
+}
+
+template <class W>
+void store_row(uint8_t* p, int64_t stride, DType d, const W* in, int64_t n) {
+  const bool ok = dispatch_numeric(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(p + i * stride) = convert<T>(in[i]);
+  });
+  if (!ok) throw std::runtime_error(std::string("unsupported dtype ") + dtype_name(d));
+}
+
+// A numeric scalar tensor (any dtype, shape () or (1,)) read as W.
+template <class W>
+W load_scalar(const uint8_t* arena, const Buffer& b) {
+  W v;
+  load_row<W>(arena + b.offset, 0, b.dtype, &v, 1);
+  return v;
+}
+
+inline bool is_numeric(DType d) {
+  return d != DType::F8_143 && d != DType::F8_152 && d != DType::C64 && d != DType::C128;
+}
+
+// Elementwise map in compute type W over the shape of `y`: K operands of any numeric dtypes
+// (each of y's shape or broadcastable to it) are converted to W a chunk of a row at a time,
+// `fn(W* y, const W* const* x, n)` computes the chunk and it is rounded once into y's dtype.
+template <class W, size_t K, class F>
+void map_rows(uint8_t* arena, const Buffer& y, const std::array<Buffer, K>& xs, F&& fn) {
+  std::array<std::vector<int64_t>, K + 1> strides;
+  std::array<uint8_t*, K + 1> base;
+  strides[0] = y.strides;
+  base[0] = arena + y.offset;
+  for (size_t k = 0; k < K; ++k) {
+    strides[k + 1] = broadcast_strides(xs[k], y.shape);
+    base[k + 1] = arena + xs[k].offset;
+  }
+  nd_loop<K + 1>(y.shape, strides, base,
+                 [&](const std::array<uint8_t*, K + 1>& p, const std::array<int64_t, K + 1>& s, int64_t n) {
+                   constexpr int64_t kChunk = 256;
+                   W in[K == 0 ? 1 : K][kChunk], out[kChunk];
+                   const W* ptrs[K == 0 ? 1 : K];
+                   for (size_t k = 0; k < K; ++k) ptrs[k] = in[k];
+                   for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+                     const int64_t m = std::min(kChunk, n - i0);
+                     for (size_t k = 0; k < K; ++k)
+                       load_row<W>(p[k + 1] + i0 * s[k + 1], s[k + 1], xs[k].dtype, in[k], m);
+                     fn(out, ptrs, m);
+                     store_row<W>(p[0] + i0 * s[0], s[0], y.dtype, out, m);
+                   }
+                 });
+}
+
+// Byte strides of a C-contiguous array of `shape` with `item`-byte elements.
+inline std::vector<int64_t> packed_strides(const std::vector<int64_t>& shape, int64_t item) {
+  std::vector<int64_t> s(shape.size());
+  for (size_t i = shape.size(); i-- > 0;) {
+    s[i] = item;
+    item *= shape[i];
+  }
+  return s;
+}
 
 }  // namespace popxl

@@ -1,0 +1,177 @@
+// In-place variable updates and optimiser terms (popxl/ops/var_updates.py). Operands may have
+// different numeric dtypes; like the reference, the arithmetic runs in float32, or in float64
+// when an operand is float64 or an integer, and the result is rounded once to the output dtype.
+// Each formula below spells out the reference's order of operations, so that (built without
+// fused multiply-add) the results are bit-identical.
+#include <cmath>
+
+#include "loops.hpp"
+
+namespace popxl {
+namespace {
+
+using std::unique_ptr;
+
+bool needs_double(std::initializer_list<const Buffer*> bs) {
+  for (const Buffer* b : bs) {
+    const DType d = b->dtype;
+    if (!(d == DType::F16 || d == DType::F32)) return true;  // float64, integers and bool
+  }
+  return false;
+}
+
+// Calls f(Tag<W>{}) with the compute type of the operands.
+template <class F>
+void with_wide(bool wide, F&& f) {
+  if (wide) f(Tag<double>{}); else f(Tag<float>{});
+}
+
+bool all_numeric(const OpInstr& ins, const std::vector<Buffer>& bufs) {
+  for (int i : ins.inputs)
+    if (!is_numeric(bufs[i].dtype)) return false;
+  return is_numeric(bufs[ins.outputs[0]].dtype);
+}
+
+// A scalar parameter: a float attribute, or (attribute None) the next scalar tensor input.
+struct ScalarArg {
+  bool tensor = false;
+  double value = 0;
+  Buffer buf;
+  template <class W>
+  W get(const uint8_t* arena) const { return tensor ? load_scalar<W>(arena, buf) : W(value); }
+};
+
+ScalarArg scalar_arg(const OpInstr& ins, const std::vector<Buffer>& bufs, const char* name, size_t& next) {
+  ScalarArg s;
+  const AttrValue& a = ins.attrs.at(name);
+  if (a.is_none()) {
+    s.tensor = true;
+    s.buf = bufs[ins.inputs.at(next++)];
+  } else {
+    s.value = a.f();
+  }
+  return s;
+}
+
+// ---- accumulate family: t = formula(t, X, s) --------------------------------------------------
+template <class Formula>
+KernelFactory accumulator(bool takes_x, const char* param, Formula formula) {
+  return [=](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    if (!all_numeric(ins, bufs)) return nullptr;
+    const Buffer t = bufs[ins.inputs[0]], y = bufs[ins.outputs[0]];
+    const Buffer x = takes_x ? bufs[ins.inputs[1]] : t;
+    size_t next = takes_x ? 2 : 1;
+    const ScalarArg s = param ? scalar_arg(ins, bufs, param, next) : ScalarArg{};
+    unique_ptr<Kernel> k;
+    with_wide(needs_double({&t, &x}), [&](auto tag) {
+      using W = typename decltype(tag)::type;
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        const W sv = s.get<W>(a);
+        map_rows<W, 2>(a, y, {t, x}, [&](W* out, const W* const* in, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) out[i] = formula(in[0][i], in[1][i], sv);
+        });
+      });
+    });
+    return k;
+  };
+}
+
+const RegisterKernel accumulators[] = {
+    {{"accumulate_"}, accumulator(true, "f", [](auto t, auto x, auto f) { return t + f * x; })},
+    {{"accumulate_square_"}, accumulator(true, "f", [](auto t, auto x, auto f) { return t + f * (x * x); })},
+    {{"accumulate_mean_"}, accumulator(true, "step", [](auto t, auto x, auto s) {
+       using W = decltype(t);
+       return t * s / (s + W(1)) + x / (s + W(1));
+     })},
+    {{"accumulate_moving_average_"}, accumulator(true, "f", [](auto t, auto x, auto f) {
+       return f * t + (decltype(t)(1) - f) * x;
+     })},
+    {{"accumulate_moving_average_square_"}, accumulator(true, "f", [](auto t, auto x, auto f) {
+       return f * t + (decltype(t)(1) - f) * (x * x);
+     })},
+    {{"accumulator_scale_"}, accumulator(false, "f", [](auto t, auto, auto f) { return t * f; })},
+    {{"accumulator_zero_"}, accumulator(false, nullptr, [](auto t, auto, auto) { return decltype(t)(0); })},
+    {{"copy_var_update_"}, accumulator(true, nullptr, [](auto, auto x, auto) { return x; })},
+};
+
+// ---- Adam / LAMB / AdaMax update terms --------------------------------------------------------
+enum class Mode { Adam, Lamb, AdaMax };
+
+KernelFactory updater(Mode mode) {
+  return [mode](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    if (!all_numeric(ins, bufs)) return nullptr;
+    const bool has_weight = ins.attrs.at("has_weight").b(), has_step = ins.attrs.at("has_step").b();
+    const Buffer m = bufs[ins.inputs[0]], v = bufs[ins.inputs[1]], y = bufs[ins.outputs[0]];
+    size_t next = 2;
+    const Buffer w = has_weight ? bufs[ins.inputs[next++]] : m;
+    const Buffer step = has_step ? bufs[ins.inputs[next++]] : Buffer{};
+    const ScalarArg wd = scalar_arg(ins, bufs, "weight_decay", next), b1 = scalar_arg(ins, bufs, "beta1", next),
+                    b2 = scalar_arg(ins, bufs, "beta2", next), eps = scalar_arg(ins, bufs, "epsilon", next);
+    const bool wide = needs_double({&m, &v}) || (has_weight && needs_double({&w}));
+    unique_ptr<Kernel> k;
+    with_wide(wide, [&](auto tag) {
+      using W = typename decltype(tag)::type;
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        // Coefficients are formed in float64 and rounded to W, as the reference does.
+        const W wdv = W(wd.get<double>(a)), epsv = W(eps.get<double>(a));
+        W c1 = 1, c2 = 1;
+        if (has_step) {
+          const double st = load_scalar<double>(a, step);
+          c1 = W(1.0 / (1.0 - std::pow(b1.get<double>(a), st)));
+          if (mode != Mode::AdaMax) c2 = W(1.0 / (1.0 - std::pow(b2.get<double>(a), st)));
+        }
+        map_rows<W, 3>(a, y, {m, v, w}, [&](W* out, const W* const* in, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) {
+            W mw = in[0][i], vw = in[1][i];
+            if (has_step) {
+              mw = mw * c1;
+              if (mode != Mode::AdaMax) vw = vw * c2;
+            }
+            W u = mode == Mode::AdaMax ? mw / (vw + epsv) : mw / (std::sqrt(vw) + epsv);
+            if (has_weight) u = u + wdv * in[2][i];
+            out[i] = u;
+          }
+        });
+      });
+    });
+    return k;
+  };
+}
+
+const RegisterKernel updaters[] = {
+    {{"adam_updater"}, updater(Mode::Adam)},
+    {{"lamb_updater"}, updater(Mode::Lamb)},
+    {{"adamax_updater"}, updater(Mode::AdaMax)},
+};
+
+// ---- t -= learning_rate * trust_ratio * x -----------------------------------------------------
+const RegisterKernel adam_var_update_op{{"adam_var_update"},
+  [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    if (!all_numeric(ins, bufs)) return nullptr;
+    const Buffer t = bufs[ins.inputs[0]], x = bufs[ins.inputs[1]], r1 = bufs[ins.inputs[2]],
+                 r2 = bufs[ins.inputs[3]], y = bufs[ins.outputs[0]];
+    size_t next = 4;
+    const ScalarArg lr = scalar_arg(ins, bufs, "learning_rate", next), mwn = scalar_arg(ins, bufs, "max_weight_norm", next);
+    unique_ptr<Kernel> k;
+    with_wide(needs_double({&t, &x}), [&](auto tag) {
+      using W = typename decltype(tag)::type;
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        const W lrv = lr.get<W>(a), mwnv = mwn.get<W>(a);
+        const double n1 = load_scalar<double>(a, r1), n2 = load_scalar<double>(a, r2);
+        W ratio = 1;
+        if (!(n1 == 0 || n2 == 0 || mwnv == 0)) {
+          const double s1 = std::sqrt(n1), cap = double(mwnv);
+          const double lim = (std::isnan(s1) || std::isnan(cap)) ? NAN : std::min(s1, cap);  // np.minimum keeps NaN
+          ratio = W(lim / std::sqrt(n2));
+        }
+        const W step = lrv * ratio;
+        map_rows<W, 2>(a, y, {t, x}, [&](W* out, const W* const* in, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) out[i] = in[0][i] - step * in[1][i];
+        });
+      });
+    });
+    return k;
+  }};
+
+}  // namespace
+}  // namespace popxl
