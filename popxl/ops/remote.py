@@ -92,7 +92,7 @@ def _offset_tensor(opname: str, remote_buffer: RemoteBuffer, offset: Union[int, 
     if offset < 0:
         raise ValueError(f"ops.{opname}: offset must be >= 0, got {offset} (for {remote_buffer!r}).")
     # The upper bound is checked when the op runs: `entries` may still grow until the Session is made.
-    return constant(np.uint32(offset), dtypes.uint32, name="remote_offset")
+    return constant(np.uint32(offset), dtypes.uint32, name="offset")
 
 
 def _check_tensor(opname: str, remote_buffer: RemoteBuffer, t: Tensor) -> None:
@@ -105,10 +105,12 @@ def _check_tensor(opname: str, remote_buffer: RemoteBuffer, t: Tensor) -> None:
 
 
 def remote_load(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], name: Optional[str] = None) -> Tensor:
-    """A new tensor holding slot ``offset`` of ``remote_buffer`` (its shape, dtype and meta_shape)."""
+    """A new tensor holding slot ``offset`` of ``remote_buffer`` (its shape, dtype and meta_shape),
+    named ``<name>_remote_loaded`` (default name ``id_<buffer id>_offset_<offset name>``, as PopXL)."""
     off = _offset_tensor("remote_load", remote_buffer, offset)
+    name = name or f"id_{remote_buffer.remote_buffer_id}_offset_{off.name}"
     return create_op("remote_load", [off], {"remote_buffer": remote_buffer},
-                     output_names=[name] if name else None)[0]
+                     output_names=[f"{name}_remote_loaded"])[0]
 
 
 def remote_load_(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], t: Tensor) -> Tensor:
@@ -150,7 +152,7 @@ def remote_code_load(graph: Graph, destination: Literal["executable", "compute_b
         raise NotImplementedError(f"ops.remote_code_load: destination {destination!r} is not supported; "
                                   f"only 'executable' is.")
     if graph is get_current_context().graph:
-        raise ValueError(f"ops.remote_code_load: cannot load the code of {graph!r} from inside itself; call it "
-                         f"from the graph that calls {graph.id!r}.")
+        raise ValueError(f"The remote_code_load op cannot load the code of {graph.id!r} from inside that graph "
+                         f"(it is the current graph); load it from the graph that calls it.")
     # The graph is kept by id, not as a Graph attribute: a code load does not call the graph.
     create_op("remote_code_load", [], {"graph_id": graph.id, "destination": destination})
