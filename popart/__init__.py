@@ -1,0 +1,30 @@
+"""popart on CPUs: PopART's session API over popxl.
+
+Import an ONNX model into an ``InferenceSession``, describe the data flow with ``DataFlow`` and
+``AnchorReturnType``, pick a device from ``DeviceManager`` and run batches with ``PyStepIO``.
+"""
+from popart.dataflow import (AnchorReturnType, AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO,
+                             PyStepIOCallback, TensorInfo)
+from popart.devices import (DeviceConnectionType, DeviceInfo, DeviceManager, DeviceSelectionCriterion, DeviceType,
+                            SyncPattern)
+from popart.errors import (Logger, OnnxImportError, RecoveryAction, StepIOError, getLogger, popart_exception,
+                           popart_internal_exception, popart_runtime_error, poplar_application_runtime_error,
+                           poplar_exception, poplar_recoverable_runtime_error, poplar_runtime_error,
+                           poplar_system_runtime_error, poplar_unknown_runtime_error,
+                           poplar_unrecoverable_runtime_error, poplibs_exception)
+from popart.options import (Patterns, PatternsLevel, RecomputationType, SessionOptions, SyntheticDataMode,
+                            VirtualGraphMode)
+from popart.session import InferenceSession
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AnchorReturnType", "AnchorReturnTypeId", "DataFlow", "InputShapeInfo", "PyStepIO", "PyStepIOCallback",
+    "TensorInfo", "DeviceConnectionType", "DeviceInfo", "DeviceManager", "DeviceSelectionCriterion", "DeviceType",
+    "SyncPattern", "Logger", "getLogger", "RecoveryAction", "popart_exception", "popart_internal_exception",
+    "popart_runtime_error", "poplibs_exception", "poplar_exception", "poplar_runtime_error",
+    "poplar_application_runtime_error", "poplar_system_runtime_error", "poplar_recoverable_runtime_error",
+    "poplar_unrecoverable_runtime_error", "poplar_unknown_runtime_error", "OnnxImportError", "StepIOError",
+    "Patterns", "PatternsLevel", "RecomputationType", "SessionOptions", "SyntheticDataMode", "VirtualGraphMode",
+    "InferenceSession",
+]

@@ -1,0 +1,120 @@
+"""PopART's Python error hierarchy and its logger.
+
+Every error this package raises on purpose is a ``popart_exception`` (or a subclass), so user code
+written against PopART's ``except popart.popart_exception`` keeps working. The classes also derive
+from the matching Python built-in where one fits, so ``except ValueError`` works too.
+"""
+from __future__ import annotations
+
+import logging
+from enum import Enum
+from typing import Optional
+
+__all__ = ["popart_exception", "popart_internal_exception", "popart_runtime_error", "poplibs_exception",
+           "poplar_exception", "poplar_runtime_error", "poplar_application_runtime_error",
+           "poplar_system_runtime_error", "poplar_recoverable_runtime_error", "poplar_unrecoverable_runtime_error",
+           "poplar_unknown_runtime_error", "RecoveryAction", "OnnxImportError", "StepIOError", "getLogger",
+           "Logger"]
+
+
+class popart_exception(RuntimeError):
+    """A bug in user code or in the framework (PopART's application error)."""
+
+
+class popart_internal_exception(popart_exception):
+    """An inconsistency inside popart itself."""
+
+
+class popart_runtime_error(popart_exception):
+    """A failure while the program runs."""
+
+
+class poplibs_exception(popart_exception):
+    """Raised by the kernel library (kept for name compatibility)."""
+
+
+class poplar_exception(popart_exception):
+    """Raised by the backend (kept for name compatibility)."""
+
+
+class poplar_runtime_error(poplar_exception):
+    """A backend failure while the program runs."""
+
+
+class poplar_application_runtime_error(poplar_runtime_error):
+    """A backend failure caused by the program."""
+
+
+class poplar_system_runtime_error(poplar_runtime_error):
+    """A failure of the machine (never raised on a CPU, kept for name compatibility)."""
+
+
+class RecoveryAction(Enum):
+    """What to do after a ``poplar_recoverable_runtime_error``."""
+    IPU_RESET = "IPU_RESET"
+    LINK_RESET = "LINK_RESET"
+    PARTITION_RESET = "PARTITION_RESET"
+    POWER_CYCLE = "POWER_CYCLE"
+
+
+class poplar_recoverable_runtime_error(poplar_system_runtime_error):
+    """A system error that ``recoveryAction`` can recover from."""
+
+    def __init__(self, message: str, recoveryAction: RecoveryAction = RecoveryAction.IPU_RESET) -> None:
+        super().__init__(message)
+        self.recoveryAction = recoveryAction
+
+
+class poplar_unrecoverable_runtime_error(poplar_system_runtime_error):
+    """A system error with no recovery action."""
+
+
+class poplar_unknown_runtime_error(poplar_system_runtime_error):
+    """A system error that may or may not be recoverable."""
+
+
+class OnnxImportError(popart_exception, ValueError):
+    """The ONNX model cannot be turned into a program (unsupported ops, unknown shapes, bad attributes)."""
+
+
+class StepIOError(popart_exception, ValueError):
+    """The buffers handed to ``Session.run`` do not match what the session expects."""
+
+
+# logging ----------------------------------------------------------------------------------------------
+_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+           "ERR": logging.ERROR, "CRITICAL": logging.CRITICAL, "OFF": logging.CRITICAL + 10}
+_MODULES = ("popart", "session", "ir", "devicex", "transform", "pattern", "builder", "op", "opx", "ces",
+            "python", "none")
+logging.addLevelName(_LEVELS["TRACE"], "TRACE")
+_root = logging.getLogger("popart")
+_root.setLevel(_LEVELS["OFF"])  # PopART logs nothing unless asked
+
+
+class Logger:
+    """One of PopART's logging modules (``popart``, ``session``, ``ir``, ...), on Python logging."""
+
+    def __init__(self, module: str) -> None:
+        if module not in _MODULES:
+            raise popart_exception(f"getLogger: unknown logging module {module!r}; known modules: {list(_MODULES)}.")
+        self._log = _root if module == "popart" else _root.getChild(module)
+
+    def setLevel(self, level: str) -> None:
+        """Set the level: TRACE, DEBUG, INFO, WARN, ERR, CRITICAL or OFF (case-insensitive)."""
+        key = str(level).upper()
+        if key not in _LEVELS:
+            raise popart_exception(f"Logger.setLevel: unknown level {level!r}; use one of {list(_LEVELS)}.")
+        self._log.setLevel(_LEVELS[key])
+        if self._log is _root and key != "OFF" and not _root.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(process)d.%(thread)d "
+                                                   "%(levelname).1s: %(message)s"))
+            _root.addHandler(handler)
+
+    def _python(self) -> logging.Logger:
+        return self._log
+
+
+def getLogger(module: Optional[str] = "popart") -> Logger:
+    """The logger of ``module`` (default: every module)."""
+    return Logger(module or "popart")

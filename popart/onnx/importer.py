@@ -1,0 +1,279 @@
+"""The ONNX importer's driver: load a ModelProto, check it (unsupported ops, unknown input shapes),
+then walk its nodes in order, turning each into popxl ops through the table in ``popart.onnx.ops``.
+
+Values flow through an environment that maps ONNX tensor names to either a NumPy array (a value
+known at import: Constant outputs, shapes, anything computed only from those) or a popxl Tensor.
+A node whose inputs are all known is folded with ONNX's reference implementation instead of
+being lowered, so shape arithmetic (Shape -> Gather -> Concat -> Reshape ...) never reaches the
+device. Floating-point initializers are weights: they become popxl variables, made on first use.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+import popxl
+from popxl import dtypes
+from popart.errors import OnnxImportError
+
+logger = logging.getLogger("popart.ces")
+
+__all__ = ["load_model", "InputSpec", "GraphImporter", "device_array", "device_dtype", "MIN_OPSET", "MAX_OPSET"]
+
+MIN_OPSET, MAX_OPSET = 11, 21
+Value = Union[np.ndarray, popxl.Tensor]
+ModelLike = Union[str, bytes, os.PathLike, onnx.ModelProto]
+
+# The device has no 64-bit types (as on an IPU): 64-bit values are held in their 32-bit counterparts.
+_DEVICE_NP = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
+              np.dtype(np.float64): np.dtype(np.float32)}
+
+
+def device_dtype(dt: Any) -> np.dtype:
+    """The NumPy dtype a value of dtype ``dt`` has on the device."""
+    dt = np.dtype(dt)
+    return _DEVICE_NP.get(dt, dt)
+
+
+def device_array(a: np.ndarray) -> np.ndarray:
+    """``a`` in its device dtype."""
+    a = np.asarray(a)
+    return a.astype(device_dtype(a.dtype)) if a.dtype in _DEVICE_NP else a
+
+
+def load_model(model: ModelLike) -> onnx.ModelProto:
+    """A ModelProto from a ModelProto, its serialised bytes, or the path of a file holding it."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        try:
+            return onnx.load_from_string(bytes(model))
+        except Exception as e:
+            raise OnnxImportError(f"could not parse the ONNX ModelProto given as bytes: {e}") from None
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise OnnxImportError(f"ONNX model file {path!r} does not exist (pass a path, the serialised "
+                                  f"ModelProto as bytes, or an onnx.ModelProto).")
+        try:
+            return onnx.load(path)
+        except Exception as e:
+            raise OnnxImportError(f"could not read the ONNX model {path!r}: {e}") from None
+    raise OnnxImportError(f"expected an ONNX model (path, serialised bytes or onnx.ModelProto), "
+                          f"not {type(model).__name__}.")
+
+
+class InputSpec:
+    """A model input the host feeds: its name, shape and NumPy dtype (as the ONNX model declares it)."""
+
+    def __init__(self, name: str, shape: Tuple[int, ...], dtype: np.dtype) -> None:
+        self.name, self.shape, self.dtype = name, tuple(shape), np.dtype(dtype)
+
+    @property
+    def device_dtype(self) -> np.dtype:
+        return device_dtype(self.dtype)
+
+    def __repr__(self) -> str:
+        return f"InputSpec({self.name!r}, {self.shape}, {self.dtype})"
+
+
+def _np_dtype(elem_type: int, what: str) -> np.dtype:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        raise OnnxImportError(f"{what} has ONNX element type {elem_type}, which has no NumPy equivalent.") from None
+
+
+def _declared_shape(vi: onnx.ValueInfoProto) -> Optional[Tuple[int, ...]]:
+    """The fixed shape of a value info, or None if its rank or any dimension is unknown."""
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    dims = []
+    for d in t.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        dims.append(int(d.dim_value))
+    return tuple(dims)
+
+
+class GraphImporter:
+    """Checks an ONNX model and, inside a popxl graph context, lowers it node by node.
+
+    ``input_shapes`` gives (shape, numpy dtype) for inputs whose shapes the model leaves open; it
+    overrides the model's declaration where both exist.
+    """
+
+    def __init__(self, model: onnx.ModelProto,
+                 input_shapes: Optional[Mapping[str, Tuple[Sequence[int], Any]]] = None) -> None:
+        from popart.onnx.ops import OPS  # the table imports this module's helpers
+        self.model = model
+        self.graph = model.graph
+        self.opset = self._default_opset(model)
+        self._ops = OPS
+        self.initializers: Dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
+        self._check_supported()
+        self.inputs = self._resolve_inputs(dict(input_shapes or {}))
+        self._values: Dict[str, Value] = {}
+        self._weights: Dict[str, popxl.Tensor] = {}
+        self._consts: Dict[str, popxl.Tensor] = {}
+        self._materialize_weight: Optional[Callable[[str, np.ndarray], popxl.Tensor]] = None
+        self._order: List[str] = []  # every tensor name, inputs first, in the order they appear
+
+    # checks -------------------------------------------------------------------------------------------
+    @staticmethod
+    def _default_opset(model: onnx.ModelProto) -> int:
+        versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+        if not versions:
+            raise OnnxImportError("the ONNX model imports no version of the default (ai.onnx) operator set.")
+        v = int(versions[0])
+        if v < MIN_OPSET:
+            raise OnnxImportError(f"the ONNX model uses ai.onnx opset {v}; supported opsets are {MIN_OPSET} to "
+                                  f"{MAX_OPSET}. Convert it with onnx.version_converter.convert_version(model, "
+                                  f"{MIN_OPSET}).")
+        if v > MAX_OPSET:
+            # Newer opsets mostly add types and attributes; ops are lowered by their latest rules here.
+            logger.warning("the ONNX model uses ai.onnx opset %d; popart is tested with opsets %d to %d.",
+                           v, MIN_OPSET, MAX_OPSET)
+        return v
+
+    def _check_supported(self) -> None:
+        """One error for every node the table cannot lower, grouped by op type."""
+        bad: Dict[str, List[str]] = {}
+        for i, node in enumerate(self.graph.node):
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            if node.domain not in ("", "ai.onnx") or node.op_type not in self._ops:
+                bad.setdefault(key, []).append(node.name or f"<node {i}>")
+        if bad:
+            lines = [f"  {op}: {', '.join(names)}" for op, names in sorted(bad.items())]
+            raise OnnxImportError(
+                f"the ONNX model has {sum(map(len, bad.values()))} node(s) of {len(bad)} unsupported op type(s):\n"
+                + "\n".join(lines) + f"\nSupported op types: {', '.join(sorted(self._ops))}.")
+
+    def _resolve_inputs(self, given: Dict[str, Tuple[Sequence[int], Any]]) -> List[InputSpec]:
+        specs, unknown = [], []
+        for vi in self.graph.input:
+            if vi.name in self.initializers:
+                continue  # older exporters also list initializers as inputs: they are weights
+            if vi.name in given:
+                shape, dt = given[vi.name]
+                specs.append(InputSpec(vi.name, tuple(int(d) for d in shape), np.dtype(dt)))
+                continue
+            shape = _declared_shape(vi)
+            if shape is None:
+                unknown.append((vi.name, vi))
+                continue
+            specs.append(InputSpec(vi.name, shape, _np_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}")))
+        if unknown:
+            desc = ", ".join(f"{n!r} (declared {onnx.helper.printable_type(vi.type) or 'without a type'})"
+                             for n, vi in unknown)
+            raise OnnxImportError(
+                f"the shape of model input(s) {desc} is not fully known. Give it with inputShapeInfo: "
+                f"info = popart.InputShapeInfo(); info.add({unknown[0][0]!r}, popart.TensorInfo('FLOAT', [...])).")
+        return specs
+
+    # values -------------------------------------------------------------------------------------------
+    def names(self) -> List[str]:
+        """Every tensor name the model defines (inputs, initializers, node outputs)."""
+        return list(self._order)
+
+    def has_value(self, name: str) -> bool:
+        return name in self._values or name in self.initializers
+
+    def is_foldable(self, name: str) -> bool:
+        """Known at import and allowed to be computed with: import-time values and integer/bool
+        initializers (shape data). Float initializers are weights and stay on the device."""
+        if name in self._values:
+            return isinstance(self._values[name], np.ndarray)
+        init = self.initializers.get(name)
+        return init is not None and init.dtype.kind in "iub"
+
+    def static(self, name: str) -> Optional[np.ndarray]:
+        """The import-time value of ``name`` (any initializer counts), or None if it has none."""
+        v = self._values.get(name)
+        if isinstance(v, np.ndarray):
+            return v
+        if v is None and name in self.initializers:
+            return self.initializers[name]
+        return None
+
+    def tensor(self, name: str) -> popxl.Tensor:
+        """``name`` as a popxl Tensor in the current graph (constants and weights made on first use)."""
+        v = self._values.get(name)
+        if isinstance(v, popxl.Tensor):
+            return v
+        if v is None and name in self.initializers:
+            if name not in self._weights:
+                self._weights[name] = self._materialize_weight(name, self.initializers[name])
+            return self._weights[name]
+        if v is None:
+            raise OnnxImportError(f"tensor {name!r} is used before any node produces it (the graph must be "
+                                  f"topologically sorted).")
+        if name not in self._consts:
+            self._consts[name] = popxl.constant(device_array(v), name=_safe(name))
+        return self._consts[name]
+
+    @property
+    def weights(self) -> Dict[str, popxl.Tensor]:
+        """The initializers that became device tensors, by name."""
+        return dict(self._weights)
+
+    def _set(self, name: str, value: Value) -> None:
+        if name not in self._values and name not in self.initializers:
+            self._order.append(name)
+        self._values[name] = value
+
+    # the walk -----------------------------------------------------------------------------------------
+    def lower(self, inputs: Mapping[str, popxl.Tensor],
+              materialize_weight: Callable[[str, np.ndarray], popxl.Tensor]) -> None:
+        """Lower every node into the current popxl graph. ``inputs`` holds a tensor per model input;
+        ``materialize_weight(name, value)`` makes the device tensor of a weight on first use."""
+        from popart.onnx.ops import Node
+        self._materialize_weight = materialize_weight
+        for spec in self.inputs:
+            self._set(spec.name, inputs[spec.name])
+        self._order.extend(n for n in self.initializers)
+        for i, node in enumerate(self.graph.node):
+            present = [x for x in node.input if x]
+            for x in present:
+                if not self.has_value(x):
+                    raise OnnxImportError(f"node {node.name or i!r} ({node.op_type}) reads tensor {x!r}, which no "
+                                          f"earlier node, input or initializer defines.")
+            n = Node(self, node, i)
+            if all(self.is_foldable(x) for x in present) and n.entry.foldable:
+                outs = self._fold(node, n)
+            else:
+                try:
+                    outs = list(n.entry(n))
+                except OnnxImportError:
+                    raise
+                except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
+                    raise OnnxImportError(f"{n.describe()}: {e}") from e
+            wanted = [o for o in node.output]
+            for k, name in enumerate(wanted):
+                if not name:
+                    continue
+                if k >= len(outs) or outs[k] is None:
+                    raise OnnxImportError(f"{n.describe()}: output {k} ({name!r}) is not supported.")
+                self._set(name, outs[k])
+
+    def _fold(self, node: onnx.NodeProto, n: Any) -> List[np.ndarray]:
+        """Compute a node whose inputs are all known with ONNX's reference implementation."""
+        from onnx.reference import ReferenceEvaluator
+        feeds = {x: self.static(x) for x in node.input if x}
+        try:
+            ref = ReferenceEvaluator(node, opsets={"": self.opset})
+            results = ref.run(None, feeds)
+        except Exception as e:
+            raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {e}") from None
+        return [np.asarray(r) if r is not None else None for r in results]
+
+
+def _safe(name: str) -> str:
+    """A popxl tensor name for an ONNX name (popxl scopes names with '/')."""
+    return name.replace("/", "_") or "onnx"

@@ -1,0 +1,456 @@
+"""``InferenceSession``: an ONNX model imported into a popxl program that runs ``batchesPerStep``
+batches per ``run`` inside the engine.
+
+The program built from a model:
+
+- main graph: one variable per weight (float initializer) and a ``repeat`` of the step graph,
+  ``batchesPerStep * accumulationFactor`` times (``ir.num_host_transfers`` is that count, so each
+  iteration reads the next slice of every input stream);
+- step graph: ``host_load`` of every model input, the imported nodes, then per anchor: a
+  ``host_store`` every iteration (ALL and EVERYN; EVERYN keeps every N-th batch on the host), or
+  an in-place update of a main-graph accumulator passed by reference (SUM adds, FINAL copies),
+  which the main graph stores once after the loop.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+import popxl
+import popxl.ops as ops
+from popxl import dtypes
+from popart.dataflow import (AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO, PyStepIOCallback,
+                             TensorInfo)
+from popart.devices import DeviceInfo, DeviceType
+from popart.errors import OnnxImportError, StepIOError, popart_exception
+from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, device_dtype, load_model
+from popart.options import Patterns, SessionOptions
+
+__all__ = ["InferenceSession"]
+
+logger = logging.getLogger("popart.session")
+
+_PER_BATCH = (AnchorReturnTypeId.ALL, AnchorReturnTypeId.EVERYN)
+
+
+def _drop_ones(*dims: int) -> Tuple[int, ...]:
+    return tuple(d for d in dims if d != 1)
+
+
+def _safe(name: str) -> str:
+    return name.replace("/", "_") or "onnx"
+
+
+class _Anchor:
+    """One anchored tensor: how it is returned, its device stream and its host buffers."""
+
+    def __init__(self, name: str, art: Any, tensor: popxl.Tensor) -> None:
+        self.name = name
+        self.art = art
+        self.kind: AnchorReturnTypeId = art.id()
+        self.shape: Tuple[int, ...] = tuple(tensor.shape)
+        self.dtype: np.dtype = tensor.dtype.as_numpy()
+        self.stream: Optional[popxl.DeviceToHostStream] = None
+
+
+class InferenceSession:
+    """Runs an ONNX model for inference.
+
+    ``fnModel``: a file path, the serialised ModelProto (bytes) or an ``onnx.ModelProto``.
+    ``dataFlow`` (alias ``dataFeed``): batches per step and anchors. ``deviceInfo``: from
+    ``DeviceManager``. ``inputShapeInfo``: shapes of inputs the model leaves open.
+    ``patterns`` and ``userOptions``: see ``popart.Patterns`` and ``popart.SessionOptions``.
+    """
+
+    def __init__(self, fnModel: ModelLike, dataFlow: Optional[DataFlow] = None,
+                 deviceInfo: Optional[DeviceInfo] = None, inputShapeInfo: Optional[InputShapeInfo] = None,
+                 patterns: Optional[Patterns] = None, userOptions: Optional[SessionOptions] = None,
+                 name: str = "inference", dataFeed: Optional[DataFlow] = None) -> None:
+        if dataFlow is None:
+            dataFlow = dataFeed
+        elif dataFeed is not None:
+            raise popart_exception("InferenceSession: give dataFlow or its old name dataFeed, not both.")
+        if not isinstance(dataFlow, DataFlow):
+            raise popart_exception(f"InferenceSession: dataFlow must be a popart.DataFlow, not {dataFlow!r}.")
+        if not isinstance(deviceInfo, DeviceInfo):
+            raise popart_exception(f"InferenceSession: deviceInfo must be a popart.DeviceInfo (from "
+                                   f"popart.DeviceManager()), not {deviceInfo!r}.")
+        options = userOptions if userOptions is not None else SessionOptions()
+        if not isinstance(options, SessionOptions):
+            raise popart_exception(f"InferenceSession: userOptions must be popart.SessionOptions, not {options!r}.")
+        if patterns is not None and not isinstance(patterns, Patterns):
+            raise popart_exception(f"InferenceSession: patterns must be popart.Patterns, not {patterns!r}.")
+        if dataFlow.batchesPerStep() < 1:
+            raise popart_exception("InferenceSession: DataFlow.batchesPerStep must be at least 1.")
+        self.name = name
+        self.dataFlow = dataFlow
+        self.deviceInfo = deviceInfo
+        self.options = options
+        self.patterns = patterns if patterns is not None else Patterns()
+        self.replicationFactor = options.getReplicationFactor()
+        self.accumulationFactor = options.getAccumulationFactor()
+        self.batchesPerStep = dataFlow.batchesPerStep()
+        if self.replicationFactor > deviceInfo.numIpus:
+            raise popart_exception(
+                f"InferenceSession: replicatedGraphCount={self.replicationFactor} needs a device with at least "
+                f"{self.replicationFactor} IPUs, but {deviceInfo!r} has {deviceInfo.numIpus}. Use "
+                f"DeviceManager().createIpuModelDevice({{'numIPUs': {self.replicationFactor}}}).")
+        self._model = load_model(fnModel)
+        shape_info = inputShapeInfo.getAllTensorInfo() if inputShapeInfo is not None else {}
+        self._importer = GraphImporter(
+            self._model, {k: (v.shape(), v.numpy_dtype()) for k, v in shape_info.items()})
+        self._inputs: List[InputSpec] = self._importer.inputs
+        self._variables: Dict[str, popxl.Variable] = {}
+        self._anchors: Dict[str, _Anchor] = {}
+        self._build()
+        self._px: Optional[popxl.Session] = None
+        self._host_outputs: Optional[Dict[Any, np.ndarray]] = None
+
+    # building -------------------------------------------------------------------------------------------
+    @property
+    def _steps(self) -> int:
+        """Iterations of the step graph per run: one per micro batch of one replica."""
+        return self.batchesPerStep * self.accumulationFactor
+
+    def _build(self) -> None:
+        ir = popxl.Ir(replication=self.replicationFactor)
+        ir.num_host_transfers = self._steps
+        main = ir.main_graph
+        with main:
+            in_streams = {s.name: popxl.h2d_stream(s.shape, dtypes.from_numpy(s.device_dtype), _safe(s.name))
+                          for s in self._inputs}
+        self._in_streams = in_streams
+        body = ir.create_empty_graph("popart_step")
+        bindings: Dict[popxl.Tensor, popxl.Tensor] = {}
+
+        def weight(name: str, value: np.ndarray) -> popxl.Tensor:
+            with main:
+                var = popxl.variable(device_array(value), name=_safe(name))
+            t = popxl.graph_input(var.shape, var.dtype, _safe(name))
+            bindings[t] = var
+            self._variables[name] = var
+            return t
+
+        accumulators: List[Tuple[_Anchor, popxl.Tensor]] = []
+        with body:
+            loaded = {name: ops.host_load(s, _safe(name)) for name, s in in_streams.items()}
+            self._importer.lower(loaded, weight)
+            known = set(self._importer.names())
+            missing = [a for a in self.dataFlow.anchors() if a not in known]
+            if missing:
+                outputs = [o.name for o in self._model.graph.output]
+                raise popart_exception(f"DataFlow anchors {missing} are not tensors of the model (its outputs are "
+                                       f"{outputs}; any tensor a node produces can be anchored).")
+            for name in self.dataFlow.anchors():
+                t = self._importer.tensor(name)
+                a = _Anchor(name, self.dataFlow.art(name), t)
+                self._anchors[name] = a
+                with main:
+                    a.stream = popxl.d2h_stream(t.shape, t.dtype, _safe(name))
+                if a.kind in _PER_BATCH:
+                    ops.host_store(a.stream, t)
+                    continue
+                with main:
+                    acc = ops.init(t.shape, t.dtype, _safe(name) + "_acc")
+                acc_in = popxl.graph_input(t.shape, t.dtype, _safe(name) + "_acc", by_ref=True)
+                bindings[acc_in] = acc
+                if a.kind is AnchorReturnTypeId.SUM:
+                    ops.add_(acc_in, t)
+                else:
+                    ops.var_updates.copy_var_update_(acc_in, t)
+                accumulators.append((a, acc))
+        with main:
+            ops.repeat(body, self._steps, inputs_dict=bindings)
+            for a, acc in accumulators:
+                ops.host_store(a.stream, acc)
+        self._ir = ir
+
+    # shapes ---------------------------------------------------------------------------------------------
+    def _lead(self) -> Tuple[int, ...]:
+        return _drop_ones(self.batchesPerStep, self.accumulationFactor, self.replicationFactor)
+
+    def getInputShape(self, tensorId: str) -> Tuple[int, ...]:
+        """The shape ``PyStepIO`` needs for input ``tensorId``:
+        [batchesPerStep, accumulationFactor, replicationFactor, *shape] with size-1 factors dropped."""
+        return self._lead() + self._input(tensorId).shape
+
+    def getAnchorShape(self, tensorId: str) -> Tuple[int, ...]:
+        """The shape of the host buffer of anchor ``tensorId`` (PopART's rules per return type)."""
+        a = self._anchor(tensorId)
+        if a.kind is AnchorReturnTypeId.ALL:
+            return self._lead() + a.shape
+        if a.kind is AnchorReturnTypeId.EVERYN:
+            return _drop_ones(self.batchesPerStep // a.art.rp(), self.accumulationFactor,
+                              self.replicationFactor) + a.shape
+        return _drop_ones(self.replicationFactor) + a.shape
+
+    def _input(self, tensorId: str) -> InputSpec:
+        for s in self._inputs:
+            if s.name == tensorId:
+                return s
+        raise popart_exception(f"{tensorId!r} is not an input of the model; inputs are {self.getInputTensorIds()}.")
+
+    def _anchor(self, tensorId: str) -> _Anchor:
+        if tensorId not in self._anchors:
+            raise popart_exception(f"{tensorId!r} is not an anchor; anchors are {list(self._anchors)}.")
+        return self._anchors[tensorId]
+
+    def getInputTensorIds(self) -> List[str]:
+        """The model inputs the host feeds each run (initializers excluded)."""
+        return [s.name for s in self._inputs]
+
+    def getOutputTensorIds(self) -> List[str]:
+        """The model's declared outputs."""
+        return [o.name for o in self._model.graph.output]
+
+    def getAnchorTensorIds(self) -> List[str]:
+        return list(self._anchors)
+
+    def getInfo(self, tensorId: str) -> TensorInfo:
+        """Data type and per-batch shape of an input, anchor or weight (as held on the device)."""
+        if tensorId in self._anchors:
+            a = self._anchors[tensorId]
+            return TensorInfo(a.dtype, a.shape)
+        if tensorId in self._variables:
+            v = self._variables[tensorId]
+            return TensorInfo(v.dtype.as_numpy(), v.shape)
+        s = self._input(tensorId)
+        return TensorInfo(s.device_dtype, s.shape)
+
+    def initAnchorArrays(self) -> Dict[str, np.ndarray]:
+        """Zeroed host buffers for every anchor, shaped as ``getAnchorShape`` says."""
+        return {name: np.zeros(self.getAnchorShape(name), a.dtype) for name, a in self._anchors.items()}
+
+    # device ---------------------------------------------------------------------------------------------
+    def prepareDevice(self, loadEngine: bool = True) -> None:
+        """Compile the program for the device and, with ``loadEngine``, attach and load it."""
+        if self._px is None:
+            if self.deviceInfo.type is DeviceType.Ipu:
+                logger.warning("running a program for IPU hardware on the CPU engine (POPXL_IPU_HW=cpu).")
+            self._px = popxl.Session(self._ir, self.deviceInfo._popxl_device)
+            self._host_outputs = self._px.create_host_outputs()
+        if loadEngine:
+            self.loadEngineAndConnectStreams()
+
+    def loadEngineAndConnectStreams(self) -> None:
+        if self._px is None:
+            raise popart_exception("loadEngineAndConnectStreams: call prepareDevice() first.")
+        if not self._px.is_attached:
+            if not self.deviceInfo.isAttached:
+                self.deviceInfo.attach()
+            self._px.__enter__()  # attach for the session's lifetime; detached in __del__ / detach
+
+    def _attached(self, what: str) -> popxl.Session:
+        if self._px is None or not self._px.is_attached:
+            raise popart_exception(f"Session.{what}: the session is not prepared; call prepareDevice() first.")
+        return self._px
+
+    def detach(self) -> None:
+        """Copy the weights back to the host and release the device."""
+        if self._px is not None and self._px.is_attached:
+            self._px.__exit__(None, None, None)
+            self.deviceInfo.detach()
+
+    def __del__(self) -> None:
+        try:
+            px = getattr(self, "_px", None)
+            if px is not None and px.is_attached:
+                px.__exit__(None, None, None)
+        except Exception:  # interpreter shutdown: nothing useful to do
+            pass
+
+    # weights --------------------------------------------------------------------------------------------
+    def weightsFromHost(self) -> None:
+        """Copy the host weights to the device."""
+        self._attached("weightsFromHost").weights_from_host()
+
+    def weightsToHost(self) -> None:
+        """Copy the device weights to the host."""
+        self._attached("weightsToHost").weights_to_host()
+
+    def _host_weights(self) -> Dict[str, np.ndarray]:
+        if self._px is None:
+            return {n: v._host_data_value for n, v in self._variables.items()}
+        data = self._px.get_tensors_data(self._variables.values())
+        return {n: data[v] for n, v in self._variables.items()}
+
+    def modelToHost(self, fn: str) -> None:
+        """Write the model, with the current weights as its initializers, to the file ``fn``."""
+        if self._px is not None and self._px.is_attached:
+            self._px.weights_to_host()
+        values = self._host_weights()
+        model = onnx.ModelProto()
+        model.CopyFrom(self._model)
+        for init in model.graph.initializer:
+            if init.name in values:
+                original = numpy_helper.to_array(init)
+                init.CopyFrom(numpy_helper.from_array(values[init.name].astype(original.dtype), init.name))
+        onnx.save(model, fn)
+
+    def resetHostWeights(self, modelProtoOrFilename: ModelLike,
+                         ignoreWeightsInModelWithoutCorrespondingHostWeight: bool = False) -> None:
+        """Take the host weights from the initializers of another model (file, bytes or ModelProto);
+        call ``weightsFromHost`` to send them to the device."""
+        other = load_model(modelProtoOrFilename)
+        updates = {}
+        for init in other.graph.initializer:
+            if init.name not in self._variables:
+                if init.name in self._importer.initializers:
+                    continue  # shape data folded at import, not a weight
+                if ignoreWeightsInModelWithoutCorrespondingHostWeight:
+                    continue
+                raise popart_exception(f"resetHostWeights: the model has weight {init.name!r}, which this session "
+                                       f"does not have.")
+            var = self._variables[init.name]
+            value = device_array(numpy_helper.to_array(init))
+            if value.shape != var.shape:
+                raise popart_exception(f"resetHostWeights: weight {init.name!r} has shape {value.shape}, the session "
+                                       f"expects {var.shape}.")
+            updates[var] = value.astype(var.dtype.as_numpy())
+        if self._px is None:
+            for var, value in updates.items():
+                var._host_data_value[...] = value
+        else:
+            self._px.write_variables_data(updates)
+
+    # running --------------------------------------------------------------------------------------------
+    def run(self, stepio: Union[PyStepIO, PyStepIOCallback], debugName: str = "") -> None:
+        """Run ``batchesPerStep`` batches, reading inputs from and writing anchors to ``stepio``."""
+        px = self._attached("run")
+        if isinstance(stepio, PyStepIO):
+            inputs = self._inputs_from_arrays(stepio)
+            self._check_outputs(stepio.outputs)
+        elif isinstance(stepio, PyStepIOCallback):
+            inputs = self._inputs_from_callbacks(stepio)
+        else:
+            raise popart_exception(f"Session.run: expected a popart.PyStepIO or PyStepIOCallback, not {stepio!r}.")
+        px.run_with_outputs(inputs, self._host_outputs)
+        results = {name: self._anchor_value(a) for name, a in self._anchors.items()}
+        if isinstance(stepio, PyStepIO):
+            for name, value in results.items():
+                stepio.outputs[name][...] = value
+        else:
+            self._outputs_to_callbacks(stepio, results)
+
+    def _inputs_from_arrays(self, stepio: PyStepIO) -> Dict[popxl.HostToDeviceStream, np.ndarray]:
+        given = stepio.inputs
+        expected = self.getInputTensorIds()
+        missing = [k for k in expected if k not in given]
+        extra = [k for k in given if k not in expected]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append("missing input(s) " + ", ".join(
+                    f"{k!r} (expected shape {self.getInputShape(k)})" for k in missing))
+            if extra:
+                parts.append(f"unknown input(s) {extra} (the model's inputs are {expected})")
+            raise StepIOError("PyStepIO: " + "; ".join(parts) + ".")
+        streams = self._streams_by_name()
+        out = {}
+        for s in self._inputs:
+            arr = np.asarray(given[s.name])
+            want = self.getInputShape(s.name)
+            if arr.shape != want:
+                raise StepIOError(
+                    f"PyStepIO: input {s.name!r} has shape {arr.shape}, expected {want} ({self._explain(s.shape)}).")
+            out[streams[s.name]] = self._device_layout(self._to_device_dtype(s, arr))
+        return out
+
+    def _explain(self, shape: Tuple[int, ...]) -> str:
+        parts = [f"{n}={v}" for n, v in (("batchesPerStep", self.batchesPerStep),
+                                          ("accumulationFactor", self.accumulationFactor),
+                                          ("replicationFactor", self.replicationFactor)) if v != 1]
+        return " x ".join(parts + [f"tensor shape {shape}"])
+
+    def _to_device_dtype(self, s: InputSpec, arr: np.ndarray) -> np.ndarray:
+        if arr.dtype not in (s.dtype, s.device_dtype):
+            raise StepIOError(f"PyStepIO: input {s.name!r} has dtype {arr.dtype}, expected {s.dtype}.")
+        return arr.astype(s.device_dtype, copy=False)
+
+    def _device_layout(self, arr: np.ndarray) -> np.ndarray:
+        """A user buffer [bps, af, rf, *shape] as popxl's host layout [steps, rf, *shape] (size 1 dropped)."""
+        lead = len(self._lead())
+        shape = arr.shape[lead:]
+        return np.ascontiguousarray(arr).reshape(_drop_ones(self._steps, self.replicationFactor) + shape)
+
+    def _streams_by_name(self) -> Dict[str, popxl.HostToDeviceStream]:
+        return self._in_streams
+
+    def _check_outputs(self, outputs: Mapping[str, np.ndarray]) -> None:
+        missing = [k for k in self._anchors if k not in outputs]
+        if missing:
+            raise StepIOError("PyStepIO: no output buffer for anchor(s) " + ", ".join(
+                f"{k!r} (expected shape {self.getAnchorShape(k)})" for k in missing) + "; use initAnchorArrays().")
+        for name in self._anchors:
+            buf = outputs[name]
+            want = self.getAnchorShape(name)
+            if not isinstance(buf, np.ndarray) or buf.shape != want:
+                got = buf.shape if isinstance(buf, np.ndarray) else type(buf).__name__
+                raise StepIOError(f"PyStepIO: the output buffer of anchor {name!r} has shape {got}, expected {want}.")
+
+    def _anchor_value(self, a: _Anchor) -> np.ndarray:
+        """The anchor's host result, from popxl's per-transfer stream buffer."""
+        buf = self._host_outputs[a.stream].reshape((self._steps, self.replicationFactor) + a.shape)
+        if a.kind is AnchorReturnTypeId.ALL:
+            value = buf
+        elif a.kind is AnchorReturnTypeId.EVERYN:
+            per_batch = buf.reshape((self.batchesPerStep, self.accumulationFactor * self.replicationFactor) + a.shape)
+            value = per_batch[a.art.rp() - 1::a.art.rp()]  # batches N, 2N, ... counting from 1
+        else:
+            value = buf[0]  # stored once, after the loop
+        return value.reshape(self.getAnchorShape(a.name))
+
+    def _fetches(self, kind: AnchorReturnTypeId, rp: int) -> int:
+        if kind is AnchorReturnTypeId.ALL:
+            return self._steps * self.replicationFactor
+        if kind is AnchorReturnTypeId.EVERYN:
+            return self._steps // rp * self.replicationFactor
+        return self.replicationFactor
+
+    def _inputs_from_callbacks(self, stepio: PyStepIOCallback) -> Dict[popxl.HostToDeviceStream, np.ndarray]:
+        streams = self._streams_by_name()
+        bufs = {s.name: np.empty((self._steps * self.replicationFactor,) + s.shape, s.device_dtype)
+                for s in self._inputs}
+        for k in range(self._steps * self.replicationFactor):
+            for s in self._inputs:
+                arr = np.asarray(stepio.input_callback(s.name, False))
+                if arr.shape != s.shape:
+                    raise StepIOError(f"PyStepIOCallback: input_callback({s.name!r}) returned shape {arr.shape}, "
+                                      f"expected {s.shape} (one micro batch).")
+                bufs[s.name][k] = self._to_device_dtype(s, arr)
+                stepio.input_complete_callback(s.name)
+        return {streams[s.name]: bufs[s.name].reshape(_drop_ones(self._steps, self.replicationFactor) + s.shape)
+                for s in self._inputs}
+
+    def _outputs_to_callbacks(self, stepio: PyStepIOCallback, results: Dict[str, np.ndarray]) -> None:
+        for name, a in self._anchors.items():
+            rp = a.art.rp() if a.kind is AnchorReturnTypeId.EVERYN else 1
+            values = results[name].reshape((self._fetches(a.kind, rp),) + a.shape)
+            for v in values:
+                buf = stepio.output_callback(name)
+                if not isinstance(buf, np.ndarray) or buf.shape != a.shape:
+                    got = buf.shape if isinstance(buf, np.ndarray) else type(buf).__name__
+                    raise StepIOError(f"PyStepIOCallback: output_callback({name!r}) returned a buffer of shape {got}, "
+                                      f"expected {a.shape}.")
+                buf[...] = v
+                stepio.output_complete_callback(name)
+
+    # reports --------------------------------------------------------------------------------------------
+    def getSummaryReport(self, resetProfile: bool = True) -> str:
+        """A short text summary of the program; execution profiling is not available on the CPU."""
+        n_ops = sum(len(g._ops) for g in self._ir._all_graphs())
+        return (f"popart session {self.name!r}: {len(self._model.graph.node)} ONNX nodes lowered to {n_ops} popxl "
+                f"ops, {len(self._variables)} weights, batchesPerStep={self.batchesPerStep}, "
+                f"replicationFactor={self.replicationFactor}, device={self.deviceInfo!r}.\n"
+                f"Execution profiling not enabled.")
+
+    def getCycleCount(self, id: str = "") -> int:
+        raise popart_exception("getCycleCount: hardware cycle counters exist only on IPU hardware.")
+
+    def __repr__(self) -> str:
+        return f"InferenceSession({self.name!r}, inputs={self.getInputTensorIds()}, anchors={list(self._anchors)})"
+

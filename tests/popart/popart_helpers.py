@@ -1,0 +1,61 @@
+"""Helpers for the popart tests: build small ONNX models with onnx.helper and run them both in an
+InferenceSession and in ONNX's reference evaluator (the oracle)."""
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import popart
+
+
+def make_model(nodes: Sequence[onnx.NodeProto], inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
+               initializers: Optional[Mapping[str, np.ndarray]] = None, opset: int = 17,
+               input_shapes: Optional[Mapping[str, Optional[List]]] = None) -> onnx.ModelProto:
+    """A model whose inputs are declared with the dtype and shape of the example arrays
+    (``input_shapes`` overrides a declared shape, None leaving it unknown)."""
+    input_shapes = dict(input_shapes or {})
+    vis = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                         input_shapes.get(k, list(v.shape)))
+           for k, v in inputs.items()]
+    outs = [helper.make_empty_tensor_value_info(o) for o in outputs]
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
+    graph = helper.make_graph(list(nodes), "test", vis, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+              outputs: Optional[Sequence[str]] = None) -> List[np.ndarray]:
+    return [np.asarray(r) for r in ReferenceEvaluator(model).run(list(outputs) if outputs else None, dict(feeds))]
+
+
+def run_session(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], outputs: Sequence[str],
+                input_shape_info: Optional[popart.InputShapeInfo] = None) -> List[np.ndarray]:
+    """One batch through an InferenceSession on the CPU device, anchoring ``outputs`` (ALL)."""
+    df = popart.DataFlow(1, {o: popart.AnchorReturnType("All") for o in outputs})
+    kwargs = {"inputShapeInfo": input_shape_info} if input_shape_info is not None else {}
+    s = popart.InferenceSession(model.SerializeToString(), df, popart.DeviceManager().createCpuDevice(), **kwargs)
+    s.prepareDevice()
+    s.weightsFromHost()
+    anchors = s.initAnchorArrays()
+    s.run(popart.PyStepIO(dict(feeds), anchors))
+    return [anchors[o] for o in outputs]
+
+
+def check_against_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], outputs: Sequence[str],
+                            rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    got = run_session(model, feeds, outputs)
+    want = reference(model, feeds, outputs)
+    for name, g, w in zip(outputs, got, want):
+        assert g.shape == w.shape, f"{name}: shape {g.shape} != reference {w.shape}"
+        if w.dtype == np.bool_:
+            np.testing.assert_array_equal(g, w, err_msg=name)
+        elif w.dtype.kind in "iu":
+            np.testing.assert_array_equal(g.astype(np.int64), w.astype(np.int64), err_msg=name)
+        else:
+            np.testing.assert_allclose(g, w.astype(g.dtype), rtol=rtol, atol=atol, err_msg=name)

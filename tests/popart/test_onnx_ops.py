@@ -1,0 +1,241 @@
+"""Each supported ONNX op, built with onnx.helper, imported and run in an InferenceSession, against
+ONNX's reference evaluator (float32 tolerance). Opset-dependent forms are covered per opset."""
+from __future__ import annotations
+
+from typing import Dict, List, NamedTuple, Optional
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from popart_helpers import check_against_reference, make_model
+
+rng = np.random.default_rng(1234)
+N = helper.make_node
+
+
+def f32(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def pos(*shape: int) -> np.ndarray:
+    return (rng.random(shape) + 0.5).astype(np.float32)
+
+
+def i64(*values) -> np.ndarray:
+    return np.asarray(values, np.int64)
+
+
+class Case(NamedTuple):
+    id: str
+    nodes: list
+    inputs: Dict[str, np.ndarray]
+    outputs: List[str]
+    inits: Optional[Dict[str, np.ndarray]] = None
+    opset: int = 17
+    tol: float = 1e-5
+
+
+X4 = f32(2, 3, 5, 5)
+CASES = [
+    # elementwise ----------------------------------------------------------------------------------
+    *[Case(op, [N(op, ["x"], ["y"])], {"x": f32(3, 4)}, ["y"])
+      for op in ("Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Exp", "Erf", "Identity", "Floor", "Ceil", "Sign",
+                 "Sin", "Cos")],
+    Case("Sqrt", [N("Sqrt", ["x"], ["y"])], {"x": pos(3, 4)}, ["y"]),
+    Case("Log", [N("Log", ["x"], ["y"])], {"x": pos(3, 4)}, ["y"]),
+    Case("Reciprocal", [N("Reciprocal", ["x"], ["y"])], {"x": pos(3, 4)}, ["y"]),
+    Case("Sigmoid-extremes", [N("Sigmoid", ["x"], ["y"])],
+         {"x": np.array([-100, -20, -1, 0, 1, 20, 100], np.float32)}, ["y"]),
+    Case("Erf-range", [N("Erf", ["x"], ["y"])], {"x": np.linspace(-5, 5, 101).astype(np.float32)}, ["y"]),
+    Case("LeakyRelu", [N("LeakyRelu", ["x"], ["y"], alpha=0.2)], {"x": f32(3, 4)}, ["y"]),
+    Case("LeakyRelu-default", [N("LeakyRelu", ["x"], ["y"])], {"x": f32(3, 4)}, ["y"]),
+    Case("Gelu-erf", [N("Gelu", ["x"], ["y"])], {"x": f32(3, 4)}, ["y"], opset=20),
+    Case("Gelu-tanh", [N("Gelu", ["x"], ["y"], approximate="tanh")], {"x": f32(3, 4)}, ["y"], opset=20, tol=1e-4),
+    *[Case(op, [N(op, ["a", "b"], ["y"])], {"a": f32(2, 3, 4), "b": f32(3, 1)}, ["y"])
+      for op in ("Add", "Sub", "Mul", "Equal", "Less", "Greater")],
+    Case("Div", [N("Div", ["a", "b"], ["y"])], {"a": f32(2, 3), "b": pos(3)}, ["y"]),
+    Case("Pow", [N("Pow", ["a", "b"], ["y"])], {"a": pos(2, 3), "b": f32(2, 3)}, ["y"]),
+    Case("Pow-int-exponent", [N("Pow", ["a", "e"], ["y"])], {"a": f32(2, 3)}, ["y"], {"e": np.int64(2)}),
+    Case("Equal-int", [N("Equal", ["a", "b"], ["y"])],
+         {"a": np.array([1, 2, 3], np.int32), "b": np.array([1, 0, 3], np.int32)}, ["y"]),
+    Case("Not", [N("Greater", ["a", "b"], ["g"]), N("Not", ["g"], ["y"])], {"a": f32(4), "b": f32(4)}, ["y"]),
+    Case("Where", [N("Greater", ["a", "b"], ["c"]), N("Where", ["c", "a", "b"], ["y"])],
+         {"a": f32(3, 4), "b": f32(4)}, ["y"]),
+    Case("Min", [N("Min", ["a", "b", "c"], ["y"])], {"a": f32(3, 4), "b": f32(4), "c": f32(3, 1)}, ["y"]),
+    Case("Max", [N("Max", ["a", "b", "c"], ["y"])], {"a": f32(3, 4), "b": f32(4), "c": f32(3, 1)}, ["y"]),
+    Case("Sum-Mean", [N("Sum", ["a", "b"], ["s"]), N("Mean", ["a", "b"], ["m"])],
+         {"a": f32(3, 4), "b": f32(4)}, ["s", "m"]),
+    Case("Clip-inputs", [N("Clip", ["x", "lo", "hi"], ["y"])], {"x": f32(3, 4)}, ["y"],
+         {"lo": np.float32(-0.5), "hi": np.float32(0.7)}),
+    Case("Clip-min-only", [N("Clip", ["x", "lo"], ["y"])], {"x": f32(3, 4)}, ["y"], {"lo": np.float32(0.1)}),
+    Case("Clip-dynamic", [N("Clip", ["x", "lo", "hi"], ["y"])],
+         {"x": f32(3, 4), "lo": np.float32(-0.3), "hi": np.float32(0.4)}, ["y"]),
+    Case("Cast", [N("Cast", ["x"], ["y"], to=TensorProto.INT32), N("Cast", ["y"], ["z"], to=TensorProto.FLOAT)],
+         {"x": (f32(3, 4) * 4)}, ["y", "z"]),
+    Case("Cast-int64", [N("Cast", ["x"], ["y"], to=TensorProto.INT64)], {"x": (f32(5) * 4)}, ["y"]),
+    # matmul / gemm / softmax ------------------------------------------------------------------------
+    Case("MatMul", [N("MatMul", ["a", "b"], ["y"])], {"a": f32(2, 3, 4)}, ["y"], {"b": f32(4, 5)}),
+    Case("MatMul-batched", [N("MatMul", ["a", "b"], ["y"])], {"a": f32(2, 3, 4), "b": f32(2, 4, 5)}, ["y"]),
+    Case("Gemm", [N("Gemm", ["a", "b", "c"], ["y"], alpha=0.5, beta=2.0, transB=1)], {"a": f32(3, 4)}, ["y"],
+         {"b": f32(5, 4), "c": f32(5)}),
+    Case("Gemm-transA-noC", [N("Gemm", ["a", "b"], ["y"], transA=1)], {"a": f32(4, 3), "b": f32(4, 5)}, ["y"]),
+    Case("Softmax-13", [N("Softmax", ["x"], ["y"], axis=1)], {"x": f32(2, 3, 4)}, ["y"], opset=13),
+    Case("Softmax-13-default", [N("Softmax", ["x"], ["y"])], {"x": f32(2, 3, 4)}, ["y"], opset=13),
+    Case("LogSoftmax-13", [N("LogSoftmax", ["x"], ["y"], axis=-1)], {"x": f32(2, 3, 4)}, ["y"]),
+    # convolution / pooling / normalisation ------------------------------------------------------------
+    Case("Conv", [N("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])], {"x": X4}, ["y"],
+         {"w": f32(4, 3, 3, 3), "b": f32(4)}, tol=1e-4),
+    Case("Conv-group-dilation-autopad", [N("Conv", ["x", "w"], ["y"], group=3, dilations=[2, 2],
+                                           auto_pad="SAME_UPPER")], {"x": f32(1, 3, 7, 6)}, ["y"],
+         {"w": f32(6, 1, 3, 3)}, tol=1e-4),
+    Case("Conv-1d", [N("Conv", ["x", "w"], ["y"], pads=[2, 1])], {"x": f32(2, 3, 9)}, ["y"], {"w": f32(2, 3, 4)},
+         tol=1e-4),
+    Case("ConvTranspose", [N("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
+                             output_padding=[1, 1])], {"x": f32(1, 3, 4, 4)}, ["y"],
+         {"w": f32(3, 2, 3, 3), "b": f32(2)}, tol=1e-4),
+    Case("ConvTranspose-output_shape", [N("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2],
+                                          output_shape=[9, 9])], {"x": f32(1, 2, 4, 4)}, ["y"],
+         {"w": f32(2, 3, 3, 3)}, tol=1e-4),
+    Case("BatchNormalization", [N("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-3)],
+         {"x": X4}, ["y"], {"s": f32(3), "b": f32(3), "m": f32(3), "v": pos(3)}, tol=1e-4),
+    Case("LayerNormalization", [N("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"], axis=-1)],
+         {"x": f32(2, 3, 8)}, ["y", "mean", "inv"], {"s": f32(8), "b": f32(8)}, tol=1e-4),
+    Case("LayerNormalization-axis1-noB", [N("LayerNormalization", ["x", "s"], ["y"], axis=1, epsilon=1e-3)],
+         {"x": f32(2, 3, 4)}, ["y"], {"s": f32(3, 4)}, tol=1e-4),
+    Case("MaxPool", [N("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])],
+         {"x": X4}, ["y"]),
+    Case("MaxPool-ceil-dilation", [N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1,
+                                     dilations=[1, 1])], {"x": X4}, ["y"]),
+    Case("AveragePool", [N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])], {"x": X4}, ["y"]),
+    Case("AveragePool-count_include_pad", [N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                             pads=[1, 1, 1, 1], count_include_pad=1)], {"x": X4}, ["y"]),
+    Case("AveragePool-same", [N("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], auto_pad="SAME_UPPER")],
+         {"x": X4}, ["y"]),
+    Case("GlobalAveragePool", [N("GlobalAveragePool", ["x"], ["y"])], {"x": X4}, ["y"]),
+    Case("GlobalMaxPool", [N("GlobalMaxPool", ["x"], ["y"])], {"x": X4}, ["y"]),
+    Case("Dropout-12", [N("Dropout", ["x"], ["y", "mask"])], {"x": f32(3, 4)}, ["y", "mask"], opset=12),
+    Case("Dropout-13-ratio", [N("Dropout", ["x", "r"], ["y"])], {"x": f32(3, 4)}, ["y"], {"r": np.float32(0.3)}),
+    # reductions -----------------------------------------------------------------------------------------
+    *[Case(f"{op}-13", [N(op, ["x"], ["y"], axes=[1], keepdims=0)], {"x": f32(2, 3, 4)}, ["y"], opset=13)
+      for op in ("ReduceMean", "ReduceMax", "ReduceMin")],
+    *[Case(f"{op}-18", [N(op, ["x", "axes"], ["y"])], {"x": f32(2, 3, 4)}, ["y"], {"axes": i64(0, -1)}, opset=18)
+      for op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum")],
+    Case("ReduceSum-11-attr", [N("ReduceSum", ["x"], ["y"], axes=[2])], {"x": f32(2, 3, 4)}, ["y"], opset=11),
+    Case("ReduceSum-13-input", [N("ReduceSum", ["x", "axes"], ["y"], keepdims=0)], {"x": f32(2, 3, 4)}, ["y"],
+         {"axes": i64(1)}, opset=13),
+    Case("ReduceSum-13-all", [N("ReduceSum", ["x"], ["y"])], {"x": f32(2, 3, 4)}, ["y"], opset=13),
+    Case("ReduceSum-noop", [N("ReduceSum", ["x"], ["y"], noop_with_empty_axes=1)], {"x": f32(2, 3)}, ["y"],
+         opset=13),
+    Case("ArgMax", [N("ArgMax", ["x"], ["y"], axis=1)], {"x": f32(3, 5)}, ["y"]),
+    Case("ArgMax-last-nokeep", [N("ArgMax", ["x"], ["y"], axis=0, keepdims=0, select_last_index=1)],
+         {"x": np.array([[1, 3, 3], [3, 3, 1], [3, 0, 3]], np.float32)}, ["y"]),
+    # shape ops ------------------------------------------------------------------------------------------
+    Case("Reshape", [N("Reshape", ["x", "s"], ["y"])], {"x": f32(2, 3, 4)}, ["y"], {"s": i64(0, -1)}),
+    Case("Reshape-from-Shape", [N("Shape", ["x"], ["sh"]), N("Gather", ["sh", "i"], ["d0"], axis=0),
+                                N("Unsqueeze", ["d0", "ax"], ["d0u"]), N("Concat", ["d0u", "m1"], ["s"], axis=0),
+                                N("Reshape", ["x", "s"], ["y"])], {"x": f32(2, 3, 4)}, ["y", "s"],
+         {"i": np.int64(0), "ax": i64(0), "m1": i64(-1)}),
+    Case("Flatten", [N("Flatten", ["x"], ["y"], axis=2)], {"x": f32(2, 3, 4, 5)}, ["y"]),
+    Case("Flatten-0", [N("Flatten", ["x"], ["y"], axis=0)], {"x": f32(2, 3)}, ["y"]),
+    Case("Transpose", [N("Transpose", ["x"], ["y"], perm=[2, 0, 1])], {"x": f32(2, 3, 4)}, ["y"]),
+    Case("Transpose-default", [N("Transpose", ["x"], ["y"])], {"x": f32(2, 3, 4)}, ["y"]),
+    Case("Concat", [N("Concat", ["a", "b", "c"], ["y"], axis=-1)], {"a": f32(2, 3), "b": f32(2, 1)}, ["y"],
+         {"c": f32(2, 2)}),
+    Case("Split-13-input", [N("Split", ["x", "s"], ["a", "b"], axis=1)], {"x": f32(2, 5)}, ["a", "b"],
+         {"s": i64(2, 3)}, opset=13),
+    Case("Split-11-attr", [N("Split", ["x"], ["a", "b", "c"], axis=0, split=[1, 1, 2])], {"x": f32(4, 2)},
+         ["a", "b", "c"], opset=11),
+    Case("Split-equal", [N("Split", ["x"], ["a", "b"], axis=1)], {"x": f32(2, 6)}, ["a", "b"], opset=13),
+    Case("Split-18-num_outputs", [N("Split", ["x"], ["a", "b", "c"], axis=1, num_outputs=3)], {"x": f32(2, 7)},
+         ["a", "b", "c"], opset=18),
+    Case("Slice", [N("Slice", ["x", "st", "en", "ax", "sp"], ["y"])], {"x": f32(5, 6, 7)}, ["y"],
+         {"st": i64(1, -1), "en": i64(9223372036854775807, -6), "ax": i64(1, 2), "sp": i64(2, -2)}),
+    Case("Slice-defaults", [N("Slice", ["x", "st", "en"], ["y"])], {"x": f32(5, 6)}, ["y"],
+         {"st": i64(1, 0), "en": i64(-1, 3)}),
+    Case("Gather-static", [N("Gather", ["x", "i"], ["y"], axis=1)], {"x": f32(3, 5, 2)}, ["y"],
+         {"i": np.array([[0, -1], [4, 2]], np.int64)}),
+    Case("Gather-dynamic", [N("Gather", ["x", "i"], ["y"], axis=0)],
+         {"x": f32(6, 3), "i": np.array([5, 0, 2, 2], np.int64)}, ["y"]),
+    Case("Gather-scalar", [N("Gather", ["x", "i"], ["y"], axis=0)], {"x": f32(6, 3)}, ["y"], {"i": np.int64(3)}),
+    Case("Unsqueeze-13", [N("Unsqueeze", ["x", "a"], ["y"])], {"x": f32(3, 4)}, ["y"], {"a": i64(0, -1)}),
+    Case("Unsqueeze-11", [N("Unsqueeze", ["x"], ["y"], axes=[1])], {"x": f32(3, 4)}, ["y"], opset=11),
+    Case("Squeeze-13", [N("Squeeze", ["x", "a"], ["y"])], {"x": f32(3, 1, 4, 1)}, ["y"], {"a": i64(1)}),
+    Case("Squeeze-all", [N("Squeeze", ["x"], ["y"])], {"x": f32(3, 1, 4, 1)}, ["y"]),
+    Case("Squeeze-11", [N("Squeeze", ["x"], ["y"], axes=[-1])], {"x": f32(3, 1, 4, 1)}, ["y"], opset=11),
+    Case("Expand", [N("Expand", ["x", "s"], ["y"])], {"x": f32(3, 1)}, ["y"], {"s": i64(2, 3, 4)}),
+    Case("Tile", [N("Tile", ["x", "r"], ["y"])], {"x": f32(2, 3)}, ["y"], {"r": i64(2, 3)}),
+    Case("Pad-constant", [N("Pad", ["x", "p", "v"], ["y"])], {"x": f32(2, 3)}, ["y"],
+         {"p": i64(1, 0, 2, 3), "v": np.float32(1.5)}),
+    Case("Pad-reflect", [N("Pad", ["x", "p"], ["y"], mode="reflect")], {"x": f32(1, 4, 5)}, ["y"],
+         {"p": i64(0, 2, 3, 0, 3, 4)}),
+    Case("Pad-edge", [N("Pad", ["x", "p"], ["y"], mode="edge")], {"x": f32(4, 5)}, ["y"],
+         {"p": i64(1, 2, 2, 0)}),
+    Case("Pad-18-axes", [N("Pad", ["x", "p", "", "a"], ["y"])], {"x": f32(2, 3, 4)}, ["y"],
+         {"p": i64(1, 2), "a": i64(-1)}, opset=18),
+    Case("Shape-15-slice", [N("Shape", ["x"], ["y"], start=1, end=-1)], {"x": f32(2, 3, 4, 5)}, ["y"], opset=15),
+    Case("Size", [N("Size", ["x"], ["y"])], {"x": f32(2, 3)}, ["y"]),
+    Case("Constant", [N("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [3], [1, 2, 3])),
+                      N("Add", ["x", "c"], ["y"])], {"x": f32(2, 3)}, ["y"]),
+    Case("Constant-value_ints", [N("Constant", [], ["c"], value_ints=[2, 3]), N("Reshape", ["x", "c"], ["y"])],
+         {"x": f32(6)}, ["y"]),
+    Case("ConstantOfShape", [N("Shape", ["x"], ["s"]), N("ConstantOfShape", ["s"], ["z"],
+                                                          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [2.5])),
+                             N("Mul", ["x", "z"], ["y"])], {"x": f32(2, 3)}, ["y"]),
+    Case("Range", [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["n"]),
+                   N("Range", ["zero", "n", "one"], ["r"]), N("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+                   N("Add", ["x", "rf"], ["y"])], {"x": f32(2, 4)}, ["y"],
+         {"i": np.int64(1), "zero": np.int64(0), "one": np.int64(1)}),
+    Case("Resize-nearest-scales", [N("Resize", ["x", "", "sc"], ["y"], mode="nearest")], {"x": f32(1, 2, 3, 4)},
+         ["y"], {"sc": np.array([1, 1, 2, 1.5], np.float32)}, opset=13),
+    Case("Resize-linear-sizes", [N("Resize", ["x", "", "", "sz"], ["y"], mode="linear")], {"x": f32(1, 2, 3, 4)},
+         ["y"], {"sz": i64(1, 2, 7, 5)}, opset=13),
+    Case("Resize-linear-align-corners", [N("Resize", ["x", "roi", "sc"], ["y"], mode="linear",
+                                           coordinate_transformation_mode="align_corners")],
+         {"x": f32(1, 1, 4, 4)}, ["y"], {"roi": np.zeros(0, np.float32), "sc": np.array([1, 1, 2, 2], np.float32)},
+         opset=11),
+    Case("Resize-nearest-asymmetric-floor", [N("Resize", ["x", "", "sc"], ["y"], mode="nearest",
+                                               coordinate_transformation_mode="asymmetric", nearest_mode="floor")],
+         {"x": f32(1, 1, 3, 3)}, ["y"], {"sc": np.array([1, 1, 3, 3], np.float32)}, opset=19),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_op_matches_reference(case: Case) -> None:
+    model = make_model(case.nodes, case.inputs, case.outputs, case.inits, case.opset)
+    check_against_reference(model, case.inputs, case.outputs, rtol=case.tol, atol=case.tol)
+
+
+def test_every_required_op_has_a_case() -> None:
+    from popart.onnx import OPS
+    required = """Conv ConvTranspose BatchNormalization Relu LeakyRelu Sigmoid Tanh Gelu Erf Softmax LogSoftmax MaxPool
+        AveragePool GlobalAveragePool Gemm MatMul Add Sub Mul Div Pow Sqrt Exp Log Neg Abs Reciprocal Reshape Flatten
+        Transpose Concat Split Slice Gather Unsqueeze Squeeze Expand Tile Pad Shape Constant ConstantOfShape Range Cast
+        ReduceMean ReduceSum ReduceMax ReduceMin Dropout LayerNormalization Where Equal Less Greater Not Clip Resize
+        Identity Min Max ArgMax""".split()
+    tested = {n.op_type for c in CASES for n in c.nodes}
+    assert set(required) <= set(OPS)
+    assert set(required) <= tested, sorted(set(required) - tested)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_before_opset_13_coerces_to_2d(op: str) -> None:
+    # Before opset 13 the input is flattened to [prod(shape[:axis]), prod(shape[axis:])]. ONNX's
+    # reference evaluator applies the opset-13 rule here, so the oracle is NumPy.
+    from popart_helpers import run_session
+    x = f32(2, 3, 4)
+    model = make_model([N(op, ["x"], ["y"], axis=1)], {"x": x}, ["y"], opset=11)
+    flat = x.reshape(2, 12).astype(np.float64)
+    logp = flat - flat.max(1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(1, keepdims=True))
+    want = (np.exp(logp) if op == "Softmax" else logp).reshape(x.shape)
+    np.testing.assert_allclose(run_session(model, {"x": x}, ["y"])[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_negative_pads_crop() -> None:
+    # ONNX's reference evaluator rejects negative pads (np.pad), so the oracle is NumPy slicing.
+    from popart_helpers import run_session
+    x = f32(4, 5)
+    model = make_model([N("Pad", ["x", "p"], ["y"], mode="edge")], {"x": x}, ["y"], {"p": i64(-1, 2, 2, -2)})
+    want = np.pad(x[1:, :3], ((0, 2), (2, 0)), mode="edge")
+    np.testing.assert_array_equal(run_session(model, {"x": x}, ["y"])[0], want)
