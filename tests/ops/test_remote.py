@@ -224,6 +224,8 @@ def test_replica_sharded_variable(eng, replicas):
     np.testing.assert_array_equal(sess.get_tensor_data(var), np.ones((3, 3)))
     with pytest.raises(TypeError):
         sess.get_tensor_data(shard)
+    with sess:  # attaching again fills the shards from the host value
+        np.testing.assert_array_equal(sess.run()[outs[0]], np.full((replicas, 3, 3), 2))
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
@@ -278,6 +280,24 @@ def test_replica_sharded_buffer_shapes():
         rg = ir.replica_grouping(group_size=4)
         b = popxl.replica_sharded_buffer((2, 7), popxl.float32, rg)
         assert b.tensor_shape == (2,) and b.meta_shape == (7,)
+
+
+def test_executable_lists_regions_and_mirrors():
+    from popxl.compiler import lower
+    from popxl.compiler.executable import Executable
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        buf = popxl.remote_buffer((2, 3), popxl.float16, 5)
+        _, shard = popxl.replica_sharded_variable(np.zeros(4, np.float32), name="w")
+        ops.remote_store(buf, 4, popxl.constant(np.zeros((2, 3), np.float16)))
+    exe = lower(ir)
+    state = Executable.from_json(exe.to_json()).variables
+    assert [e.get("remote_buffer") for e in state] == [1, 2, None]
+    assert state[2] == {"name": shard.id, "buffer": state[2]["buffer"], "mirror_of": [2, 0]}
+    region = exe.buffers[state[0]["buffer"]]
+    assert region["shape"] == (5, 2, 3) and region["dtype"] == "float16"
+    (store,) = [i for i in exe.graphs[0]["program"] if i.get("type") == "remote_store"]
+    assert store["inputs"][-1] == state[0]["buffer"] and store["attrs"]["remote_buffer"] == 1
 
 
 # RemoteBuffer object ------------------------------------------------------------------------------
