@@ -1102,3 +1102,9 @@ register(OpDef("average_pool_grad", _pool_grad_infer, _average_pool_grad_kernel,
 @grad_rule("max_pool", "average_pool")
 def _pool_grad(ctx):
     return [create_op(ctx.op.type + "_grad", [ctx.input(0), ctx.grad(0)], ctx.attrs)[0]]
+
+
+@grad_rule("roi_align")
+def _roi_align_grad(ctx):
+    raise NotImplementedError(f"autodiff: the gradient of roi_align is not implemented yet "
+                              f"(created at {ctx.op.location})")

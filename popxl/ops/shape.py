@@ -988,3 +988,77 @@ def _dynamic_update_grad(ctx):
     cleared = create_op("dynamic_update", [g, index, init(upd.shape, upd.dtype, name="zero_update")], ctx.attrs)[0]
     return [cleared if ctx.needs(0) else None, None,
             create_op("dynamic_slice", [g, index], ctx.attrs)[0] if ctx.needs(2) else None]
+
+
+def _gather_elements_infer(specs, axis, data_shape):
+    return [spec(data_shape or specs[1].shape, specs[0].dtype)]
+
+
+def _gather_elements_kernel(g, idx, axis, data_shape):
+    """out[i] = g at idx[i] along ``axis`` (other coordinates i's own); 0 where idx is out of range.
+    With ``data_shape`` the indices are first expanded as scatter_reduce expands them."""
+    if data_shape:
+        idx = _expand_indices(idx, tuple(data_shape), axis)
+    where, ok = _target_positions(idx, axis, g.shape[axis])
+    out = np.zeros(idx.shape, g.dtype)
+    out[ok] = g[where]
+    return out
+
+
+# Internal: the gradient of the scattered values (each reads the gradient of the place it went to).
+register(OpDef("gather_elements", _gather_elements_infer, _gather_elements_kernel, grad=Grad.RAISE, family="shape"))
+
+
+@grad_rule("scatter")
+def _scatter_grad(ctx):
+    """Places overwritten by ``values`` pass no gradient to ``t``; each value gets its place's."""
+    from popxl.ops.misc import init
+    g, idx, values = ctx.grad(0), ctx.input(1), ctx.op.inputs[2]
+    axis = ctx.attrs["axis"]
+    cleared = create_op("scatter", [g, idx, init(values.shape, values.dtype, name="zero_values")], {"axis": axis})[0]
+    picked = create_op("gather_elements", [g, idx], {"axis": axis, "data_shape": ()})[0]
+    return [cleared if ctx.needs(0) else None, None, picked if ctx.needs(2) else None]
+
+
+@grad_rule("scatter_reduce")
+def _scatter_reduce_grad(ctx):
+    a = ctx.attrs
+    if a["reduction"] != "sum":
+        raise NotImplementedError(f"autodiff: the gradient of scatter_reduce with reduction {a['reduction']!r} is "
+                                  f"not implemented (only 'sum' is) (created at {ctx.op.location})")
+    g, data = ctx.grad(0), ctx.op.inputs[0]
+    picked = create_op("gather_elements", [g, ctx.input(1)], {"axis": a["axis"], "data_shape": tuple(data.shape)})[0]
+    return [picked, None] + ([g] if len(ctx.op.inputs) > 2 else [])
+
+
+def _grouped_gather_grad_kernel(g, idx, axis, size, group_size):
+    return np.stack([_gather_grad_kernel(g[i], idx[i], axis, size) for i in range(group_size)])
+
+
+register(OpDef("groupedgather_grad", lambda specs, axis, size, group_size: [spec(
+    [specs[0].shape[0]] + list(specs[0].shape[1:axis + 1]) + [size] +
+    list(specs[0].shape[axis + len(specs[1].shape):]), specs[0].dtype)],
+    _grouped_gather_grad_kernel, grad=Grad.RAISE, family="shape"))
+
+
+@grad_rule("groupedgather")
+def _grouped_gather_grad(ctx):
+    x, a = ctx.op.inputs[0], ctx.attrs
+    attrs = {"axis": a["axis"], "size": x.shape[1 + a["axis"]], "group_size": a["group_size"]}
+    return [create_op("groupedgather_grad", [ctx.grad(0), ctx.input(1)], attrs)[0], None]
+
+
+@grad_rule("onehot")
+def _onehot_grad(ctx):
+    """out = on where hot else off: d off = sum(g) over cold places, d on = over hot places."""
+    g, values = ctx.grad(0), ctx.op.inputs[2]
+    mask = create_op("onehot", [ctx.input(0), ctx.input(1), constant(np.array([0, 1]), values.dtype)], ctx.attrs)[0]
+    hot = create_op("sum", [g * mask], {"axis": tuple(range(g.rank)), "keepdims": False})[0]
+    total = create_op("sum", [g], {"axis": tuple(range(g.rank)), "keepdims": False})[0]
+    return [None, None, create_op("concat", [(total - hot).reshape((1,)), hot.reshape((1,))], {"axis": 0})[0]]
+
+
+@grad_rule("interpolate")
+def _interpolate_grad(ctx):
+    raise NotImplementedError(f"autodiff: the gradient of interpolate is not implemented yet "
+                              f"(created at {ctx.op.location})")
