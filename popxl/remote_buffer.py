@@ -34,6 +34,9 @@ __all__ = ["RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_s
            "replica_sharded_buffer", "replica_sharded_variable"]
 
 
+RetrievalMode = Optional[Literal["one_per_group", "all_replicas"]]
+
+
 def _buffers_of(ir: "Ir") -> List["RemoteBuffer"]:
     """The remote buffers of ``ir`` in creation order (ids 1, 2, ...)."""
     if not hasattr(ir, "_remote_buffers"):
@@ -172,7 +175,7 @@ def _check_buffer(remote_buffer: Any, offset: Any, what: str) -> int:
 def remote_variable(data: HostScalarTensor, remote_buffer: RemoteBuffer, offset: int = 0,
                     dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None, downcast: bool = True,
                     replica_grouping: Optional["ReplicaGrouping"] = None,
-                    retrieval_mode: Optional[Literal["one_per_group", "all_replicas"]] = "one_per_group",
+                    retrieval_mode: RetrievalMode = "one_per_group",
                     log2_scale: Optional[int] = None, nan_on_overflow: Optional[bool] = None) -> Variable:
     """A variable stored in slot ``offset`` of ``remote_buffer`` (read it with ``ops.remote_load``).
     Its shape (per replica, without the group axis) and dtype must match the buffer's slots."""
@@ -204,7 +207,7 @@ def _require_replication(what: str, name: Optional[str]) -> None:
 def remote_replica_sharded_variable(data: HostScalarTensor, remote_buffer: RemoteBuffer, offset: int = 0,
                                     dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
                                     downcast: bool = True, replica_grouping: Optional["ReplicaGrouping"] = None,
-                                    retrieval_mode: Optional[Literal["one_per_group", "all_replicas"]] = "one_per_group",
+                                    retrieval_mode: RetrievalMode = "one_per_group",
                                     log2_scale: Optional[int] = None,
                                     nan_on_overflow: Optional[bool] = None) -> Variable:
     """A variable stored sharded over the replicas of its group, one 1-D shard per replica in slot
@@ -262,7 +265,7 @@ def replica_sharded_buffer(shape: Tuple[int, ...], dtype: dtypes.dtype,
 def replica_sharded_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None,
                              name: Optional[str] = None, downcast: bool = True,
                              replica_grouping: Optional["ReplicaGrouping"] = None, shard_over: Optional[int] = None,
-                             retrieval_mode: Optional[Literal["one_per_group", "all_replicas"]] = "one_per_group",
+                             retrieval_mode: RetrievalMode = "one_per_group",
                              log2_scale: Optional[int] = None,
                              nan_on_overflow: Optional[bool] = None) -> Tuple[Variable, Tensor]:
     """A replica-sharded variable in a buffer of its own, plus its shard: ``(full_var, shard)``.

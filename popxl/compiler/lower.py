@@ -7,10 +7,11 @@
    input's storage; an in-place op's output *is* its input's storage. Each tensor therefore has a
    root storage and a strided view of it.
 3. Memory plan: variables and constants get permanent places, and so does each remote buffer
-   (a region of ``(entries, *tensor_shape)``, handed to remote ops as an extra last input); each graph gets its own region in
-   which root storages are packed first-fit by liveness (a storage is live from the op that
-   defines it to the last op that reads any view of it; graph inputs and outputs for the whole
-   graph). Regions of different graphs never overlap, so a graph may call another freely.
+   (a region of ``(entries, *tensor_shape)``, handed to remote ops as an extra last input); each
+   graph gets its own region in which root storages are packed first-fit by liveness (a storage
+   is live from the op that defines it to the last op that reads any view of it; graph inputs
+   and outputs for the whole graph). Regions of different graphs never overlap, so a graph may
+   call another freely.
 4. Program tree: one instruction list per graph; see executable.py for the instruction set.
 """
 from __future__ import annotations
