@@ -137,9 +137,18 @@ def test_loop_over_slots_with_a_tensor_offset(eng):
 
 def test_remote_code_load_is_a_no_op(eng):
     ir = popxl.Ir()
-    with ir.main_graph:
-        g = ir.create_graph(lambda x: x + 1, popxl.TensorSpec((2,), popxl.float32))
+    g = ir.create_graph(lambda x: x + 1, popxl.TensorSpec((2,), popxl.float32))
+
+    def loader(graph: popxl.Graph) -> None:
+        ops.remote_code_load(graph, destination="executable")
+
+    loads_g = ir.create_graph(loader, g)  # code loads nested in other graphs
+    loads_loader = ir.create_graph(loader, loads_g)
+    with ir.main_graph, popxl.in_sequence():
         ops.remote_code_load(g, "executable")
+        ops.call(loads_g)
+        ops.remote_code_load(loads_loader, "executable")
+        ops.call(loads_loader)
         (y,) = ops.call(g, popxl.constant(np.array([1, 2], np.float32)))
         out = _out(y, "y")
     assert "remote_code_load" not in ops.__all__
