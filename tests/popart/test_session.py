@@ -1,0 +1,331 @@
+"""InferenceSession: DataFlow / AnchorReturnType buffers and values, PyStepIO and PyStepIOCallback,
+devices, options, model loading and import errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import popart
+from popart_helpers import make_model, reference
+
+N = helper.make_node
+rng = np.random.default_rng(7)
+W = rng.standard_normal((2, 3)).astype(np.float32)
+
+
+def _model():
+    """h = x * w; y = h + 1 (x: float32[2, 3], w a weight)."""
+    return make_model([N("Mul", ["x", "w"], ["h"], name="mul"), N("Add", ["h", "one"], ["y"], name="add")],
+                      {"x": np.zeros((2, 3), np.float32)}, ["y"], {"w": W, "one": np.float32(1.0)})
+
+
+def _session(anchors, bps=1, opts=None, device=None, model=None):
+    device = device or popart.DeviceManager().createCpuDevice()
+    s = popart.InferenceSession((model or _model()).SerializeToString(), popart.DataFlow(bps, anchors), device,
+                                userOptions=opts)
+    s.prepareDevice()
+    s.weightsFromHost()
+    return s
+
+
+# DataFlow and AnchorReturnType --------------------------------------------------------------------------
+def test_anchor_return_type_names_are_case_insensitive():
+    for name in ("ALL", "All", "all"):
+        assert popart.AnchorReturnType(name).id() is popart.AnchorReturnTypeId.ALL
+    assert popart.AnchorReturnType("final").id() is popart.AnchorReturnTypeId.FINAL
+    assert popart.AnchorReturnType("Sum").id() is popart.AnchorReturnTypeId.SUM
+    art = popart.AnchorReturnType("everyn", 2)
+    assert art.id() is popart.AnchorReturnTypeId.EVERYN and art.rp() == 2
+    with pytest.raises(popart.popart_exception, match="return period"):
+        popart.AnchorReturnType("EveryN")
+    with pytest.raises(popart.popart_exception, match="unknown return type 'Most'"):
+        popart.AnchorReturnType("Most")
+
+
+def test_dataflow_validates_anchors():
+    df = popart.DataFlow(4, ["a", "b"])
+    assert df.anchors() == ["a", "b"] and df.batchesPerStep() == 4
+    assert df.art("a").id() is popart.AnchorReturnTypeId.ALL and df.isAnchored("b") and not df.isAnchored("c")
+    with pytest.raises(popart.popart_exception, match="must divide batchesPerStep=4"):
+        popart.DataFlow(4, {"a": popart.AnchorReturnType("EveryN", 3)})
+    with pytest.raises(popart.popart_exception, match="AnchorReturnType"):
+        popart.DataFlow(4, {"a": "ALL"})
+
+
+@pytest.mark.parametrize("bps", [1, 4])
+def test_anchor_buffers_and_values_by_return_type(bps):
+    anchors = {"y": popart.AnchorReturnType("ALL"), "h": popart.AnchorReturnType("SUM"),
+               "x": popart.AnchorReturnType("FINAL"), "w": popart.AnchorReturnType("EveryN", 2 if bps > 1 else 1)}
+    s = _session(anchors, bps)
+    arrays = s.initAnchorArrays()
+    lead = (bps,) if bps > 1 else ()
+    assert arrays["y"].shape == lead + (2, 3)
+    assert arrays["h"].shape == (2, 3) and arrays["x"].shape == (2, 3)
+    assert arrays["w"].shape == ((bps // 2,) if bps > 1 else ()) + (2, 3)
+    x = rng.standard_normal(lead + (2, 3)).astype(np.float32)
+    for _ in range(2):  # SUM restarts every run
+        s.run(popart.PyStepIO({"x": x}, arrays))
+        xs = x.reshape((bps, 2, 3))
+        np.testing.assert_allclose(arrays["y"].reshape(bps, 2, 3), xs * W + 1, rtol=1e-6)
+        np.testing.assert_allclose(arrays["h"], (xs * W).sum(0), rtol=1e-5)
+        np.testing.assert_array_equal(arrays["x"], xs[-1])
+        np.testing.assert_array_equal(arrays["w"], np.broadcast_to(W, arrays["w"].shape))
+
+
+def test_everyn_returns_batches_n_2n():
+    s = _session({"y": popart.AnchorReturnType("EveryN", 3)}, bps=6)
+    arrays = s.initAnchorArrays()
+    assert arrays["y"].shape == (2, 2, 3)
+    x = np.arange(6 * 6, dtype=np.float32).reshape(6, 2, 3)
+    s.run(popart.PyStepIO({"x": x}, arrays))
+    np.testing.assert_allclose(arrays["y"], x[[2, 5]] * W + 1, rtol=1e-6)
+
+
+def test_batches_per_step_loops_inside_the_engine():
+    s = _session({"y": popart.AnchorReturnType("ALL")}, bps=5)
+    repeats = [op for op in s._ir.main_graph._ops if op.type == "repeat"]
+    assert len(repeats) == 1 and repeats[0].attrs["repeat_count"] == 5
+    assert s._ir.num_host_transfers == 5
+
+
+def test_replication_and_accumulation_shape_buffers():
+    opts = popart.SessionOptions()
+    opts.enableReplicatedGraphs = True
+    opts.replicatedGraphCount = 2
+    opts.enableGradientAccumulation = True
+    opts.accumulationFactor = 3
+    device = popart.DeviceManager().createIpuModelDevice({"numIPUs": 2})
+    anchors = {"y": popart.AnchorReturnType("All"), "h": popart.AnchorReturnType("Sum"),
+               "x": popart.AnchorReturnType("Final"), "w": popart.AnchorReturnType("EveryN", 2)}
+    s = _session(anchors, bps=2, opts=opts, device=device)
+    assert s.getInputShape("x") == (2, 3, 2, 2, 3)
+    arrays = s.initAnchorArrays()
+    assert arrays["y"].shape == (2, 3, 2, 2, 3)
+    assert arrays["h"].shape == (2, 2, 3) and arrays["x"].shape == (2, 2, 3)
+    assert arrays["w"].shape == (3, 2, 2, 3)
+    x = rng.standard_normal((2, 3, 2, 2, 3)).astype(np.float32)
+    s.run(popart.PyStepIO({"x": x}, arrays))
+    np.testing.assert_allclose(arrays["y"], x * W + 1, rtol=1e-6)
+    np.testing.assert_allclose(arrays["h"], (x * W).sum((0, 1)), rtol=1e-5)  # per replica
+    np.testing.assert_array_equal(arrays["x"], x[-1, -1])
+    with pytest.raises(popart.popart_exception, match="at least 2 IPUs"):
+        _session(anchors, bps=2, opts=opts)  # the CPU device has one IPU
+
+
+def test_unknown_anchor_is_named():
+    with pytest.raises(popart.popart_exception, match=r"anchors \['nope'\] are not tensors of the model"):
+        _session({"nope": popart.AnchorReturnType("ALL")})
+
+
+# PyStepIO ------------------------------------------------------------------------------------------------
+def test_stepio_errors_name_the_tensor_and_the_expected_shape():
+    s = _session({"y": popart.AnchorReturnType("ALL")}, bps=2)
+    arrays = s.initAnchorArrays()
+    with pytest.raises(popart.StepIOError, match=r"input 'x' has shape \(2, 3\), expected \(2, 2, 3\) "
+                                                 r"\(batchesPerStep=2 x tensor shape \(2, 3\)\)"):
+        s.run(popart.PyStepIO({"x": np.zeros((2, 3), np.float32)}, arrays))
+    with pytest.raises(popart.StepIOError, match=r"missing input\(s\) 'x' \(expected shape \(2, 2, 3\)\)"):
+        s.run(popart.PyStepIO({}, arrays))
+    with pytest.raises(popart.StepIOError, match=r"unknown input\(s\) \['z'\]"):
+        s.run(popart.PyStepIO({"x": np.zeros((2, 2, 3), np.float32), "z": np.zeros(1)}, arrays))
+    with pytest.raises(popart.StepIOError, match="input 'x' has dtype int32, expected float32"):
+        s.run(popart.PyStepIO({"x": np.zeros((2, 2, 3), np.int32)}, arrays))
+    with pytest.raises(popart.StepIOError, match=r"no output buffer for anchor\(s\) 'y' \(expected shape"):
+        s.run(popart.PyStepIO({"x": np.zeros((2, 2, 3), np.float32)}, {}))
+    with pytest.raises(popart.StepIOError, match=r"anchor 'y' has shape \(2, 3\), expected \(2, 2, 3\)"):
+        s.run(popart.PyStepIO({"x": np.zeros((2, 2, 3), np.float32)}, {"y": np.zeros((2, 3), np.float32)}))
+    assert isinstance(popart.StepIOError("m"), popart.popart_exception)
+
+
+def test_stepio_callback():
+    bps = 3
+    s = _session({"y": popart.AnchorReturnType("ALL"), "h": popart.AnchorReturnType("SUM")}, bps=bps)
+    x = rng.standard_normal((bps, 2, 3)).astype(np.float32)
+    events, results, sent = [], {"y": [], "h": []}, iter(range(bps))
+
+    def input_cb(tid, prefetch):
+        events.append(("in", tid))
+        return x[next(sent)]
+
+    def output_cb(tid):
+        buf = np.zeros((2, 3), np.float32)
+        results[tid].append(buf)
+        return buf
+
+    s.run(popart.PyStepIOCallback(input_cb, lambda tid: events.append(("in_done", tid)), output_cb,
+                                  lambda tid: events.append(("out_done", tid))))
+    assert events.count(("in", "x")) == bps and events.count(("in_done", "x")) == bps
+    assert events.count(("out_done", "y")) == bps and events.count(("out_done", "h")) == 1
+    np.testing.assert_allclose(np.stack(results["y"]), x * W + 1, rtol=1e-6)
+    np.testing.assert_allclose(results["h"][0], (x * W).sum(0), rtol=1e-5)
+    with pytest.raises(popart.StepIOError, match=r"input_callback\('x'\) returned shape \(3,\), expected \(2, 3\)"):
+        s.run(popart.PyStepIOCallback(lambda t, p: np.zeros(3, np.float32), lambda t: None, output_cb,
+                                      lambda t: None))
+
+
+def test_run_before_prepare_device():
+    s = popart.InferenceSession(_model().SerializeToString(), popart.DataFlow(1, ["y"]),
+                                popart.DeviceManager().createCpuDevice())
+    with pytest.raises(popart.popart_exception, match="call prepareDevice"):
+        s.run(popart.PyStepIO({"x": np.zeros((2, 3), np.float32)}, s.initAnchorArrays()))
+
+
+def test_int64_inputs_are_accepted_and_held_as_int32():
+    model = make_model([N("Gather", ["t", "i"], ["y"])], {"i": np.zeros(4, np.int64)}, ["y"],
+                       {"t": np.arange(10, dtype=np.float32) * 2})
+    s = _session({"y": popart.AnchorReturnType("ALL")}, model=model)
+    assert s.getInfo("i").data_type() == "INT32"
+    arrays = s.initAnchorArrays()
+    s.run(popart.PyStepIO({"i": np.array([3, 0, 9, 1], np.int64)}, arrays))
+    np.testing.assert_array_equal(arrays["y"], [6, 0, 18, 2])
+
+
+# devices --------------------------------------------------------------------------------------------------
+def test_device_manager(monkeypatch):
+    dm = popart.DeviceManager()
+    cpu = dm.createCpuDevice()
+    assert cpu.type is popart.DeviceType.Cpu and cpu.numIpus == 1
+    model = dm.createIpuModelDevice({"numIPUs": 4, "tilesPerIPU": 1216})
+    assert model.type is popart.DeviceType.IpuModel and model.numIpus == 4 and model.tilesPerIpu == 1216
+    with pytest.raises(popart.popart_exception, match="unknown option"):
+        dm.createIpuModelDevice({"numIpus": 2})
+    assert dm.enumerateDevices() == []
+    monkeypatch.delenv("POPXL_IPU_HW", raising=False)
+    with pytest.raises(popart.popart_exception, match="no IPU hardware is available"):
+        dm.acquireAvailableDevice(2, connectionType=popart.DeviceConnectionType.OnDemand)
+    with pytest.raises(popart.popart_exception, match="no IPU hardware is available"):
+        dm.acquireDeviceById(5)
+    monkeypatch.setenv("POPXL_IPU_HW", "cpu")
+    dev = dm.acquireAvailableDevice(2, connectionType=popart.DeviceConnectionType.OnDemand)
+    assert dev.type is popart.DeviceType.Ipu and dev.numIpus == 2 and not dev.isAttached
+    s = _session({"y": popart.AnchorReturnType("ALL")}, device=dev)
+    assert dev.isAttached  # attached on demand, when the session loads
+    arrays = s.initAnchorArrays()
+    x = np.ones((2, 3), np.float32)
+    s.run(popart.PyStepIO({"x": x}, arrays))
+    np.testing.assert_allclose(arrays["y"], W + 1)
+
+
+# options ------------------------------------------------------------------------------------------------
+def test_session_options_and_patterns():
+    opts = popart.SessionOptions()
+    opts.enableStochasticRounding = True
+    opts.engineOptions = {"autoReport.all": "true"}
+    assert opts.enableStochasticRounding and opts.engineOptions["autoReport.all"] == "true"
+    assert popart.SessionOptions().engineOptions == {}  # defaults are per instance
+    with pytest.raises(AttributeError, match="no option 'replicatedgraphcount'.*'replicatedGraphCount'"):
+        opts.replicatedgraphcount = 2
+    with pytest.raises(AttributeError):
+        opts.notAnOption
+    with pytest.raises(popart.popart_exception, match="positive int"):
+        opts.replicatedGraphCount = 0
+    p = popart.Patterns()
+    assert p.isPatternEnabled("PreUniRepl") and p.inplaceEnabled
+    p.enablePattern("InPlace", False)
+    assert not p.isPatternEnabled("InPlace")
+    assert not popart.Patterns(popart.PatternsLevel.NoPatterns).isPatternEnabled("PreUniRepl")
+    assert popart.Patterns(["PreUniRepl"]).isPatternEnabled("PreUniRepl")
+    with pytest.raises(popart.popart_exception, match="unknown pattern 'Nope'"):
+        popart.Patterns(["Nope"])
+
+
+# model loading and import errors ----------------------------------------------------------------------
+def test_model_from_file_model_to_host_and_reset_host_weights(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_model().SerializeToString())
+    s = popart.InferenceSession(str(path), popart.DataFlow(1, ["y"]), popart.DeviceManager().createCpuDevice())
+    s.prepareDevice()
+    s.weightsFromHost()
+    arrays = s.initAnchorArrays()
+    x = np.ones((2, 3), np.float32)
+    s.run(popart.PyStepIO({"x": x}, arrays))
+    np.testing.assert_allclose(arrays["y"], W + 1)
+    other = _model()
+    other.graph.initializer[0].CopyFrom(__import__("onnx").numpy_helper.from_array(2 * W, "w"))
+    s.resetHostWeights(other.SerializeToString())
+    s.weightsFromHost()
+    s.run(popart.PyStepIO({"x": x}, arrays))
+    np.testing.assert_allclose(arrays["y"], 2 * W + 1)
+    out = tmp_path / "saved.onnx"
+    s.modelToHost(str(out))
+    saved = __import__("onnx").load(str(out))
+    np.testing.assert_allclose(__import__("onnx").numpy_helper.to_array(saved.graph.initializer[0]), 2 * W)
+    with pytest.raises(popart.OnnxImportError, match="does not exist"):
+        popart.InferenceSession(str(tmp_path / "missing.onnx"), popart.DataFlow(1, ["y"]),
+                                popart.DeviceManager().createCpuDevice())
+
+
+def test_unsupported_ops_are_listed_in_one_error():
+    model = make_model([N("Relu", ["x"], ["a"], name="r0"), N("NonZero", ["a"], ["b"], name="nz1"),
+                        N("Hardmax", ["x"], ["c"], name="hm"), N("NonZero", ["c"], ["d"], name="nz2"),
+                        N("Det", ["x"], ["e"], name="det", domain="com.example")],
+                       {"x": np.zeros((2, 2), np.float32)}, ["b", "d", "e"])
+    with pytest.raises(popart.OnnxImportError) as e:
+        popart.InferenceSession(model.SerializeToString(), popart.DataFlow(1, ["b"]),
+                                popart.DeviceManager().createCpuDevice())
+    msg = str(e.value)
+    assert "4 node(s) of 3 unsupported op type(s)" in msg
+    assert "NonZero: nz1, nz2" in msg and "Hardmax: hm" in msg and "com.example.Det: det" in msg
+
+
+def test_unknown_input_shape_needs_input_shape_info():
+    model = make_model([N("Relu", ["x"], ["y"])], {"x": np.zeros((2, 3), np.float32)}, ["y"],
+                       input_shapes={"x": ["batch", 3]})
+    with pytest.raises(popart.OnnxImportError, match="model input\\(s\\) 'x'.*inputShapeInfo"):
+        popart.InferenceSession(model.SerializeToString(), popart.DataFlow(1, ["y"]),
+                                popart.DeviceManager().createCpuDevice())
+    info = popart.InputShapeInfo()
+    info.add("x", popart.TensorInfo("FLOAT", [4, 3]))
+    s = popart.InferenceSession(model.SerializeToString(), popart.DataFlow(1, ["y"]),
+                                popart.DeviceManager().createCpuDevice(), inputShapeInfo=info)
+    s.prepareDevice()
+    arrays = s.initAnchorArrays()
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    s.run(popart.PyStepIO({"x": x}, arrays))
+    np.testing.assert_array_equal(arrays["y"], np.maximum(x, 0))
+
+
+def test_shape_input_that_must_be_static_is_reported():
+    model = make_model([N("Reshape", ["x", "s"], ["y"], name="rs")], {"x": np.zeros((2, 3), np.float32),
+                                                                       "s": np.array([3, 2], np.int64)}, ["y"])
+    with pytest.raises(popart.OnnxImportError, match="node 'rs' \\(Reshape.*input 1 \\(shape.*must be known at import"):
+        popart.InferenceSession(model.SerializeToString(), popart.DataFlow(1, ["y"]),
+                                popart.DeviceManager().createCpuDevice())
+
+
+# a small CNN ----------------------------------------------------------------------------------------------
+def small_cnn(batch: int = 2):
+    """conv - batchnorm - relu - maxpool - flatten - gemm - softmax, with random weights."""
+    r = np.random.default_rng(3)
+    inits = {"cw": r.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
+             "cb": r.standard_normal(8).astype(np.float32),
+             "bs": r.random(8).astype(np.float32) + 0.5, "bb": r.standard_normal(8).astype(np.float32),
+             "bm": r.standard_normal(8).astype(np.float32) * 0.1, "bv": r.random(8).astype(np.float32) + 0.5,
+             "gw": r.standard_normal((10, 8 * 4 * 4)).astype(np.float32) * 0.1,
+             "gb": r.standard_normal(10).astype(np.float32)}
+    nodes = [N("Conv", ["input.1", "cw", "cb"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             N("BatchNormalization", ["c", "bs", "bb", "bm", "bv"], ["b"], name="bn"),
+             N("Relu", ["b"], ["r"], name="relu"),
+             N("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+             N("Flatten", ["p"], ["f"], name="flatten"),
+             N("Gemm", ["f", "gw", "gb"], ["logits"], transB=1, name="fc"),
+             N("Softmax", ["logits"], ["output"], axis=1, name="softmax")]
+    # Opset 14: ONNX's reference evaluator runs BatchNormalization-9..13 in training mode.
+    return make_model(nodes, {"input.1": np.zeros((batch, 3, 8, 8), np.float32)}, ["output"], inits, opset=14)
+
+
+def test_small_cnn_matches_reference():
+    model = small_cnn()
+    s = popart.InferenceSession(model.SerializeToString(),
+                                popart.DataFlow(3, {"output": popart.AnchorReturnType("All"),
+                                                    "r": popart.AnchorReturnType("Final")}),
+                                popart.DeviceManager().createCpuDevice())
+    s.prepareDevice()
+    s.weightsFromHost()
+    arrays = s.initAnchorArrays()
+    x = rng.standard_normal((3, 2, 3, 8, 8)).astype(np.float32)
+    s.run(popart.PyStepIO({"input.1": x}, arrays))
+    for i in range(3):
+        np.testing.assert_allclose(arrays["output"][i], reference(model, {"input.1": x[i]})[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(arrays["r"], reference(model, {"input.1": x[-1]}, ["r"])[0], rtol=1e-4, atol=1e-5)
