@@ -14,6 +14,7 @@ The program built from a model:
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -26,7 +27,7 @@ from popxl import dtypes
 from popart.dataflow import (AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO, PyStepIOCallback,
                              TensorInfo)
 from popart.devices import DeviceInfo, DeviceType
-from popart.errors import OnnxImportError, StepIOError, popart_exception
+from popart.errors import TRACE, OnnxImportError, StepIOError, popart_exception
 from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, device_dtype, load_model
 from popart.options import Patterns, SessionOptions
 
@@ -109,6 +110,9 @@ class InferenceSession:
         self._build()
         self._px: Optional[popxl.Session] = None
         self._host_outputs: Optional[Dict[Any, np.ndarray]] = None
+        self._run_seconds: List[float] = []
+        logger.debug("InferenceSession %r: %d ONNX nodes, %d weights, inputs %s, anchors %s", name,
+                     len(self._model.graph.node), len(self._variables), self.getInputTensorIds(), list(self._anchors))
 
     # building -------------------------------------------------------------------------------------------
     @property
@@ -228,6 +232,7 @@ class InferenceSession:
     # device ---------------------------------------------------------------------------------------------
     def prepareDevice(self, loadEngine: bool = True) -> None:
         """Compile the program for the device and, with ``loadEngine``, attach and load it."""
+        logger.log(TRACE, "Session::prepareDevice")
         if self._px is None:
             if self.deviceInfo.type is DeviceType.Ipu:
                 logger.warning("running a program for IPU hardware on the CPU engine (POPXL_IPU_HW=cpu).")
@@ -266,10 +271,12 @@ class InferenceSession:
     # weights --------------------------------------------------------------------------------------------
     def weightsFromHost(self) -> None:
         """Copy the host weights to the device."""
+        logger.log(TRACE, "Session::weightsFromHost")
         self._attached("weightsFromHost").weights_from_host()
 
     def weightsToHost(self) -> None:
         """Copy the device weights to the host."""
+        logger.log(TRACE, "Session::weightsToHost")
         self._attached("weightsToHost").weights_to_host()
 
     def _host_weights(self) -> Dict[str, np.ndarray]:
@@ -320,6 +327,7 @@ class InferenceSession:
     # running --------------------------------------------------------------------------------------------
     def run(self, stepio: Union[PyStepIO, PyStepIOCallback], debugName: str = "") -> None:
         """Run ``batchesPerStep`` batches, reading inputs from and writing anchors to ``stepio``."""
+        logger.log(TRACE, "Session::run %s", debugName)
         px = self._attached("run")
         if isinstance(stepio, PyStepIO):
             inputs = self._inputs_from_arrays(stepio)
@@ -328,7 +336,9 @@ class InferenceSession:
             inputs = self._inputs_from_callbacks(stepio)
         else:
             raise popart_exception(f"Session.run: expected a popart.PyStepIO or PyStepIOCallback, not {stepio!r}.")
+        start = time.perf_counter()
         px.run_with_outputs(inputs, self._host_outputs)
+        self._run_seconds.append(time.perf_counter() - start)
         results = {name: self._anchor_value(a) for name, a in self._anchors.items()}
         if isinstance(stepio, PyStepIO):
             for name, value in results.items():
@@ -440,13 +450,31 @@ class InferenceSession:
                 stepio.output_complete_callback(name)
 
     # reports --------------------------------------------------------------------------------------------
+    def _profiling(self) -> bool:
+        return str(self.options.engineOptions.get("autoReport.all", "false")).lower() == "true" or \
+            str(self.options.engineOptions.get("autoReport.outputExecutionProfile", "false")).lower() == "true"
+
     def getSummaryReport(self, resetProfile: bool = True) -> str:
-        """A short text summary of the program; execution profiling is not available on the CPU."""
+        """A text summary of the program and, when profiling is enabled (engineOptions
+        ``autoReport.all``), of the runs since the last reset: their number and wall-clock times."""
         n_ops = sum(len(g._ops) for g in self._ir._all_graphs())
-        return (f"popart session {self.name!r}: {len(self._model.graph.node)} ONNX nodes lowered to {n_ops} popxl "
-                f"ops, {len(self._variables)} weights, batchesPerStep={self.batchesPerStep}, "
-                f"replicationFactor={self.replicationFactor}, device={self.deviceInfo!r}.\n"
-                f"Execution profiling not enabled.")
+        lines = [f"popart session {self.name!r}: {len(self._model.graph.node)} ONNX nodes lowered to {n_ops} popxl "
+                 f"ops, {len(self._variables)} weights, batchesPerStep={self.batchesPerStep}, "
+                 f"replicationFactor={self.replicationFactor}, device={self.deviceInfo!r}."]
+        if not self._profiling():
+            lines.append("Execution profiling not enabled.")
+        else:
+            times = self._run_seconds
+            lines.append(f"Execution: {len(times)} run(s)" + (
+                f", total {sum(times) * 1e3:.3f} ms, mean {np.mean(times) * 1e3:.3f} ms per run, "
+                f"{sum(times) * 1e3 / (len(times) * self.batchesPerStep):.3f} ms per batch." if times else "."))
+            if resetProfile:
+                self._run_seconds = []
+        return "\n".join(lines)
+
+    def getReport(self, resetProfile: bool = True) -> Any:
+        raise popart_exception("getReport: libpva profile reports come from the Poplar compiler, which is not "
+                               "used on the CPU; use getSummaryReport().")
 
     def getCycleCount(self, id: str = "") -> int:
         raise popart_exception("getCycleCount: hardware cycle counters exist only on IPU hardware.")

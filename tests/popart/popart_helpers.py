@@ -59,3 +59,23 @@ def check_against_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarr
             np.testing.assert_array_equal(g.astype(np.int64), w.astype(np.int64), err_msg=name)
         else:
             np.testing.assert_allclose(g, w.astype(g.dtype), rtol=rtol, atol=atol, err_msg=name)
+
+
+def small_cnn(batch: int = 2):
+    """conv - batchnorm - relu - maxpool - flatten - gemm - softmax, with random weights."""
+    r = np.random.default_rng(3)
+    inits = {"cw": r.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
+             "cb": r.standard_normal(8).astype(np.float32),
+             "bs": r.random(8).astype(np.float32) + 0.5, "bb": r.standard_normal(8).astype(np.float32),
+             "bm": r.standard_normal(8).astype(np.float32) * 0.1, "bv": r.random(8).astype(np.float32) + 0.5,
+             "gw": r.standard_normal((10, 8 * 4 * 4)).astype(np.float32) * 0.1,
+             "gb": r.standard_normal(10).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["input.1", "cw", "cb"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "bs", "bb", "bm", "bv"], ["b"], name="bn"),
+             helper.make_node("Relu", ["b"], ["r"], name="relu"),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "gw", "gb"], ["logits"], transB=1, name="fc"),
+             helper.make_node("Softmax", ["logits"], ["output"], axis=1, name="softmax")]
+    # Opset 14: ONNX's reference evaluator runs BatchNormalization-9..13 in training mode.
+    return make_model(nodes, {"input.1": np.zeros((batch, 3, 8, 8), np.float32)}, ["output"], inits, opset=14)

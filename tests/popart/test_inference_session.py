@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import popart
-from popart_helpers import make_model, reference
+from popart_helpers import make_model, reference, small_cnn
 
 N = helper.make_node
 rng = np.random.default_rng(7)
@@ -295,26 +295,6 @@ def test_shape_input_that_must_be_static_is_reported():
 
 
 # a small CNN ----------------------------------------------------------------------------------------------
-def small_cnn(batch: int = 2):
-    """conv - batchnorm - relu - maxpool - flatten - gemm - softmax, with random weights."""
-    r = np.random.default_rng(3)
-    inits = {"cw": r.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
-             "cb": r.standard_normal(8).astype(np.float32),
-             "bs": r.random(8).astype(np.float32) + 0.5, "bb": r.standard_normal(8).astype(np.float32),
-             "bm": r.standard_normal(8).astype(np.float32) * 0.1, "bv": r.random(8).astype(np.float32) + 0.5,
-             "gw": r.standard_normal((10, 8 * 4 * 4)).astype(np.float32) * 0.1,
-             "gb": r.standard_normal(10).astype(np.float32)}
-    nodes = [N("Conv", ["input.1", "cw", "cb"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             N("BatchNormalization", ["c", "bs", "bb", "bm", "bv"], ["b"], name="bn"),
-             N("Relu", ["b"], ["r"], name="relu"),
-             N("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
-             N("Flatten", ["p"], ["f"], name="flatten"),
-             N("Gemm", ["f", "gw", "gb"], ["logits"], transB=1, name="fc"),
-             N("Softmax", ["logits"], ["output"], axis=1, name="softmax")]
-    # Opset 14: ONNX's reference evaluator runs BatchNormalization-9..13 in training mode.
-    return make_model(nodes, {"input.1": np.zeros((batch, 3, 8, 8), np.float32)}, ["output"], inits, opset=14)
-
-
 def test_small_cnn_matches_reference():
     model = small_cnn()
     s = popart.InferenceSession(model.SerializeToString(),
