@@ -383,3 +383,127 @@ def _if_grad(ctx):
     for p, g in zip(wanted, outs):
         grads[p] = g
     return grads
+
+
+_LOOP_SIDE_EFFECTS = ("host_load", "host_store", "remote_load", "remote_load_", "remote_store", "print_tensor")
+
+
+def _check_recomputable(graph: Graph, where: str) -> None:
+    """The loop gradient reruns the body: it must not consume streams or change its inputs."""
+    stack, seen = [graph], set()
+    while stack:
+        g = stack.pop()
+        if g in seen:
+            continue
+        seen.add(g)
+        for op in g._ops:
+            if op.type in _LOOP_SIDE_EFFECTS or op.attrs.get("modified"):
+                raise NotImplementedError(
+                    f"autodiff of {where}: the loop body {graph.id!r} contains {op.type} {op.name!r} (at "
+                    f"{op.location}), which moves data or changes inputs in place; the gradient of a loop "
+                    f"re-runs its body, so such a body cannot be differentiated.")
+            stack.extend(v for v in op.attrs.values() if isinstance(v, Graph))
+
+
+@grad_rule("repeat")
+def _repeat_grad(ctx):
+    """Loop gradient: a recording loop stores the carried state entering each iteration in stacked
+    buffers; a reverse loop reads state k back, re-runs a copy of the body to get its activations,
+    and calls the body's gradient graph, carrying the state gradients and adding up the gradients
+    of the loop-invariant inputs."""
+    from popxl import ops
+    op = ctx.op
+    body, index, n = op.attrs["graph"], op.attrs["input_index"], op.attrs["repeat_count"]
+    where = f"ops.repeat at {op.location}"
+    _check_recomputable(body, where)
+    n_carry = len(body._outputs)
+    if n == 0:  # the loop passes its carried inputs straight through
+        return [ctx.grad(index.index(i)) if index[p] < n_carry else None for p, i in enumerate(index)]
+    copy = ctx.clone_graph(body)
+    ir = op.graph.ir
+    carried = [p for p, i in enumerate(index) if i < n_carry]
+    invariant = [p for p, i in enumerate(index) if i >= n_carry]
+    by_input = {i: p for p, i in enumerate(index)}
+    state_specs = [copy._inputs[i].spec for i in range(n_carry)]
+
+    # 1. record: stacks[i][k] = carried state i entering iteration k
+    def record(*args):
+        states, rest = args[:n_carry], args[n_carry:]
+        inv, stacks, counter = rest[:len(invariant)], rest[len(invariant):-1], rest[-1]
+        for s, stack in zip(states, stacks):
+            ops.dynamic_update_(stack, counter, s.reshape((1,) + s.shape), [0], [1], True)
+        ops.increment_mod_(counter, 1, n + 1)
+        outs = ops.call(copy, *states, inputs_dict={copy._inputs[index[p]]: t for p, t in zip(invariant, inv)})
+        for t in outs:
+            graph_output(t)
+
+    inv_specs = [op.inputs[p].spec for p in invariant]
+    stack_specs = [spec((n, *s.shape), s.dtype) for s in state_specs]
+    counter_spec = spec((1,), _uint32())
+    rec_graph = _graph(ir, f"{body.name}_record", [(s, False) for s in state_specs + inv_specs] +
+                       [(s, True) for s in stack_specs + [counter_spec]], record)
+    states0 = [ctx.input(by_input[i]) for i in range(n_carry)]
+    inv_vals = [ctx.input(p) for p in invariant]
+    stacks = [ops.init(s.shape, s.dtype, name=f"loop_state{i}_stack") for i, s in enumerate(stack_specs)]
+    counter = ops.init((1,), _uint32(), name="loop_counter")
+    ops.repeat(rec_graph, n, *states0, *inv_vals, *stacks, counter)
+
+    # 2. reverse: gradient of one iteration, state gradients carried, invariant gradients summed
+    provided = [copy._outputs[i] for i in range(n_carry) if copy._outputs[i].dtype.is_floating_point]
+    wanted_inv = [p for p in invariant if ctx.needs(p)]
+    required = [copy._inputs[i] for i in range(n_carry) if copy._inputs[i].dtype.is_floating_point] + \
+        [copy._inputs[index[p]] for p in wanted_inv]
+    info = ctx.subgraph_grad(copy, provided, required)
+    float_carry = [i for i in range(n_carry) if copy._inputs[i].dtype.is_floating_point]
+
+    def reverse(*args):
+        grads, rest = args[:len(float_carry)], args[len(float_carry):]
+        sums, stacks_in = rest[:len(wanted_inv)], rest[len(wanted_inv):len(wanted_inv) + n_carry]
+        counter_in, inv = rest[len(wanted_inv) + n_carry], rest[len(wanted_inv) + n_carry + 1:]
+        ops.increment_mod_(counter_in, n - 1, n)  # count down: n -> n-1 -> ... -> 0
+        states = [ops.dynamic_slice(st, counter_in, [0], [1], True).reshape(s.shape)
+                  for st, s in zip(stacks_in, state_specs)]
+        site = call_with_info(copy, *states, inputs_dict={copy._inputs[index[p]]: t for p, t in zip(invariant, inv)})
+        seeds = {copy._outputs[i]: g for i, g in zip(float_carry, grads)}
+        from popxl.transforms.autodiff import ExpectedConnectionType
+        ins = [seeds[c.fwd_tensor] for c in info.expected_inputs if c.connection_type is ExpectedConnectionType.FwdGrad]
+        fwd = {g_in: site.graph_to_parent(c.fwd_tensor) for g_in, c in zip(info.graph.inputs, info.expected_inputs)
+               if c.connection_type is ExpectedConnectionType.Fwd}
+        outs = call(info.graph, *ins, inputs_dict=fwd)
+        by_fwd = {c.fwd_tensor: g for c, g in zip(info.expected_outputs, outs)}
+        for acc, p in zip(sums, wanted_inv):
+            g = by_fwd.get(copy._inputs[index[p]])
+            if g is not None:
+                ops.add_(acc, g)
+        for i, g_in in zip(float_carry, grads):
+            t = copy._inputs[i]
+            graph_output(by_fwd[t] if t in by_fwd else ops.init(t.shape, t.dtype, name="zero_state_grad"))
+
+    float_specs = [state_specs[i] for i in float_carry]
+    sum_specs = [op.inputs[p].spec for p in wanted_inv]
+    rev_graph = _graph(ir, f"{body.name}_reverse", [(s, False) for s in float_specs] + [(s, True) for s in sum_specs]
+                       + [(s, False) for s in stack_specs] + [(counter_spec, True)] + [(s, False) for s in inv_specs],
+                       reverse)
+    seeds = [ctx.grad_or_zeros(i) for i in float_carry]
+    sums = [ops.init(s.shape, s.dtype, name="loop_invariant_grad") for s in sum_specs]
+    state_grads = ops.repeat(rev_graph, n, *seeds, *sums, *stacks, counter, *inv_vals)
+
+    grads: List[Optional[Tensor]] = [None] * len(op.inputs)
+    for i, g in zip(float_carry, state_grads):
+        grads[by_input[i]] = g
+    for p, g in zip(wanted_inv, sums):
+        grads[p] = g
+    return grads
+
+
+def _uint32():
+    from popxl import dtypes
+    return dtypes.uint32
+
+
+def _graph(ir, name: str, inputs: Sequence[Tuple[Any, bool]], body) -> Graph:
+    """A new graph with inputs of the given (spec, by_ref), traced by ``body(*inputs)``."""
+    g = ir.create_empty_graph(name)
+    with g:
+        body(*[graph_input(s.shape, s.dtype, f"in{i}", by_ref=r) for i, (s, r) in enumerate(inputs)])
+    return g

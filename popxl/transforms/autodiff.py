@@ -231,6 +231,11 @@ class GradOpContext:
         """The gradient graph of a called graph (the user's from ``called_graphs_grad_info`` if given)."""
         return self._b.subgraph_grad(graph, provided, required)
 
+    def clone_graph(self, graph: Graph) -> Graph:
+        """A copy of ``graph`` (same inputs, ops and outputs) that can be called and differentiated
+        without touching the original (whose call sites may not take extra outputs)."""
+        return _clone(graph)
+
 
 class _GradBuilder:
     def __init__(self, fwd: Graph, provided: Sequence[Tensor], required: Sequence[Tensor],
@@ -390,6 +395,24 @@ class _GradBuilder:
         return g
 
 
+def _clone(graph: Graph) -> Graph:
+    from popxl.op import create_op
+    copy = graph.ir.create_empty_graph(f"{graph.name}_copy")
+    values: Dict[Tensor, Tensor] = {}
+    with copy:
+        for t in graph._inputs:
+            values[t] = graph_input(t.shape, t.dtype, t.name, by_ref=graph.is_input_by_ref(t),
+                                    meta_shape=t.meta_shape)
+        for op in graph._ops:
+            ins = [values[t] if t in values else constant(t._host_data_value, t.dtype, name=t.name)
+                   for t in op.inputs]
+            new = create_op(op.type, ins, dict(op.attrs), output_names=[o.name for o in op.outputs], return_op=True)
+            values.update(zip(op.outputs, new.outputs))
+        for t in graph._outputs:
+            graph_output(values[t])
+    return copy
+
+
 def _root(t: Tensor) -> Tensor:
     """The tensor whose storage ``t`` views (through view ops such as reshape_ / transpose_)."""
     while t.producer is not None and t.producer.opdef.view is not None and not t.producer.opdef.copy:
@@ -402,7 +425,8 @@ def _prune(graph: Graph) -> None:
     used = set(graph._outputs)
     keep = []
     for op in reversed(graph._ops):
-        if op.opdef.side_effect or op.opdef.inplace is not None or any(o in used for o in op.outputs):
+        writes = op.opdef.side_effect or op.opdef.inplace is not None or op.attrs.get("modified")
+        if writes or any(o in used for o in op.outputs):
             keep.append(op)
             used.update(op.inputs)
         else:

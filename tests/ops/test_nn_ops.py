@@ -515,7 +515,7 @@ def test_gradient_decisions():
         assert REGISTRY[name].grad == Grad.RAISE
     for name in ("conv", "average_pool", "max_pool", "batch_norm_inference", "group_norm", "layer_norm",
                  "nll_loss", "roi_align"):
-        assert REGISTRY[name].grad is None
+        assert callable(REGISTRY[name].grad), name  # a rule (transforms/autodiff.py)
 
 
 def test_all_public():

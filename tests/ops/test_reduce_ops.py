@@ -159,4 +159,4 @@ def test_gradient_decisions():
     for name in ("argmax", "argmin", "histogram", "lamb_square"):
         assert REGISTRY[name].grad == Grad.STOP
     for name in ("cumsum", "topk"):
-        assert REGISTRY[name].grad is None
+        assert callable(REGISTRY[name].grad), name

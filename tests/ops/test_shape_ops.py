@@ -374,4 +374,4 @@ def test_gradient_decisions():
     assert REGISTRY["dynamic_update_"].inplace == 0
     for name in ("split", "concat_", "scatter", "scatter_reduce", "dynamic_slice", "dynamic_update",
                  "groupedgather", "tied_gather", "onehot", "interpolate"):
-        assert REGISTRY[name].grad is None, name
+        assert callable(REGISTRY[name].grad), name
