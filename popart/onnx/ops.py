@@ -200,6 +200,81 @@ def _gelu(n: Node) -> List[Value]:
     return [ops.geluerf(n.x(0)) if approx == "none" else ops.gelu(n.x(0))]
 
 
+def _softplus(x: popxl.Tensor) -> popxl.Tensor:
+    # relu(x) + log(1 + exp(-|x|)): no overflow for large |x|.
+    one = popxl.constant(np.ones((), x.dtype.as_numpy()))
+    return ops.add(ops.relu(x), ops.log(ops.add(one, ops.exp(ops.negate(ops.abs(x))))))
+
+
+def _where_positive(x: popxl.Tensor, negative: popxl.Tensor, threshold: float = 0.0) -> popxl.Tensor:
+    """x where x > threshold, else ``negative`` (the shared shape of the ReLU-like activations)."""
+    return ops.where(ops.greater(x, popxl.constant(np.asarray(threshold, x.dtype.as_numpy()))), x, negative)
+
+
+def _activation(n: Node, x: popxl.Tensor) -> popxl.Tensor:
+    """The ONNX activations with attributes, composed from popxl elementwise ops."""
+    def c(v: float) -> popxl.Tensor:
+        return n.scalar(v, x)
+
+    t = n.op_type
+    if t == "Softplus":
+        return _softplus(x)
+    if t == "Softsign":
+        return ops.div(x, ops.add(c(1.0), ops.abs(x)))
+    if t == "Mish":
+        return ops.mul(x, ops.tanh(_softplus(x)))
+    if t in ("HardSigmoid", "HardSwish"):
+        alpha, beta = (float(n.attr("alpha", 0.2)), float(n.attr("beta", 0.5))) if t == "HardSigmoid" else (1 / 6, 0.5)
+        h = ops.clip(ops.add(ops.mul(x, c(alpha)), c(beta)), 0.0, 1.0)
+        return h if t == "HardSigmoid" else ops.mul(x, h)
+    if t == "Elu":
+        alpha = float(n.attr("alpha", 1.0))
+        return _where_positive(x, ops.mul(c(alpha), ops.sub(ops.exp(x), c(1.0))))
+    if t == "Selu":
+        alpha, gamma = float(n.attr("alpha", 1.67326319217681884765625)), float(n.attr("gamma", 1.05070102214813232421875))
+        return ops.mul(c(gamma), _where_positive(x, ops.mul(c(alpha), ops.sub(ops.exp(x), c(1.0)))))
+    if t == "Celu":
+        alpha = float(n.attr("alpha", 1.0))
+        return _where_positive(x, ops.mul(c(alpha), ops.sub(ops.exp(ops.div(x, c(alpha))), c(1.0))))
+    if t == "ThresholdedRelu":
+        alpha = float(n.attr("alpha", 1.0))
+        return _where_positive(x, c(0.0), alpha)
+    if t == "PRelu":
+        return _where_positive(x, ops.mul(x, n.x(1)))
+    raise n.fail("not an activation")
+
+
+@onnx_op("Softplus", "Softsign", "Mish", "HardSigmoid", "HardSwish", "Elu", "Selu", "Celu", "ThresholdedRelu",
+         "PRelu")
+def _activations(n: Node) -> List[Value]:
+    return [_activation(n, n.x(0))]
+
+
+@onnx_op("IsInf")
+def _isinf(n: Node) -> List[Value]:
+    x = n.x(0)
+    y = ops.isinf(x)
+    zero = n.scalar(0.0, x)
+    if not n.attr("detect_positive", 1):
+        y = ops.logical_and(y, _less(x, zero))
+    if not n.attr("detect_negative", 1):
+        y = ops.logical_and(y, ops.greater(x, zero))
+    return [y]
+
+
+@onnx_op("Mod")
+def _mod(n: Node) -> List[Value]:
+    a, b = n.x(0), n.x(1)
+    r = ops.fmod(a, b)
+    if n.attr("fmod", 0):
+        return [r]
+    # Python-style modulo: the result takes the divisor's sign.
+    zero = n.scalar(0, r)
+    fix = ops.logical_and(ops.logical_not(ops.equal(r, zero)),
+                          ops.logical_not(ops.equal(_less(r, zero), _less(b, zero))))
+    return [ops.where(fix, ops.add(r, b), r)]
+
+
 def _less(a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
     return ops.greater(b, a)
 
@@ -270,6 +345,12 @@ def _clip(n: Node) -> List[Value]:
 def _cast(n: Node) -> List[Value]:
     x = n.x(0)
     to = _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(n.attr("to")))
+    return [x if x.dtype == to else ops.cast(x, to)]
+
+
+@onnx_op("CastLike")
+def _cast_like(n: Node) -> List[Value]:
+    x, to = n.x(0), n.x(1).dtype
     return [x if x.dtype == to else ops.cast(x, to)]
 
 
@@ -396,19 +477,51 @@ def _batch_norm(n: Node) -> List[Value]:
     return [y]
 
 
+def _standardise(x: popxl.Tensor, axes: Sequence[int], eps: float,
+                 n: Node) -> Tuple[popxl.Tensor, popxl.Tensor, popxl.Tensor]:
+    """(x - mean) / sqrt(var + eps) over ``axes`` (biased variance), with the mean and 1/std."""
+    mean = ops.mean(x, list(axes), keepdims=True)
+    d = ops.sub(x, mean)
+    var = ops.mean(ops.mul(d, d), list(axes), keepdims=True)
+    inv_std = _reciprocal(ops.sqrt(ops.add(var, n.scalar(eps, var))))
+    return ops.mul(d, inv_std), mean, inv_std
+
+
 @onnx_op("LayerNormalization")
 def _layer_norm(n: Node) -> List[Value]:
     x = n.x(0)
     axis = _axis(int(n.attr("axis", -1)), x.rank, n)
-    axes = list(range(axis, x.rank))
-    mean = ops.mean(x, axes, keepdims=True)
-    d = ops.sub(x, mean)
-    var = ops.mean(ops.mul(d, d), axes, keepdims=True)
-    inv_std = _reciprocal(ops.sqrt(ops.add(var, n.scalar(float(n.attr("epsilon", 1e-5)), var))))
-    y = ops.mul(ops.mul(d, inv_std), n.x(1))
+    y, mean, inv_std = _standardise(x, range(axis, x.rank), float(n.attr("epsilon", 1e-5)), n)
+    y = ops.mul(y, n.x(1))
     if n.has(2):
         y = ops.add(y, n.x(2))
     return [y, mean, inv_std]
+
+
+def _per_channel(p: popxl.Tensor, rank: int) -> popxl.Tensor:
+    return ops.reshape(p, (p.shape[0],) + (1,) * (rank - 2))
+
+
+@onnx_op("InstanceNormalization")
+def _instance_norm(n: Node) -> List[Value]:
+    x = n.x(0)
+    y, _, _ = _standardise(x, range(2, x.rank), float(n.attr("epsilon", 1e-5)), n)
+    return [ops.add(ops.mul(y, _per_channel(n.x(1), x.rank)), _per_channel(n.x(2), x.rank))]
+
+
+@onnx_op("GroupNormalization")
+def _group_norm(n: Node) -> List[Value]:
+    x = n.x(0)
+    groups = int(n.attr("num_groups"))
+    c = x.shape[1]
+    if c % groups:
+        raise n.fail(f"{c} channels do not split into {groups} groups")
+    scale, bias = n.x(1), n.x(2)
+    if n.opset < 21 and scale.shape[0] == groups and groups != c:
+        # Opsets 18-20 scale and shift per group: give each channel its group's value.
+        per = np.repeat(np.arange(groups), c // groups)
+        scale, bias = _repeat_axis(scale, 0, per), _repeat_axis(bias, 0, per)
+    return [ops.group_norm(x, scale, bias, groups, float(n.attr("epsilon", 1e-5)))]
 
 
 @onnx_op("Dropout")
@@ -761,3 +874,43 @@ def _resize(n: Node) -> List[Value]:
     if tuple(y.shape) != tuple(want):
         raise n.fail(f"resized shape {y.shape} differs from the expected {tuple(want)}")
     return [y]
+
+
+@onnx_op("CumSum")
+def _cumsum(n: Node) -> List[Value]:
+    x = n.x(0)
+    axis = _axis(int(n.static(1, "axis").reshape(-1)[0]), x.rank, n)
+    reverse = bool(n.attr("reverse", 0))
+    flip = np.arange(x.shape[axis] - 1, -1, -1)
+    y = _repeat_axis(x, axis, flip) if reverse else x
+    y = ops.cumsum(y, axis)
+    if n.attr("exclusive", 0):
+        y = ops.sub(y, _repeat_axis(x, axis, flip) if reverse else x)
+    return [_repeat_axis(y, axis, flip) if reverse else y]
+
+
+@onnx_op("TopK")
+def _topk(n: Node) -> List[Value]:
+    x = n.x(0)
+    k = int(n.static(1, "K").reshape(-1)[0])
+    axis = _axis(int(n.attr("axis", -1)), x.rank, n)
+    values, indices = ops.topk(x, k, axis, bool(n.attr("largest", 1)), bool(n.attr("sorted", 1)))
+    return [values, indices]
+
+
+@onnx_op("DepthToSpace", "SpaceToDepth")
+def _depth_space(n: Node) -> List[Value]:
+    x = n.x(0)
+    if x.rank != 4:
+        raise n.fail(f"needs a 4-D (N, C, H, W) input, got shape {x.shape}")
+    b = int(n.attr("blocksize"))
+    nb, c, h, w = x.shape
+    if n.op_type == "SpaceToDepth":
+        y = ops.reshape(x, (nb, c, h // b, b, w // b, b))
+        y = ops.transpose(y, (0, 3, 5, 1, 2, 4))
+        return [ops.reshape(y, (nb, c * b * b, h // b, w // b))]
+    if n.attr("mode", "DCR") == "DCR":
+        y = ops.transpose(ops.reshape(x, (nb, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
+    else:
+        y = ops.transpose(ops.reshape(x, (nb, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
+    return [ops.reshape(y, (nb, c // (b * b), h * b, w * b))]
