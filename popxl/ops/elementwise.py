@@ -245,6 +245,12 @@ def maximum(*ts: Tensor) -> Tensor:
     return create_op("maximum", list(ts))[0]
 
 
+# Internal N-ary sum (PopART's Sum): autodiff adds up several gradient contributions with it;
+# transforms.decompose_sum turns it into binary adds.
+register(OpDef("add_n", _maximum_infer, lambda *xs: np.sum(np.broadcast_arrays(*xs), axis=0, dtype=xs[0].dtype),
+               family="elementwise"))
+
+
 def _where_infer(specs):
     c, a, b = specs
     dt = same_dtype([a, b])
@@ -435,9 +441,9 @@ for _name, _form in (("gelu", _d_gelu_tanh), ("geluerf", _d_gelu_erf)):
     grad_rule(_name)(lambda ctx, _op=_name + "_grad": [create_op(_op, [ctx.grad(0), ctx.input(0)])[0]])
 
 
-@grad_rule("add")
+@grad_rule("add", "add_n")
 def _add_grad(ctx):
-    return [ctx.unbroadcast(ctx.grad(0), 0), ctx.unbroadcast(ctx.grad(0), 1)]
+    return [ctx.unbroadcast(ctx.grad(0), i) for i in range(len(ctx.op.inputs))]
 
 
 @grad_rule("sub")

@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from popxl.graph import Graph
-from popxl.op import REGISTRY, Grad, Op
+from popxl.op import REGISTRY, Grad, Op, create_op
 from popxl.tensor import Constant, Tensor, TensorSpec, Variable, constant, graph_input, graph_output
 
 __all__ = ["autodiff", "GradGraphInfo", "ExpectedConnection", "ExpectedConnectionType", "GradOpContext"]
@@ -307,12 +307,11 @@ class _GradBuilder:
         parts = self.grads.get(t)
         if not parts:
             return None
-        if len(parts) > 1:
+        if len(parts) > 1:  # several uses of t: one N-ary sum (transforms.decompose_sum can split it)
             from popxl import ops
             with self.graph:
-                total = parts[0]
-                for p in parts[1:]:
-                    total = ops.add(total, p)
+                total = ops.add(*parts) if len(parts) == 2 else \
+                    create_op("add_n", parts, name="sum", output_names=[GRAD_PREFIX + t.name])[0]
             self.grads[t] = parts = [total]
         return parts[0]
 
