@@ -309,3 +309,32 @@ def test_small_cnn_matches_reference():
     for i in range(3):
         np.testing.assert_allclose(arrays["output"][i], reference(model, {"input.1": x[i]})[0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(arrays["r"], reference(model, {"input.1": x[-1]}, ["r"])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_initializers_become_variables_and_shape_data_is_folded():
+    model = make_model([N("Reshape", ["x", "shape"], ["r"]), N("MatMul", ["r", "w"], ["y"])],
+                       {"x": np.zeros((2, 3), np.float32)}, ["y"],
+                       {"shape": np.array([3, 2], np.int64), "w": np.ones((2, 4), np.float32)})
+    s = _session({"y": popart.AnchorReturnType("ALL")}, model=model)
+    assert list(s._variables) == ["w"]  # the int64 shape was used at import only
+    assert s.getInfo("w").shape() == [2, 4]
+    import popxl
+    assert all(isinstance(v, popxl.Variable) for v in s._variables.values())
+
+
+def test_model_level_errors():
+    dm = popart.DeviceManager()
+    old = make_model([N("Relu", ["x"], ["y"])], {"x": np.zeros(2, np.float32)}, ["y"], opset=9)
+    with pytest.raises(popart.OnnxImportError, match="opset 9; supported opsets are 11 to 21"):
+        popart.InferenceSession(old.SerializeToString(), popart.DataFlow(1, ["y"]), dm.createCpuDevice())
+    with pytest.raises(popart.OnnxImportError, match="could not parse"):
+        popart.InferenceSession(b"not a model", popart.DataFlow(1, ["y"]), dm.createCpuDevice())
+    unsorted = make_model([N("Relu", ["a"], ["y"]), N("Relu", ["x"], ["a"])], {"x": np.zeros(2, np.float32)}, ["y"])
+    with pytest.raises(popart.OnnxImportError, match="reads tensor 'a', which no earlier node"):
+        popart.InferenceSession(unsorted.SerializeToString(), popart.DataFlow(1, ["y"]), dm.createCpuDevice())
+    cubic = make_model([N("Resize", ["x", "", "s"], ["y"], mode="cubic", cubic_coeff_a=-0.5, name="up")],
+                       {"x": np.zeros((1, 1, 2, 2), np.float32)}, ["y"], {"s": np.array([1, 1, 2, 2], np.float32)})
+    with pytest.raises(popart.OnnxImportError, match="node 'up' \\(Resize, opset 17\\): cubic mode"):
+        popart.InferenceSession(cubic.SerializeToString(), popart.DataFlow(1, ["y"]), dm.createCpuDevice())
+    with pytest.raises(popart.popart_exception, match="batchesPerStep must be at least 1"):
+        popart.InferenceSession(_model().SerializeToString(), popart.DataFlow(0, ["y"]), dm.createCpuDevice())
