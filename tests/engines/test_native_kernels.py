@@ -160,3 +160,119 @@ def test_shaped_dropout(mask):
 @pytest.mark.parametrize("n", [1, 2, 5])
 def test_split_random_seed(n):
     compare_engines(lambda s: ops.split_random_seed(s, n), [SEEDS[1]], native_ops=["split_random_seed"])
+
+
+# ---- data movement -------------------------------------------------------------------------------
+MOVE_DTYPES = [np.float32, np.float16, np.int32, np.bool_, np.uint8]
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+@pytest.mark.parametrize("case", [((2, 3), (2, 0), (2, 5), 1), ((1,), (4,), 0), ((3, 1, 2), (1, 1, 2), -3)], ids=str)
+def test_concat_and_split(case, dtype):
+    *shapes, axis = case
+    xs = [rand(s, dtype) for s in shapes]
+    for name in ("concat", "concat_"):
+        compare_engines(lambda *ts: getattr(ops, name)(ts, axis), xs, native_ops=[name])
+    joined = np.concatenate(xs, axis)
+    sizes = [s[axis] for s in shapes]
+    compare_engines(lambda t: ops.split(t, sizes, axis), [joined], native_ops=["split"])
+
+
+def test_concat_of_strided_views():
+    a, b = rand((3, 4)), rand((4, 2))
+    compare_engines(lambda x, y: ops.concat([ops.transpose_(x), y], 1), [a, b], native_ops=["concat"])
+
+
+GATHER_CASES = [((5, 3), (4,), 0), ((5, 3), (2, 2), 1), ((4,), (), 0), ((2, 0, 3), (3,), 2), ((6, 2), (0,), 0),
+                ((3, 4, 2), (2, 3), 1)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.bool_])
+@pytest.mark.parametrize("idx_dtype", [np.int32, np.uint32, np.int16])
+@pytest.mark.parametrize("case", GATHER_CASES, ids=str)
+def test_gather(case, idx_dtype, dtype):
+    shape, ishape, axis = case
+    d = shape[axis]
+    low = 0 if np.dtype(idx_dtype).kind == "u" else -d - 2
+    idx = RNG.integers(low, d + 2, size=ishape).astype(idx_dtype)  # out of range gives zeros
+    x = rand(shape, dtype)
+    for name in ("gather", "tied_gather"):
+        compare_engines(lambda t, i: getattr(ops, name)(t, i, axis), [x, idx], native_ops=[name])
+
+
+def test_gather_of_a_strided_view_and_groupedgather():
+    x, idx = rand((4, 5)), np.array([[0, 3, -1], [7, 2, 2]], np.int32)
+    compare_engines(lambda t, i: ops.gather(ops.transpose_(t), i, 1), [x, idx], native_ops=["gather"])
+    g = rand((2, 5, 3))
+    compare_engines(lambda t, i: ops.groupedgather(t, i, 0, group_size=2), [g, idx], native_ops=["groupedgather"])
+    compare_engines(lambda t, i: ops.groupedgather(t, i, 1, group_size=2), [g, idx[:, :2] % 3],
+                    native_ops=["groupedgather"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("case", [((5, 3), (6,), 0), ((5, 3), (2, 2), 1), ((2, 4, 3), (4, 2), 1)], ids=str)
+def test_gather_grad(case, dtype):
+    from popxl.op import create_op
+    shape, ishape, axis = case
+    d = shape[axis]
+    idx = RNG.integers(-d - 1, d + 1, size=ishape).astype(np.int32)  # repeats add up, out of range drop
+    gshape = shape[:axis] + ishape + shape[axis + 1:]
+    g = rand(gshape, dtype)
+    compare_engines(lambda t, i: create_op("gather_grad", [t, i], {"axis": axis, "size": d})[0], [g, idx],
+                    native_ops=["gather_grad"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float16])
+@pytest.mark.parametrize("case", [((4, 5), (2, 5), 0), ((4, 5), (4, 3), 1), ((6,), (6,), 0), ((3, 0), (3, 0), 1)],
+                         ids=str)
+def test_scatter(case, dtype):
+    shape, ishape, axis = case
+    d = shape[axis]
+    t, vals = rand(shape, dtype), rand(ishape, dtype)
+    idx = RNG.integers(-d - 1, d + 1, size=ishape).astype(np.int32)  # repeats: the last write wins
+    compare_engines(lambda a, i, v: ops.scatter(a, i, v, axis), [t, idx, vals], native_ops=["scatter"])
+
+
+@pytest.mark.parametrize("offsets", [(0, 0), (2, 1), (9, -4), (1, 100)], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_dynamic_slice_and_update(offsets, dtype):
+    t, upd = rand((5, 6, 3), dtype), rand((2, 6, 3), dtype)
+    off = np.asarray(offsets, np.uint32 if min(offsets) >= 0 else np.int32)
+    axes, sizes = [0, 1], [2, 4]
+    upd = upd[:, :4]
+    compare_engines(lambda a, i: ops.dynamic_slice(a, i, axes, sizes, False), [t, off], native_ops=["dynamic_slice"])
+    compare_engines(lambda a, i, u: ops.dynamic_update(a, i, u, axes, sizes, False), [t, off, upd],
+                    native_ops=["dynamic_update"])
+    compare_engines(lambda a, i, u: (ops.dynamic_update_(a, i, u, axes, sizes, False), a + 0), [t, off, upd],
+                    native_ops=["dynamic_update_"])
+
+
+def test_dynamic_slice_of_size_zero():
+    t = rand((4, 3))
+    compare_engines(lambda a, i: ops.dynamic_slice(a, i, [1], [0], True), [t, np.array([2], np.uint32)],
+                    native_ops=["dynamic_slice"])
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+@pytest.mark.parametrize("idx_dtype", [np.int32, np.float32])
+def test_onehot(axis, idx_dtype):
+    idx = np.array([[0, 3, -1], [5, -7, 2]], idx_dtype)
+    if idx_dtype == np.float32:
+        idx = idx + np.float32(0.5)
+    for values in (np.array([0.0, 1.0], np.float32), np.array([-2, 7], np.int32)):
+        compare_engines(lambda i, v: ops.onehot(i, 4, v, axis), [idx, values], native_ops=["onehot"])
+
+
+@pytest.mark.parametrize("dtype", [popxl.float32, popxl.int32, popxl.float16, popxl.bool])
+def test_init(dtype):
+    x = rand((2,))
+    compare_engines(lambda t: (ops.init((3, 0, 2) if dtype is popxl.bool else (3, 2), dtype), t + 0), [x],
+                    native_ops=["init"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8, np.int16])
+def test_increment_mod(dtype):
+    x = rand((3, 5), dtype, low=-20 if np.dtype(dtype).kind != "u" else 0, high=20)
+    inc, mod = (3, 7) if np.dtype(dtype).kind in "iu" else (0.75, 2.5)
+    compare_engines(lambda t: ops.increment_mod(t, inc, mod), [x], native_ops=["increment_mod"])
+    compare_engines(lambda t: (ops.increment_mod_(t, inc, -mod), t + 0), [x], native_ops=["increment_mod_"])

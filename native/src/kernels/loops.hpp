@@ -168,6 +168,11 @@ W load_scalar(const uint8_t* arena, const Buffer& b) {
   return v;
 }
 
+inline bool is_int(DType d) {
+  return d == DType::I8 || d == DType::I16 || d == DType::I32 || d == DType::I64 || d == DType::U8 ||
+         d == DType::U16 || d == DType::U32 || d == DType::U64;
+}
+
 inline bool is_numeric(DType d) {
   return d != DType::F8_143 && d != DType::F8_152 && d != DType::C64 && d != DType::C128;
 }
@@ -209,6 +214,42 @@ inline std::vector<int64_t> packed_strides(const std::vector<int64_t>& shape, in
     item *= shape[i];
   }
   return s;
+}
+
+// A buffer seen as packed C-order bytes: the arena itself when the buffer is contiguous, else a
+// scratch copy. Kernels run one replica at a time, so one scratch per kernel suffices.
+struct Packed {
+  Buffer buf;
+  std::vector<uint8_t> scratch;
+  Packed() = default;
+  explicit Packed(const Buffer& b) : buf(b) {}
+  const uint8_t* read(uint8_t* arena) {
+    if (buf.contiguous) return arena + buf.offset;
+    scratch.resize(buf.nbytes());
+    copy_buffer(scratch.data(), packed_like(buf), arena, buf);
+    return scratch.data();
+  }
+  uint8_t* write(uint8_t* arena) {
+    if (buf.contiguous) return arena + buf.offset;
+    scratch.resize(buf.nbytes());
+    return scratch.data();
+  }
+  void commit(uint8_t* arena) {  // after write(): move the result into a strided buffer
+    if (!buf.contiguous) copy_buffer(arena, buf, scratch.data(), packed_like(buf));
+  }
+  // The elements (C order) as int64 (integer index tensors).
+  void read_ints(uint8_t* arena, std::vector<int64_t>& out) {
+    out.resize(buf.nelms);
+    load_row<int64_t>(read(arena), static_cast<int64_t>(itemsize(buf.dtype)), buf.dtype, out.data(), buf.nelms);
+  }
+};
+
+// Product of v[from:to] (clamped to v's length).
+inline int64_t prod(const std::vector<int64_t>& v, size_t from = 0, size_t to = SIZE_MAX) {
+  const auto end = v.begin() + static_cast<std::ptrdiff_t>(std::min(to, v.size()));
+  int64_t n = 1;
+  for (auto it = v.begin() + static_cast<std::ptrdiff_t>(std::min(from, v.size())); it < end; ++it) n *= *it;
+  return n;
 }
 
 }  // namespace popxl

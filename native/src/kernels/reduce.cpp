@@ -126,11 +126,6 @@ std::unique_ptr<Kernel> make_reduction(Red kind, const OpInstr& ins, const Buffe
   return k;
 }
 
-bool is_int(DType d) {
-  return d == DType::I8 || d == DType::I16 || d == DType::I32 || d == DType::I64 || d == DType::U8 ||
-         d == DType::U16 || d == DType::U32 || d == DType::U64;
-}
-
 KernelFactory reduction(Red kind) {
   return [kind](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
     const Buffer& x = bufs[ins.inputs[0]];

@@ -1,0 +1,291 @@
+// Data movement with run-time indices or several operands: concat, split, gather (plain, tied,
+// grouped) and its gradient, scatter, dynamic_slice/dynamic_update, onehot; plus init and
+// increment_mod. Moves are byte copies, so every dtype is handled and results are bit-identical.
+#include <cmath>
+#include <cstring>
+
+#include "loops.hpp"
+
+namespace popxl {
+namespace {
+
+using std::unique_ptr;
+
+// Recompute the derived fields of a buffer whose shape or strides were edited.
+void refresh(Buffer& b) {
+  b.nelms = prod(b.shape);
+  int64_t expect = static_cast<int64_t>(itemsize(b.dtype));
+  b.contiguous = true;
+  for (size_t i = b.shape.size(); i-- > 0;) {
+    if (b.shape[i] != 1 && b.strides[i] != expect) b.contiguous = false;
+    expect *= b.shape[i];
+  }
+}
+
+// The part [start, start + len) of `b` along `axis`, as a view.
+Buffer window(const Buffer& b, size_t axis, int64_t start, int64_t len) {
+  Buffer v = b;
+  v.offset += start * b.strides[axis];
+  v.shape[axis] = len;
+  refresh(v);
+  return v;
+}
+
+// ---- concat / split -----------------------------------------------------------------------------
+// Both copy between whole operands and windows of the joined tensor along the axis.
+KernelFactory join_or_cut(bool join) {
+  return [join](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer whole = bufs[join ? ins.outputs[0] : ins.inputs[0]];
+    const auto& part_ids = join ? ins.inputs : ins.outputs;
+    const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i() + (ins.attrs.at("axis").i() < 0 ? whole.shape.size() : 0));
+    std::vector<std::pair<Buffer, Buffer>> moves;  // (part, window)
+    int64_t start = 0;
+    for (int id : part_ids) {
+      const Buffer& part = bufs[id];
+      moves.emplace_back(part, window(whole, axis, start, part.shape[axis]));
+      start += part.shape[axis];
+    }
+    return std::make_unique<FnKernel>([moves, join](uint8_t* a) {
+      for (auto& [part, win] : moves) {
+        if (join) copy_buffer(a, win, a, part);
+        else copy_buffer(a, part, a, win);
+      }
+    });
+  };
+}
+
+const RegisterKernel join_ops[] = {
+    {{"concat", "concat_"}, join_or_cut(true)},
+    {{"split"}, join_or_cut(false)},
+};
+
+// ---- gather -----------------------------------------------------------------------------------
+// x viewed as (groups, pre, D, post) and indices as (groups, K): out[g, p, k] = x[g, p, idx[g, k]]
+// (a row of `post` elements), zeros for indices outside [-D, D).
+struct Gather {
+  int64_t groups, pre, D, K, row;  // row: bytes of `post` elements
+  void run(const uint8_t* x, const int64_t* idx, uint8_t* out) const {
+    const int64_t total = groups * pre * K;
+#pragma omp parallel for schedule(static) if (total * row > (1 << 18))
+    for (int64_t r = 0; r < total; ++r) {
+      const int64_t k = r % K, gp = r / K, g = gp / pre;
+      int64_t i = idx[g * K + k];
+      if (i < 0) i += D;
+      uint8_t* dst = out + r * row;
+      if (i >= 0 && i < D) std::memcpy(dst, x + (gp * D + i) * row, row);
+      else std::memset(dst, 0, row);
+    }
+  }
+};
+
+unique_ptr<Kernel> gather_kernel(const Buffer& x, const Buffer& idx, const Buffer& y, Gather g) {
+  if (!is_int(idx.dtype)) return nullptr;
+  struct State { Packed x, idx, y; std::vector<int64_t> ids; };
+  auto st = std::make_shared<State>(State{Packed(x), Packed(idx), Packed(y), {}});
+  return std::make_unique<FnKernel>([st, g](uint8_t* a) {
+    st->idx.read_ints(a, st->ids);
+    g.run(st->x.read(a), st->ids.data(), st->y.write(a));
+    st->y.commit(a);
+  });
+}
+
+KernelFactory gather(bool grouped) {
+  return [grouped](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &x = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+    const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i()) + (grouped ? 1 : 0);
+    Gather g;
+    g.groups = grouped ? x.shape[0] : 1;
+    g.pre = prod(x.shape, grouped ? 1 : 0, axis);
+    g.D = x.shape[axis];
+    g.K = idx.nelms / std::max<int64_t>(g.groups, 1);
+    g.row = prod(x.shape, axis + 1) * static_cast<int64_t>(itemsize(x.dtype));
+    return gather_kernel(x, idx, y, g);
+  };
+}
+
+const RegisterKernel gather_ops[] = {
+    {{"gather", "tied_gather"}, gather(false)},
+    {{"groupedgather"}, gather(true)},
+};
+
+// gather_grad: out[p, idx[k]] += g[p, k] in index order (repeats add up, as np.add.at), summed in
+// float32 (float64 for float64 or integer gradients) and rounded once.
+const RegisterKernel gather_grad_op{{"gather_grad"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &g = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+  if (!is_int(idx.dtype) || !is_numeric(g.dtype) || g.dtype == DType::Bool) return nullptr;
+  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const int64_t size = ins.attrs.at("size").i(), K = idx.nelms;
+  const int64_t pre = prod(g.shape, 0, axis), post = prod(g.shape, axis + idx.shape.size());
+  unique_ptr<Kernel> k;
+  auto make = [&](auto tag) {
+    using W = typename decltype(tag)::type;
+    struct State { Packed idx, y; std::vector<int64_t> ids; std::vector<W> gw, acc; };
+    auto st = std::make_shared<State>(State{Packed(idx), Packed(y), {}, {}, {}});
+    const Buffer gb = g;
+    k = std::make_unique<FnKernel>([=](uint8_t* a) {
+      st->idx.read_ints(a, st->ids);
+      st->gw.resize(gb.nelms);
+      Packed gp(gb);
+      load_row<W>(gp.read(a), static_cast<int64_t>(itemsize(gb.dtype)), gb.dtype, st->gw.data(), gb.nelms);
+      st->acc.assign(pre * size * post, W(0));
+      for (int64_t p = 0; p < pre; ++p)
+        for (int64_t j = 0; j < K; ++j) {
+          int64_t i = st->ids[j];
+          if (i < 0) i += size;
+          if (i < 0 || i >= size) continue;
+          W* dst = st->acc.data() + (p * size + i) * post;
+          const W* src = st->gw.data() + (p * K + j) * post;
+          for (int64_t e = 0; e < post; ++e) dst[e] += src[e];
+        }
+      store_row<W>(st->y.write(a), static_cast<int64_t>(itemsize(y.dtype)), y.dtype, st->acc.data(), y.nelms);
+      st->y.commit(a);
+    });
+  };
+  if (g.dtype == DType::F16 || g.dtype == DType::F32) make(Tag<float>{}); else make(Tag<double>{});
+  return k;
+}};
+
+// ---- scatter: out = t; out[coords with idx along axis] = values (C order, so the last wins) ------
+const RegisterKernel scatter_op{{"scatter"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &t = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &vals = bufs[ins.inputs[2]], &y = bufs[ins.outputs[0]];
+  if (!is_int(idx.dtype)) return nullptr;
+  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  struct State { Packed idx, vals; std::vector<int64_t> ids; };
+  auto st = std::make_shared<State>(State{Packed(idx), Packed(vals), {}});
+  return std::make_unique<FnKernel>([=](uint8_t* a) {
+    st->idx.read_ints(a, st->ids);  // read indices and values before t's copy may overwrite them
+    const uint8_t* v = st->vals.read(a);
+    if (v == a + vals.offset && vals.nelms) {  // values live in the arena: keep a copy
+      st->vals.scratch.assign(v, v + vals.nbytes());
+      v = st->vals.scratch.data();
+    }
+    copy_buffer(a, y, a, t);
+    const size_t rank = idx.shape.size(), item = itemsize(y.dtype);
+    std::vector<int64_t> c(rank, 0);
+    for (int64_t e = 0; e < idx.nelms; ++e) {
+      int64_t i = st->ids[e];
+      if (i < 0) i += y.shape[axis];
+      if (i >= 0 && i < y.shape[axis]) {
+        int64_t off = y.offset;
+        for (size_t d = 0; d < rank; ++d) off += (d == axis ? i : c[d]) * y.strides[d];
+        std::memcpy(a + off, v + e * item, item);
+      }
+      for (size_t d = rank; d-- > 0;) {  // next C-order coordinate
+        if (++c[d] < idx.shape[d]) break;
+        c[d] = 0;
+      }
+    }
+  });
+}};
+
+// ---- dynamic_slice / dynamic_update -------------------------------------------------------------
+// The region starts at the run-time offsets, clamped so that it stays inside the tensor.
+struct Region {
+  std::vector<int64_t> axes, sizes;
+  Buffer in(uint8_t* arena, const Buffer& b, Packed& offsets, std::vector<int64_t>& scratch) const {
+    offsets.read_ints(arena, scratch);
+    Buffer v = b;
+    for (size_t k = 0; k < axes.size(); ++k) {
+      const size_t ax = static_cast<size_t>(axes[k]);
+      const int64_t start = std::min(std::max<int64_t>(scratch[k], 0), b.shape[ax] - sizes[k]);
+      v = window(v, ax, start, sizes[k]);
+    }
+    return v;
+  }
+};
+
+KernelFactory dynamic(bool update) {
+  return [update](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &t = bufs[ins.inputs[0]], &index = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+    if (!is_int(index.dtype)) return nullptr;
+    const Region r{ins.attrs.at("axes").ints(), ins.attrs.at("sizes").ints()};
+    const Buffer upd = update ? bufs[ins.inputs[2]] : Buffer{};
+    struct State { Packed offsets; std::vector<int64_t> ids; };
+    auto st = std::make_shared<State>(State{Packed(index), {}});
+    return std::make_unique<FnKernel>([=](uint8_t* a) {
+      if (!update) {
+        copy_buffer(a, y, a, r.in(a, t, st->offsets, st->ids));
+        return;
+      }
+      const Buffer dst = r.in(a, y, st->offsets, st->ids);  // offsets read before t is copied over
+      copy_buffer(a, y, a, t);
+      copy_buffer(a, dst, a, upd);
+    });
+  };
+}
+
+const RegisterKernel dynamic_ops[] = {
+    {{"dynamic_slice"}, dynamic(false)},
+    {{"dynamic_update", "dynamic_update_"}, dynamic(true)},
+};
+
+// ---- onehot: out[p, c, q] = values[idx[p, q] == c]; out-of-range indices give an all-off row ----
+const RegisterKernel onehot_op{{"onehot"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &t = bufs[ins.inputs[0]], &values = bufs[ins.inputs[2]], &y = bufs[ins.outputs[0]];
+  if (!is_numeric(t.dtype) || t.dtype == DType::Bool) return nullptr;
+  const int64_t C = ins.attrs.at("num_classes").i(), rank = static_cast<int64_t>(t.shape.size());
+  const int64_t ax = ((ins.attrs.at("axis").i() % (rank + 1)) + rank + 1) % (rank + 1);
+  const int64_t pre = prod(t.shape, 0, ax), post = prod(t.shape, ax);
+  struct State { Packed t, values, y; std::vector<double> idx; };
+  auto st = std::make_shared<State>(State{Packed(t), Packed(values), Packed(y), {}});
+  return std::make_unique<FnKernel>([=](uint8_t* a) {
+    // Indices as float64 (exact for any class count), truncated toward zero like np.trunc.
+    st->idx.resize(t.nelms);
+    load_row<double>(st->t.read(a), static_cast<int64_t>(itemsize(t.dtype)), t.dtype, st->idx.data(), t.nelms);
+    const size_t item = itemsize(y.dtype);
+    const uint8_t* v = st->values.read(a);
+    std::vector<uint8_t> off(v, v + item), on(v + item, v + 2 * item);
+    uint8_t* out = st->y.write(a);
+    for (int64_t p = 0; p < pre; ++p)
+      for (int64_t q = 0; q < post; ++q) {
+        double i = std::trunc(st->idx[p * post + q]);
+        if (i < 0) i += double(C);
+        const int64_t hot = (i >= 0 && i < double(C)) ? static_cast<int64_t>(i) : -1;  // NaN: none
+        for (int64_t c = 0; c < C; ++c)
+          std::memcpy(out + ((p * C + c) * post + q) * item, (c == hot ? on : off).data(), item);
+      }
+    st->y.commit(a);
+  });
+}};
+
+// ---- init / increment_mod ---------------------------------------------------------------------
+const RegisterKernel init_op{{"init"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  auto y = std::make_shared<Packed>(bufs[ins.outputs[0]]);
+  return std::make_unique<FnKernel>([y](uint8_t* a) {
+    std::memset(y->write(a), 0, y->buf.nbytes());  // "undef" is zeros too, as in the reference
+    y->commit(a);
+  });
+}};
+
+// (x + increment) fmod modulus: integers in int64, floats in at least float32, rounded once.
+const RegisterKernel increment_mod_op{{"increment_mod", "increment_mod_"},
+  [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+    if (!is_numeric(x.dtype) || x.dtype == DType::Bool) return nullptr;
+    const double inc = ins.attrs.at("increment").f(), mod = ins.attrs.at("modulus").f();
+    if (is_int(x.dtype)) {
+      const int64_t ii = ins.attrs.at("increment").i(), im = ins.attrs.at("modulus").i();
+      return std::make_unique<FnKernel>([=](uint8_t* a) {
+        map_rows<int64_t, 1>(a, y, {x}, [&](int64_t* out, const int64_t* const* in, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t s = static_cast<int64_t>(static_cast<uint64_t>(in[0][i]) + static_cast<uint64_t>(ii));
+            out[i] = im == -1 ? 0 : s % im;  // C remainder; -1 would overflow INT64_MIN % -1
+          }
+        });
+      });
+    }
+    unique_ptr<Kernel> k;
+    auto make = [&](auto tag) {
+      using W = typename decltype(tag)::type;
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        map_rows<W, 1>(a, y, {x}, [&](W* out, const W* const* in, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) out[i] = std::fmod(in[0][i] + W(inc), W(mod));
+        });
+      });
+    };
+    if (x.dtype == DType::F64) make(Tag<double>{}); else make(Tag<float>{});
+    return k;
+  }};
+
+}  // namespace
+}  // namespace popxl
