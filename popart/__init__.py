@@ -4,7 +4,7 @@ Import an ONNX model into an ``InferenceSession``, describe the data flow with `
 ``AnchorReturnType``, pick a device from ``DeviceManager`` and run batches with ``PyStepIO``.
 """
 from popart.dataflow import (AnchorReturnType, AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO,
-                             PyStepIOCallback, TensorInfo)
+                             PyStepIOCallback, PyWeightsIO, TensorInfo)
 from popart.devices import (DeviceConnectionType, DeviceInfo, DeviceManager, DeviceSelectionCriterion, DeviceType,
                             SyncPattern)
 from popart.errors import (Logger, OnnxImportError, RecoveryAction, StepIOError, getLogger, popart_exception,
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnchorReturnType", "AnchorReturnTypeId", "DataFlow", "InputShapeInfo", "PyStepIO", "PyStepIOCallback",
-    "TensorInfo", "DeviceConnectionType", "DeviceInfo", "DeviceManager", "DeviceSelectionCriterion", "DeviceType",
+    "PyWeightsIO", "TensorInfo", "DeviceConnectionType", "DeviceInfo", "DeviceManager", "DeviceSelectionCriterion", "DeviceType",
     "SyncPattern", "Logger", "getLogger", "RecoveryAction", "popart_exception", "popart_internal_exception",
     "popart_runtime_error", "poplibs_exception", "poplar_exception", "poplar_runtime_error",
     "poplar_application_runtime_error", "poplar_system_runtime_error", "poplar_recoverable_runtime_error",

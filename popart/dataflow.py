@@ -11,7 +11,7 @@ import numpy as np
 from popart.errors import popart_exception
 
 __all__ = ["AnchorReturnTypeId", "AnchorReturnType", "DataFlow", "TensorInfo", "InputShapeInfo", "PyStepIO",
-           "PyStepIOCallback", "DataType"]
+           "PyStepIOCallback", "PyWeightsIO", "DataType"]
 
 
 class AnchorReturnTypeId(Enum):
@@ -258,3 +258,13 @@ class PyStepIOCallback:
         self.input_complete_callback = input_complete_callback
         self.output_callback = output_callback
         self.output_complete_callback = output_complete_callback
+
+
+class PyWeightsIO:
+    """Host arrays for weights, by tensor id: ``Session.readWeights`` fills them from the host
+    copies of the weights, ``Session.writeWeights`` copies them into the host copies."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
+        if not isinstance(weights, Mapping):
+            raise popart_exception("PyWeightsIO(weights): expected a dict of tensor id -> array.")
+        self.weights = dict(weights)

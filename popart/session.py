@@ -25,7 +25,7 @@ import popxl
 import popxl.ops as ops
 from popxl import dtypes
 from popart.dataflow import (AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO, PyStepIOCallback,
-                             TensorInfo)
+                             PyWeightsIO, TensorInfo)
 from popart.devices import DeviceInfo, DeviceType
 from popart.errors import TRACE, OnnxImportError, StepIOError, popart_exception
 from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, device_dtype, load_model
@@ -285,6 +285,40 @@ class InferenceSession:
         data = self._px.get_tensors_data(self._variables.values())
         return {n: data[v] for n, v in self._variables.items()}
 
+    def _weight_ids(self, weightsIo: PyWeightsIO, what: str) -> None:
+        if not isinstance(weightsIo, PyWeightsIO):
+            raise popart_exception(f"{what}: expected a popart.PyWeightsIO, not {weightsIo!r}.")
+        unknown = [k for k in weightsIo.weights if k not in self._variables]
+        if unknown:
+            raise popart_exception(f"{what}: {unknown} are not weights of this session; its weights are "
+                                   f"{list(self._variables)}.")
+        for k, arr in weightsIo.weights.items():
+            want = self._variables[k].shape
+            if not isinstance(arr, np.ndarray) or arr.shape != want:
+                got = arr.shape if isinstance(arr, np.ndarray) else type(arr).__name__
+                raise popart_exception(f"{what}: the array for weight {k!r} has shape {got}, expected {want}.")
+
+    def readWeights(self, weightsIo: PyWeightsIO) -> None:
+        """Fill the arrays of ``weightsIo`` with the host weights (call ``weightsToHost`` first to
+        get the device values)."""
+        self._weight_ids(weightsIo, "readWeights")
+        values = self._host_weights()
+        for k, arr in weightsIo.weights.items():
+            arr[...] = values[k]
+
+    def writeWeights(self, weightsIo: PyWeightsIO) -> None:
+        """Set the host weights from ``weightsIo``; ``weightsFromHost`` then sends them to the device."""
+        self._weight_ids(weightsIo, "writeWeights")
+        self._set_host_weights({self._variables[k]: np.asarray(v, self._variables[k].dtype.as_numpy())
+                                for k, v in weightsIo.weights.items()})
+
+    def _set_host_weights(self, updates: Mapping[popxl.Variable, np.ndarray]) -> None:
+        if self._px is None:
+            for var, value in updates.items():
+                var._host_data_value[...] = value
+        else:
+            self._px.write_variables_data(dict(updates))
+
     def modelToHost(self, fn: str) -> None:
         """Write the model, with the current weights as its initializers, to the file ``fn``."""
         if self._px is not None and self._px.is_attached:
@@ -318,11 +352,7 @@ class InferenceSession:
                 raise popart_exception(f"resetHostWeights: weight {init.name!r} has shape {value.shape}, the session "
                                        f"expects {var.shape}.")
             updates[var] = value.astype(var.dtype.as_numpy())
-        if self._px is None:
-            for var, value in updates.items():
-                var._host_data_value[...] = value
-        else:
-            self._px.write_variables_data(updates)
+        self._set_host_weights(updates)
 
     # running --------------------------------------------------------------------------------------------
     def run(self, stepio: Union[PyStepIO, PyStepIOCallback], debugName: str = "") -> None:

@@ -231,7 +231,8 @@ def _activation(n: Node, x: popxl.Tensor) -> popxl.Tensor:
         alpha = float(n.attr("alpha", 1.0))
         return _where_positive(x, ops.mul(c(alpha), ops.sub(ops.exp(x), c(1.0))))
     if t == "Selu":
-        alpha, gamma = float(n.attr("alpha", 1.67326319217681884765625)), float(n.attr("gamma", 1.05070102214813232421875))
+        alpha = float(n.attr("alpha", 1.67326319217681884765625))
+        gamma = float(n.attr("gamma", 1.05070102214813232421875))
         return ops.mul(c(gamma), _where_positive(x, ops.mul(c(alpha), ops.sub(ops.exp(x), c(1.0)))))
     if t == "Celu":
         alpha = float(n.attr("alpha", 1.0))

@@ -338,3 +338,74 @@ def test_model_level_errors():
         popart.InferenceSession(cubic.SerializeToString(), popart.DataFlow(1, ["y"]), dm.createCpuDevice())
     with pytest.raises(popart.popart_exception, match="batchesPerStep must be at least 1"):
         popart.InferenceSession(_model().SerializeToString(), popart.DataFlow(0, ["y"]), dm.createCpuDevice())
+
+
+def test_read_and_write_weights():
+    s = _session({"y": popart.AnchorReturnType("ALL")})
+    w = np.zeros((2, 3), np.float32)
+    s.weightsToHost()
+    s.readWeights(popart.PyWeightsIO({"w": w}))
+    np.testing.assert_array_equal(w, W)
+    s.writeWeights(popart.PyWeightsIO({"w": np.full((2, 3), 2, np.float32)}))
+    s.weightsFromHost()
+    arrays = s.initAnchorArrays()
+    s.run(popart.PyStepIO({"x": np.ones((2, 3), np.float32)}, arrays))
+    np.testing.assert_array_equal(arrays["y"], 3)
+    with pytest.raises(popart.popart_exception, match=r"\['v'\] are not weights"):
+        s.readWeights(popart.PyWeightsIO({"v": w}))
+    with pytest.raises(popart.popart_exception, match="has shape \\(3,\\), expected \\(2, 3\\)"):
+        s.writeWeights(popart.PyWeightsIO({"w": np.zeros(3, np.float32)}))
+
+
+def _attention_block(d: int = 8, heads: int = 2):
+    """A transformer encoder block as torch.onnx.export writes one: the batch and sequence lengths are
+    symbolic and every reshape target is computed from Shape / Gather / Unsqueeze / Concat."""
+    r = np.random.default_rng(11)
+    w = {k: (r.standard_normal(s) * 0.3).astype(np.float32) for k, s in
+         (("wq", (d, d)), ("wk", (d, d)), ("wv", (d, d)), ("wo", (d, d)), ("w1", (d, 4 * d)), ("w2", (4 * d, d)))}
+    w.update({"ln_s": r.random(d).astype(np.float32) + 0.5, "ln_b": r.standard_normal(d).astype(np.float32),
+              "b1": r.standard_normal(4 * d).astype(np.float32),
+              "i0": np.int64(0), "i1": np.int64(1), "ax0": np.array([0], np.int64),
+              "nh": np.array([heads], np.int64), "hd": np.array([d // heads], np.int64),
+              "dm": np.array([d], np.int64), "scale": np.float32(np.sqrt(d // heads)),
+              "half": np.float32(0.5), "one": np.float32(1.0), "sqrt2": np.float32(np.sqrt(2.0))})
+    nodes = [N("Shape", ["x"], ["shp"]), N("Gather", ["shp", "i0"], ["B"]), N("Gather", ["shp", "i1"], ["T"]),
+             N("Unsqueeze", ["B", "ax0"], ["Bu"]), N("Unsqueeze", ["T", "ax0"], ["Tu"]),
+             N("Concat", ["Bu", "Tu", "nh", "hd"], ["heads_shape"], axis=0),
+             N("Concat", ["Bu", "Tu", "dm"], ["model_shape"], axis=0)]
+    for name in ("q", "k", "v"):
+        nodes += [N("MatMul", ["x", f"w{name}"], [f"{name}0"]),
+                  N("Reshape", [f"{name}0", "heads_shape"], [f"{name}1"]),
+                  N("Transpose", [f"{name}1"], [f"{name}h"], perm=[0, 2, 3, 1] if name == "k" else [0, 2, 1, 3])]
+    nodes += [N("MatMul", ["qh", "kh"], ["scores0"]), N("Div", ["scores0", "scale"], ["scores"]),
+              N("Softmax", ["scores"], ["probs"], axis=-1), N("MatMul", ["probs", "vh"], ["ctx0"]),
+              N("Transpose", ["ctx0"], ["ctx1"], perm=[0, 2, 1, 3]), N("Reshape", ["ctx1", "model_shape"], ["ctx"]),
+              N("MatMul", ["ctx", "wo"], ["attn"]), N("Add", ["x", "attn"], ["res"]),
+              N("LayerNormalization", ["res", "ln_s", "ln_b"], ["ln"], axis=-1),
+              N("MatMul", ["ln", "w1"], ["h0"]), N("Add", ["h0", "b1"], ["h1"]),
+              # GELU as exporters decompose it: 0.5 * x * (1 + erf(x / sqrt(2)))
+              N("Div", ["h1", "sqrt2"], ["g0"]), N("Erf", ["g0"], ["g1"]), N("Add", ["g1", "one"], ["g2"]),
+              N("Mul", ["h1", "g2"], ["g3"]), N("Mul", ["g3", "half"], ["gelu"]),
+              N("MatMul", ["gelu", "w2"], ["ff"]), N("Add", ["ln", "ff"], ["out"])]
+    return make_model(nodes, {"x": np.zeros((1, 1, d), np.float32)}, ["out"], w, opset=17,
+                      input_shapes={"x": ["batch", "seq", d]})
+
+
+def test_transformer_block_with_symbolic_shapes():
+    model = _attention_block()
+    info = popart.InputShapeInfo()
+    info.add("x", popart.TensorInfo("FLOAT", [3, 5, 8]))
+    s = popart.InferenceSession(model.SerializeToString(),
+                                popart.DataFlow(2, {"out": popart.AnchorReturnType("All"),
+                                                    "probs": popart.AnchorReturnType("Final")}),
+                                popart.DeviceManager().createCpuDevice(), inputShapeInfo=info)
+    s.prepareDevice()
+    arrays = s.initAnchorArrays()
+    assert arrays["out"].shape == (2, 3, 5, 8) and arrays["probs"].shape == (3, 2, 5, 5)
+    x = rng.standard_normal((2, 3, 5, 8)).astype(np.float32)
+    s.run(popart.PyStepIO({"x": x}, arrays))
+    for i in range(2):
+        np.testing.assert_allclose(arrays["out"][i], reference(model, {"x": x[i]})[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(arrays["probs"], reference(model, {"x": x[1]}, ["probs"])[0], rtol=1e-4, atol=1e-5)
+    assert set(s._variables) == {"wq", "wk", "wv", "wo", "w1", "w2", "ln_s", "ln_b", "b1", "scale", "half", "one",
+                                 "sqrt2"}
