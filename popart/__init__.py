@@ -20,7 +20,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnchorReturnType", "AnchorReturnTypeId", "DataFlow", "InputShapeInfo", "PyStepIO", "PyStepIOCallback",
-    "PyWeightsIO", "TensorInfo", "DeviceConnectionType", "DeviceInfo", "DeviceManager", "DeviceSelectionCriterion", "DeviceType",
+    "PyWeightsIO", "TensorInfo", "DeviceConnectionType", "DeviceInfo", "DeviceManager", "DeviceSelectionCriterion",
+    "DeviceType",
     "SyncPattern", "Logger", "getLogger", "RecoveryAction", "popart_exception", "popart_internal_exception",
     "popart_runtime_error", "poplibs_exception", "poplar_exception", "poplar_runtime_error",
     "poplar_application_runtime_error", "poplar_system_runtime_error", "poplar_recoverable_runtime_error",
