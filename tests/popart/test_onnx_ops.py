@@ -228,6 +228,17 @@ CASES = [
     Case("DepthToSpace-CRD", [N("DepthToSpace", ["x"], ["y"], blocksize=2, mode="CRD")], {"x": f32(1, 8, 2, 3)},
          ["y"]),
     Case("SpaceToDepth", [N("SpaceToDepth", ["x"], ["y"], blocksize=2)], {"x": f32(1, 2, 4, 6)}, ["y"]),
+    *[Case(f"{op}-18", [N(op, ["x", "axes"], ["y"], keepdims=0)], {"x": pos(2, 3, 4)}, ["y"], {"axes": i64(1)},
+           opset=18, tol=1e-4)
+      for op in ("ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", "ReduceLogSum")],
+    Case("ReduceL2-13", [N("ReduceL2", ["x"], ["y"], axes=[0, 2])], {"x": f32(2, 3, 4)}, ["y"], opset=13),
+    Case("ArgMin", [N("ArgMin", ["x"], ["y"], axis=-1, keepdims=0)], {"x": f32(3, 5)}, ["y"]),
+    Case("IsNaN", [N("IsNaN", ["x"], ["y"])], {"x": np.array([1, np.nan, np.inf], np.float32)}, ["y"]),
+    *[Case(op, [N("Greater", ["a", "b"], ["p"]), N("Less", ["a", "c"], ["q"]), N(op, ["p", "q"], ["y"])],
+           {"a": f32(3, 4), "b": f32(4), "c": f32(3, 1)}, ["y"]) for op in ("And", "Or")],
+    *[Case(op, [N(op, ["a", "b"], ["y"])], {"a": np.array([1, 2, 3], np.float32),
+                                            "b": np.array([2, 2, 2], np.float32)}, ["y"])
+      for op in ("GreaterOrEqual", "LessOrEqual")],
 ]
 
 
