@@ -915,3 +915,58 @@ def _depth_space(n: Node) -> List[Value]:
     else:
         y = ops.transpose(ops.reshape(x, (nb, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
     return [ops.reshape(y, (nb, c // (b * b), h * b, w * b))]
+
+
+@onnx_op("Round")
+def _round(n: Node) -> List[Value]:
+    # Half to even, composed: floor(x + 0.5), minus one where that rounded a tie up to an odd value.
+    x = n.x(0)
+    half, one, two = n.scalar(0.5, x), n.scalar(1.0, x), n.scalar(2.0, x)
+    r = ops.floor(ops.add(x, half))
+    tie = ops.equal(ops.sub(r, x), half)
+    odd = ops.logical_not(ops.equal(ops.fmod(r, two), n.scalar(0.0, x)))
+    return [ops.where(ops.logical_and(tie, odd), ops.sub(r, one), r)]
+
+
+@onnx_op("Trilu")
+def _trilu(n: Node) -> List[Value]:
+    x = n.x(0)
+    if x.rank < 2:
+        raise n.fail(f"needs a tensor of rank >= 2, got shape {x.shape}")
+    k = n.optional_static(1, "k")
+    k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+    rows, cols = x.shape[-2:]
+    keep = np.ones((rows, cols), np.bool_)
+    keep = np.triu(keep, k) if n.attr("upper", 1) else np.tril(keep, k)
+    return [ops.where(popxl.constant(keep), x, n.scalar(0, x))]
+
+
+@onnx_op("OneHot")
+def _onehot(n: Node) -> List[Value]:
+    indices = n.x(0)
+    depth = int(np.asarray(n.static(1, "depth")).reshape(-1)[0])
+    values = n.x(2)
+    axis = int(n.attr("axis", -1))
+    if indices.dtype.is_floating_point:  # ONNX allows float indices; they are truncated
+        indices = ops.cast(indices, dtypes.int32)
+    return [ops.onehot(indices, popxl.constant(np.asarray(depth, np.int32)), values, axis)]
+
+
+@onnx_op("GatherElements")
+def _gather_elements(n: Node) -> List[Value]:
+    # Composed as a gather from the flattened input: flat index = (position with the axis
+    # coordinate removed) + index * stride of the axis.
+    x, idx = n.x(0), n.x(1)
+    axis = _axis(int(n.attr("axis", 0)), x.rank, n)
+    if idx.rank != x.rank:
+        raise n.fail(f"indices rank {idx.rank} differs from data rank {x.rank}")
+    d = x.shape[axis]
+    strides = np.cumprod((x.shape[1:] + (1,))[::-1])[::-1]
+    grid = np.indices(idx.shape)
+    base = sum(int(strides[a]) * grid[a] for a in range(x.rank) if a != axis)
+    idx = idx if idx.dtype == dtypes.int32 else ops.cast(idx, dtypes.int32)
+    zero = popxl.constant(np.asarray(0, np.int32))
+    idx = ops.where(_less(idx, zero), ops.add(idx, popxl.constant(np.asarray(d, np.int32))), idx)
+    flat = ops.add(popxl.constant(base.astype(np.int32)),
+                   ops.mul(idx, popxl.constant(np.asarray(int(strides[axis]), np.int32))))
+    return [ops.gather(ops.reshape(x, (x.nelms,)), flat, 0)]

@@ -239,6 +239,14 @@ CASES = [
     *[Case(op, [N(op, ["a", "b"], ["y"])], {"a": np.array([1, 2, 3], np.float32),
                                             "b": np.array([2, 2, 2], np.float32)}, ["y"])
       for op in ("GreaterOrEqual", "LessOrEqual")],
+    Case("Round", [N("Round", ["x"], ["y"])],
+         {"x": np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.4, -0.6, 3.7], np.float32)}, ["y"]),
+    Case("Trilu-upper", [N("Trilu", ["x", "k"], ["y"])], {"x": f32(2, 4, 5)}, ["y"], {"k": np.int64(1)}),
+    Case("Trilu-lower", [N("Trilu", ["x"], ["y"], upper=0)], {"x": f32(4, 4)}, ["y"]),
+    Case("OneHot", [N("OneHot", ["i", "d", "v"], ["y"], axis=1)], {"i": np.array([[0, 2], [1, -1]], np.int64)},
+         ["y"], {"d": np.int64(3), "v": np.array([0.5, 2.0], np.float32)}),
+    Case("GatherElements", [N("GatherElements", ["x", "i"], ["y"], axis=1)],
+         {"x": f32(3, 4, 2), "i": np.array([[[0, 3]], [[-1, 1]], [[2, 2]]], np.int64)}, ["y"]),
 ]
 
 
