@@ -276,3 +276,77 @@ def test_increment_mod(dtype):
     inc, mod = (3, 7) if np.dtype(dtype).kind in "iu" else (0.75, 2.5)
     compare_engines(lambda t: ops.increment_mod(t, inc, mod), [x], native_ops=["increment_mod"])
     compare_engines(lambda t: (ops.increment_mod_(t, inc, -mod), t + 0), [x], native_ops=["increment_mod_"])
+
+
+# ---- normalisations and losses ---------------------------------------------------------------------
+NORM_TOL = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float16: dict(rtol=2e-3, atol=2e-3)}
+NORM_SHAPES = [(2, 6), (3, 6, 5), (1, 6, 2, 3), (0, 6, 4), (2, 6, 0)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+def test_batch_norm_inference_is_bit_identical(shape, dtype):
+    x = rand(shape, dtype)
+    scale, bias, mean = rand((6,), dtype), rand((6,), dtype), rand((6,), dtype)
+    var = np.abs(rand((6,), dtype))
+    compare_engines(lambda *ts: ops.batch_norm_inference(*ts, epsilon=1e-3), [x, scale, bias, mean, var],
+                    native_ops=["batch_norm_inference"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape", [s for s in NORM_SHAPES if s[0]], ids=str)  # the reference cannot do N = 0
+@pytest.mark.parametrize("groups", [1, 2, 6])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference averages empty groups to NaN
+def test_group_and_layer_norm(groups, shape, dtype):
+    from popxl.op import create_op
+    x, w, b = rand(shape, dtype) + dtype(1.5), rand((6,), dtype), rand((6,), dtype)
+    g = rand(shape, dtype)
+    compare_engines(lambda t, ww, bb: ops.group_norm(t, ww, bb, groups, eps=1e-4), [x, w, b],
+                    native_ops=["group_norm"], **NORM_TOL[dtype])
+    if groups == 1:
+        compare_engines(lambda t, ww, bb: ops.layer_norm(t, ww, bb), [x, w, b], native_ops=["layer_norm"],
+                        **NORM_TOL[dtype])
+    compare_engines(lambda t, ww, gg: create_op("group_norm_grad", [t, ww, gg], {"num_groups": groups, "eps": 1e-4}),
+                    [x, w, g], native_ops=["group_norm_grad"], rtol=1e-3 if dtype == np.float32 else 1e-2,
+                    atol=1e-4 if dtype == np.float32 else 2e-2)
+
+
+def _probs(shape, dtype):
+    z = np.exp(rand(shape, np.float32))
+    return (z / z.sum(-1, keepdims=True)).astype(dtype)
+
+
+NLL_CASES = [((4, 5), None), ((2, 3, 4), 1), ((1, 3), None), ((0, 3), None), ((6,), 2)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("case", NLL_CASES, ids=str)
+def test_nll_loss_and_gradients(case, reduction, dtype):
+    from popxl.op import create_op
+    shape, ignore = case
+    p = _probs(shape, dtype)
+    labels = RNG.integers(0, shape[-1], size=shape[:-1]).astype(np.int32)
+    if labels.size:
+        p.reshape(-1, shape[-1])[0, labels.reshape(-1)[0]] = 0  # the eps clamp
+    tol = NORM_TOL[dtype]
+    for log_prob in (False, True):
+        compare_engines(lambda a, l: ops.nll_loss(a, l, ignore_index=ignore, reduction=reduction, log_prob=log_prob),
+                        [p, labels], native_ops=["nll_loss"], **tol)
+        attrs = {"ignore_index": ignore, "reduction": reduction, "log_prob": log_prob}
+        lg = rand(shape[:-1] if reduction == "none" else (), dtype)
+        compare_engines(lambda a, l, g: create_op("nll_loss_grad", [a, l, g], attrs)[0], [p, labels, lg],
+                        native_ops=["nll_loss_grad"], **tol)
+    for lg in (np.asarray(0.5, np.float32), rand(shape[:-1], np.float32)):
+        if reduction != "none" and lg.ndim:
+            continue
+        compare_engines(lambda a, l, g: ops.nll_loss_with_softmax_grad(a, l, g, ignore_index=ignore,
+                                                                       reduction=reduction),
+                        [p, labels, lg], native_ops=["nll_loss_with_softmax_grad"], **tol)
+
+
+def test_nll_loss_label_out_of_range_raises():
+    p, labels = _probs((2, 3), np.float32), np.array([1, 5], np.int32)
+    from engine_harness import run_program
+    with pytest.raises(ValueError, match="out of range"):
+        run_program(lambda a, l: ops.nll_loss(a, l), [p, labels], "native")

@@ -1,0 +1,333 @@
+// Normalisations and losses: batch_norm_inference, group_norm/layer_norm and their gradient,
+// nll_loss (+ gradient, + fused softmax gradient). Compute type W is float32 for float16 and the
+// dtype itself otherwise, as in the reference. Per-element formulas keep the reference's order of
+// operations; sums (statistics, loss totals) accumulate in float64, which is at least as exact
+// as NumPy's pairwise sums, so those results agree to rounding rather than bit for bit.
+//
+// The normalisations are hand loops rather than oneDNN primitives: oneDNN's layer norm works on
+// the last axis (ours normalises everything but the batch axis with per-channel affine) and its
+// batch norm folds scale/sqrt(var) into one factor, which rounds differently from the reference.
+#include <cmath>
+#include <stdexcept>
+
+#include "loops.hpp"
+
+namespace popxl {
+namespace {
+
+using std::unique_ptr;
+
+// Read a packed float buffer into W values.
+template <class W>
+void read_all(uint8_t* arena, Packed& p, std::vector<W>& out) {
+  out.resize(p.buf.nelms);
+  load_row<W>(p.read(arena), static_cast<int64_t>(itemsize(p.buf.dtype)), p.buf.dtype, out.data(), p.buf.nelms);
+}
+
+template <class W>
+void write_all(uint8_t* arena, Packed& p, const std::vector<W>& v) {
+  store_row<W>(p.write(arena), static_cast<int64_t>(itemsize(p.buf.dtype)), p.buf.dtype, v.data(), p.buf.nelms);
+  p.commit(arena);
+}
+
+// Calls f(Tag<W>{}) with the compute type of a float16/32/64 dtype.
+template <class F>
+bool dispatch_wide(DType d, F&& f) {
+  return dispatch_float(d, [&](auto tag) { f(Tag<typename Wide<typename decltype(tag)::type>::type>{}); });
+}
+
+// ---- batch_norm_inference: scale * (x - mean) / sqrt(var + eps) + bias ----------------------------
+const RegisterKernel batch_norm_op{{"batch_norm_inference"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+  const double eps = ins.attrs.at("epsilon").f();
+  const int64_t N = x.shape[0], C = x.shape[1], S = prod(x.shape, 2);
+  unique_ptr<Kernel> k;
+  dispatch_wide(x.dtype, [&](auto tag) {
+    using W = typename decltype(tag)::type;
+    struct State { Packed x, y, p[4]; std::vector<W> xv, pv[4]; };
+    auto st = std::make_shared<State>();
+    st->x = Packed(x);
+    st->y = Packed(y);
+    for (int i = 0; i < 4; ++i) st->p[i] = Packed(bufs[ins.inputs[1 + i]]);
+    k = std::make_unique<FnKernel>([=](uint8_t* a) {
+      read_all(a, st->x, st->xv);
+      for (int i = 0; i < 4; ++i) read_all(a, st->p[i], st->pv[i]);
+      const auto &sc = st->pv[0], &bi = st->pv[1], &mu = st->pv[2], &va = st->pv[3];
+      std::vector<W>& v = st->xv;
+#pragma omp parallel for schedule(static) if (N * C * S > 32768)
+      for (int64_t nc = 0; nc < N * C; ++nc) {
+        const int64_t c = nc % C;
+        const W s = sc[c], m = mu[c], r = std::sqrt(va[c] + W(eps)), b = bi[c];
+        W* row = v.data() + nc * S;
+        for (int64_t i = 0; i < S; ++i) row[i] = s * (row[i] - m) / r + b;
+      }
+      write_all(a, st->y, v);
+    });
+  });
+  return k;
+}};
+
+// ---- group_norm / layer_norm and the gradient -----------------------------------------------------
+// x is (N, C, S...) seen as (N, G, C/G * S); statistics per (n, g), affine per channel.
+struct Groups {
+  int64_t N, C, G, S;
+  int64_t per_group() const { return C / G * S; }
+};
+
+Groups groups_of(const Buffer& x, int64_t G) { return {x.shape[0], x.shape[1], G, prod(x.shape, 2)}; }
+
+// Mean and biased variance of each group, in float64.
+template <class W>
+void group_stats(const Groups& g, const W* x, std::vector<double>& mean, std::vector<double>& var) {
+  const int64_t M = g.per_group(), ng = g.N * g.G;
+  mean.assign(ng, 0);
+  var.assign(ng, 0);
+#pragma omp parallel for schedule(static) if (ng * M > 32768)
+  for (int64_t j = 0; j < ng; ++j) {
+    const W* p = x + j * M;
+    double s = 0;
+    for (int64_t i = 0; i < M; ++i) s += double(p[i]);
+    const double m = M ? s / double(M) : NAN;
+    double q = 0;
+    for (int64_t i = 0; i < M; ++i) q += (double(p[i]) - m) * (double(p[i]) - m);
+    mean[j] = m;
+    var[j] = M ? q / double(M) : NAN;
+  }
+}
+
+KernelFactory group_norm(bool layer) {
+  return [layer](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+    const Groups g = groups_of(x, layer ? 1 : ins.attrs.at("num_groups").i());
+    const double eps = ins.attrs.at("eps").f();
+    unique_ptr<Kernel> k;
+    dispatch_wide(x.dtype, [&](auto tag) {
+      using W = typename decltype(tag)::type;
+      struct State { Packed x, y, w, b; std::vector<W> xv, wv, bv; std::vector<double> mean, var; };
+      auto st = std::make_shared<State>();
+      st->x = Packed(x);
+      st->y = Packed(y);
+      st->w = Packed(bufs[ins.inputs[1]]);
+      st->b = Packed(bufs[ins.inputs[2]]);
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        read_all(a, st->x, st->xv);
+        read_all(a, st->w, st->wv);
+        read_all(a, st->b, st->bv);
+        group_stats(g, st->xv.data(), st->mean, st->var);
+        W* v = st->xv.data();
+#pragma omp parallel for schedule(static) if (g.N * g.C * g.S > 32768)
+        for (int64_t nc = 0; nc < g.N * g.C; ++nc) {
+          const int64_t n = nc / g.C, c = nc % g.C, j = n * g.G + c * g.G / g.C;
+          const W m = W(st->mean[j]), r = std::sqrt(W(st->var[j]) + W(eps)), w = st->wv[c], b = st->bv[c];
+          W* row = v + n * g.C * g.S + c * g.S;
+          for (int64_t i = 0; i < g.S; ++i) row[i] = (row[i] - m) / r * w + b;
+        }
+        write_all(a, st->y, st->xv);
+      });
+    });
+    return k;
+  };
+}
+
+const RegisterKernel group_norm_ops[] = {
+    {{"group_norm"}, group_norm(false)},
+    {{"layer_norm"}, group_norm(true)},
+};
+
+// (dx, dweight, dbias) with the statistics recomputed from x; all in float64, rounded once.
+const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]];
+  if (!dispatch_float(x.dtype, [](auto) {})) return nullptr;
+  const Groups g = groups_of(x, ins.attrs.at("num_groups").i());
+  const double eps = ins.attrs.at("eps").f();
+  struct State {
+    Packed x, w, gy, dx, dw, db;
+    std::vector<double> xv, wv, gv, mean, var, dwv, dbv;
+  };
+  auto st = std::make_shared<State>();
+  st->x = Packed(x);
+  st->w = Packed(bufs[ins.inputs[1]]);
+  st->gy = Packed(bufs[ins.inputs[2]]);
+  st->dx = Packed(bufs[ins.outputs[0]]);
+  st->dw = Packed(bufs[ins.outputs[1]]);
+  st->db = Packed(bufs[ins.outputs[2]]);
+  return std::make_unique<FnKernel>([st, g, eps](uint8_t* a) {
+    read_all(a, st->x, st->xv);
+    read_all(a, st->w, st->wv);
+    read_all(a, st->gy, st->gv);
+    group_stats(g, st->xv.data(), st->mean, st->var);
+    const int64_t M = g.per_group(), CS = g.C * g.S, cpg = g.C / g.G;
+    std::vector<double>& xs = st->xv;  // becomes xhat, then dx
+    st->dwv.assign(g.C, 0);
+    st->dbv.assign(g.C, 0);
+    for (int64_t n = 0; n < g.N; ++n)
+      for (int64_t gi = 0; gi < g.G; ++gi) {
+        const int64_t j = n * g.G + gi;
+        const double m = st->mean[j], r = 1.0 / std::sqrt(st->var[j] + eps);
+        double sum_d = 0, sum_dx = 0;  // sums of dxhat and dxhat * xhat over the group
+        for (int64_t c = gi * cpg; c < (gi + 1) * cpg; ++c) {
+          double* xr = xs.data() + n * CS + c * g.S;
+          const double* gr = st->gv.data() + n * CS + c * g.S;
+          for (int64_t i = 0; i < g.S; ++i) {
+            xr[i] = (xr[i] - m) * r;
+            st->dwv[c] += gr[i] * xr[i];
+            st->dbv[c] += gr[i];
+            const double d = gr[i] * st->wv[c];
+            sum_d += d;
+            sum_dx += d * xr[i];
+          }
+        }
+        const double md = sum_d / double(M), mdx = sum_dx / double(M);
+        for (int64_t c = gi * cpg; c < (gi + 1) * cpg; ++c) {
+          double* xr = xs.data() + n * CS + c * g.S;
+          const double* gr = st->gv.data() + n * CS + c * g.S;
+          for (int64_t i = 0; i < g.S; ++i) xr[i] = (gr[i] * st->wv[c] - md - xr[i] * mdx) * r;
+        }
+      }
+    write_all(a, st->dx, xs);
+    write_all(a, st->dw, st->dwv);
+    write_all(a, st->db, st->dbv);
+  });
+}};
+
+// ---- nll_loss family ------------------------------------------------------------------------------
+// probs (..., C) as rows; labels one per row. Ignored rows count 0; other out-of-range labels are an
+// error, as in the reference.
+struct NllSpec {
+  bool has_ignore = false, log_prob = false;
+  int64_t ignore = 0;
+  enum { None, Sum, Mean } reduction = Mean;
+  double eps = 1e-7;
+  int64_t rows = 0, C = 0;
+};
+
+NllSpec nll_spec(const OpInstr& ins, const Buffer& probs) {
+  NllSpec s;
+  const AttrValue& ig = ins.attrs.at("ignore_index");
+  s.has_ignore = !ig.is_none();
+  if (s.has_ignore) s.ignore = ig.i();
+  auto lp = ins.attrs.find("log_prob");
+  s.log_prob = lp != ins.attrs.end() && lp->second.b();
+  const std::string& r = ins.attrs.at("reduction").s();
+  s.reduction = r == "none" ? NllSpec::None : r == "sum" ? NllSpec::Sum : NllSpec::Mean;
+  s.eps = probs.dtype == DType::F16 ? 6.104e-5 : 1e-7;
+  s.C = probs.shape.back();
+  s.rows = probs.nelms / std::max<int64_t>(s.C, 1);
+  if (s.C == 0) s.rows = prod(probs.shape, 0, probs.shape.size() - 1);
+  return s;
+}
+
+// Which rows count, and their labels (0 for ignored rows, as the reference clamps them).
+int64_t kept_rows(const NllSpec& s, std::vector<int64_t>& labels, std::vector<uint8_t>& keep) {
+  keep.assign(labels.size(), 1);
+  int64_t count = 0;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (s.has_ignore && labels[i] == s.ignore) {
+      keep[i] = 0;
+      labels[i] = 0;
+      continue;
+    }
+    if (labels[i] < 0 || labels[i] >= s.C)
+      throw std::invalid_argument("nll_loss: label " + std::to_string(labels[i]) + " is out of range for " +
+                                  std::to_string(s.C) + " classes");
+    ++count;
+  }
+  return count;
+}
+
+// Per-row losses in W (0 for ignored rows) and the (sum, mean or per-row) output.
+template <class W>
+void nll_losses(const NllSpec& s, const std::vector<W>& p, const std::vector<int64_t>& labels,
+                const std::vector<uint8_t>& keep, int64_t count, std::vector<W>& out) {
+  std::vector<W> item(s.rows);
+  double total = 0;
+  for (int64_t r = 0; r < s.rows; ++r) {
+    const W picked = keep[r] ? p[r * s.C + labels[r]] : W(0);  // ignored rows may have no class 0
+    W v;
+    if (s.log_prob) v = -picked;
+    else v = -std::log(std::isnan(picked) ? picked : std::max(picked, W(s.eps)));
+    item[r] = keep[r] ? v : W(0);
+    total += double(item[r]);
+  }
+  if (s.reduction == NllSpec::None) { out = item; return; }
+  W t = W(total);
+  if (s.reduction == NllSpec::Mean) t = t / W(std::max<int64_t>(count, 1));
+  out.assign(1, t);
+}
+
+// Per-row gradient scales: loss_grad (broadcast or per row), / count for "mean", 0 when ignored.
+template <class W>
+std::vector<W> row_scales(const NllSpec& s, const std::vector<W>& lg, const std::vector<uint8_t>& keep, int64_t count) {
+  std::vector<W> sc(s.rows);
+  for (int64_t r = 0; r < s.rows; ++r) {
+    W v = lg.size() == 1 ? lg[0] : lg[r];
+    if (s.reduction == NllSpec::Mean) v = v / W(std::max<int64_t>(count, 1));
+    sc[r] = keep[r] ? v : W(0);
+  }
+  return sc;
+}
+
+enum class Nll { Loss, Grad, SoftmaxGrad };
+
+KernelFactory nll(Nll which) {
+  return [which](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &probs = bufs[ins.inputs[0]], &labels = bufs[ins.inputs[1]];
+    if (!is_int(labels.dtype)) return nullptr;
+    const NllSpec s = nll_spec(ins, probs);
+    unique_ptr<Kernel> k;
+    dispatch_wide(probs.dtype, [&](auto tag) {
+      using W = typename decltype(tag)::type;
+      struct State {
+        Packed p, l, lg, out0, out1;
+        std::vector<W> pv, lgv, res;
+        std::vector<int64_t> lab;
+        std::vector<uint8_t> keep;
+      };
+      auto st = std::make_shared<State>();
+      st->p = Packed(probs);
+      st->l = Packed(labels);
+      if (which != Nll::Loss) st->lg = Packed(bufs[ins.inputs[2]]);
+      st->out0 = Packed(bufs[ins.outputs[0]]);
+      if (which == Nll::SoftmaxGrad) st->out1 = Packed(bufs[ins.outputs[1]]);
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        read_all(a, st->p, st->pv);
+        st->l.read_ints(a, st->lab);
+        const int64_t count = kept_rows(s, st->lab, st->keep);
+        if (which != Nll::Loss) read_all(a, st->lg, st->lgv);
+        if (which != Nll::Grad) {
+          nll_losses(s, st->pv, st->lab, st->keep, count, st->res);
+          write_all(a, st->out0, st->res);
+        }
+        if (which == Nll::Loss) return;
+        const std::vector<W> sc = row_scales(s, st->lgv, st->keep, count);
+        std::vector<W>& g = st->pv;  // becomes the gradient w.r.t. probs / logits
+        for (int64_t r = 0; r < s.rows; ++r) {
+          W* row = g.data() + r * s.C;
+          if (s.C == 0) continue;
+          if (which == Nll::SoftmaxGrad) {  // (softmax - onehot) * scale
+            row[st->lab[r]] = row[st->lab[r]] - W(1);
+            for (int64_t c = 0; c < s.C; ++c) row[c] = row[c] * sc[r];
+            continue;
+          }
+          // d(-log max(p, eps))/dp = -1/p above eps, 0 where the clamp holds; only at the label
+          const W picked = row[st->lab[r]];
+          W local = W(-1);
+          if (!s.log_prob) local = picked > W(s.eps) ? W(-1) / std::max(picked, W(s.eps)) : W(0);
+          std::fill(row, row + s.C, W(0));
+          row[st->lab[r]] = st->keep[r] ? sc[r] * local : W(0);
+        }
+        write_all(a, which == Nll::Grad ? st->out0 : st->out1, g);
+      });
+    });
+    return k;
+  };
+}
+
+const RegisterKernel nll_ops[] = {
+    {{"nll_loss"}, nll(Nll::Loss)},
+    {{"nll_loss_grad"}, nll(Nll::Grad)},
+    {{"nll_loss_with_softmax_grad"}, nll(Nll::SoftmaxGrad)},
+};
+
+}  // namespace
+}  // namespace popxl
