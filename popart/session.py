@@ -134,7 +134,8 @@ class InferenceSession:
         def weight(name: str, value: np.ndarray) -> popxl.Tensor:
             with main:
                 var = popxl.variable(device_array(value), name=_safe(name))
-            t = popxl.graph_input(var.shape, var.dtype, _safe(name))
+            # By reference: the step graph reads the variable in place instead of a copy of it.
+            t = popxl.graph_input(var.shape, var.dtype, _safe(name), by_ref=True)
             bindings[t] = var
             self._variables[name] = var
             return t
