@@ -350,3 +350,78 @@ def test_nll_loss_label_out_of_range_raises():
     from engine_harness import run_program
     with pytest.raises(ValueError, match="out of range"):
         run_program(lambda a, l: ops.nll_loss(a, l), [p, labels], "native")
+
+
+# ---- oneDNN convolution and pooling ------------------------------------------------------------------
+CONV_TOL = dict(rtol=1e-4, atol=1e-4)
+CONV_CASES = [  # x shape, weight shape, stride, padding, dilation, groups
+    ((2, 3, 9, 8), (4, 3, 3, 3), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((1, 4, 10, 7), (6, 2, 3, 2), (2, 1), (1, 0, 2, 1), (1, 2), 2),
+    ((2, 2, 11), (3, 2, 4), (3,), (2, 1), (2,), 1),
+    ((1, 2, 5, 4, 6), (2, 1, 2, 3, 2), (1, 2, 1), (0, 1, 1, 1, 0, 0), (1, 1, 2), 2),
+    ((1, 1, 1, 1), (5, 1, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_conv(case):
+    xs, ws, stride, pad, dil, g = case
+    x, w = rand(xs), rand(ws)
+    compare_engines(lambda a, b: ops.conv(a, b, stride, pad, dil, g), [x, w], native_ops=["conv"], **CONV_TOL)
+
+
+def test_conv_of_a_strided_input():
+    x, w = rand((2, 6, 5, 3)), rand((4, 3, 2, 2))
+    compare_engines(lambda a, b: ops.conv(ops.transpose_(a, (0, 3, 1, 2)), b, (1, 1), (1, 1, 0, 0), (1, 1), 1),
+                    [x, w], native_ops=["conv"], **CONV_TOL)
+
+
+TCONV_CASES = [  # x shape, weight shape, stride, padding, dilation, groups, output_padding
+    ((2, 3, 5, 4), (3, 2, 3, 3), (1, 1), (0, 0, 0, 0), (1, 1), 1, (0, 0)),
+    ((1, 4, 4, 3), (4, 3, 3, 2), (2, 3), (1, 0, 1, 1), (1, 1), 2, (1, 2)),
+    ((2, 2, 6), (2, 3, 4), (2,), (1, 2), (2,), 1, (1,)),
+]
+
+
+@pytest.mark.parametrize("case", TCONV_CASES, ids=str)
+def test_conv_transpose(case):
+    xs, ws, stride, pad, dil, g, opad = case
+    x, w = rand(xs), rand(ws)
+    compare_engines(lambda a, b: ops.conv_transpose(a, b, stride, pad, dil, g, output_padding=opad), [x, w],
+                    native_ops=["conv_transpose"], **CONV_TOL)
+
+
+POOL_CASES = [  # x shape, kernel, stride, padding, dilation, ceil_mode
+    ((2, 3, 8, 7), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False),
+    ((1, 2, 9, 8), (3, 2), (2, 3), (1, 0, 1, 1), (1, 1), True),
+    ((1, 2, 10), (3,), (2,), (2, 1), (2,), False),
+    ((1, 1, 5, 5, 5), (2, 3, 2), (1, 2, 2), (0, 1, 1, 1, 0, 0), (1, 1, 1), True),
+    ((3, 2, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), False),
+]
+
+
+@pytest.mark.parametrize("name", ["max_pool", "average_pool"])
+@pytest.mark.parametrize("case", POOL_CASES, ids=str)
+def test_pooling(case, name):
+    xs, k, stride, pad, dil, ceil = case
+    x = rand(xs)
+    tol = {} if name == "max_pool" else dict(rtol=1e-5, atol=1e-6)  # a max is exact
+    compare_engines(lambda a: getattr(ops, name)(a, k, stride, pad, dilation=dil, ceil_mode=ceil), [x],
+                    native_ops=[name], **tol)
+
+
+def test_float16_runs_through_float32_primitives():
+    """oneDNN ops stage float16 operands in float32 (the reference computes them in float32 too)."""
+    tol = dict(rtol=2e-3, atol=2e-3)
+    x, w = rand((2, 4, 7, 6), np.float16), rand((6, 2, 3, 3), np.float16)
+    compare_engines(lambda a, b: ops.conv(a, b, (1, 2), (1, 1, 0, 1), (1, 1), 2), [x, w], native_ops=["conv"], **tol)
+    wt = rand((4, 3, 2, 2), np.float16)
+    compare_engines(lambda a, b: ops.conv_transpose(a, b, (2, 2), (0, 0, 0, 0), (1, 1), 1), [x, wt],
+                    native_ops=["conv_transpose"], **tol)
+    for name in ("max_pool", "average_pool"):
+        compare_engines(lambda a: getattr(ops, name)(ops.transpose_(a, (0, 1, 3, 2)), (2, 3), (1, 2), ceil_mode=True),
+                        [x], native_ops=[name], **tol)
+    compare_engines(lambda a: ops.softmax(ops.transpose_(a, (0, 1, 3, 2)), 2), [x], native_ops=["softmax"], **tol)
+    m1, m2 = rand((3, 5, 4), np.float16), rand((4, 2), np.float16)
+    compare_engines(lambda a, b: ops.matmul(ops.transpose_(a, (0, 2, 1)), ops.transpose_(b)) + 0, [m1.transpose(0, 2, 1).copy(), m2.T.copy()],
+                    native_ops=["matmul"], **tol)

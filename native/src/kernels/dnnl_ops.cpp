@@ -1,5 +1,7 @@
-// Kernels backed by oneDNN: matmul (batched, broadcast, strided/transposed operands) and softmax.
-// Primitives are created once at load; each run only points their memory at the arena.
+// Kernels backed by oneDNN: matmul (batched, broadcast, strided/transposed operands), softmax,
+// convolution, transposed convolution and max/average pooling. Primitives are created once at
+// load; each run only points their memory at the arena. A configuration oneDNN rejects (e.g. a
+// dtype this CPU lacks) makes the factory return nullptr, and the op runs on the fallback.
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
@@ -15,42 +17,72 @@ dnnl::engine& cpu() {
   return e;
 }
 
+// Float16 operands run through float32 primitives, staged in packed float32 scratch: the
+// reference computes float16 in float32 and rounds once, and this CPU may lack f16 kernels.
 bool dnnl_type(DType d, memory::data_type& out) {
   switch (d) {
-    case DType::F32: out = memory::data_type::f32; return true;
-    case DType::F16: out = memory::data_type::f16; return true;
+    case DType::F32: case DType::F16: out = memory::data_type::f32; return true;
     default: return false;
   }
 }
+
+bool staged(const Buffer& b) { return b.dtype == DType::F16; }
 
 // A buffer as a oneDNN memory descriptor of `dims`, with `strides` in elements.
 memory::desc md(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, memory::data_type t) {
   return memory::desc(memory::dims(dims.begin(), dims.end()), t, memory::dims(strides.begin(), strides.end()));
 }
 
+// Element strides of a buffer as oneDNN sees it (packed when staged).
 std::vector<int64_t> elem_strides(const Buffer& b) {
+  const Buffer& v = staged(b) ? packed_like(b) : b;
   std::vector<int64_t> s;
-  for (auto v : b.strides) s.push_back(v / static_cast<int64_t>(itemsize(b.dtype)));
+  for (auto x : v.strides) s.push_back(x / static_cast<int64_t>(itemsize(v.dtype)));
   return s;
 }
 
 struct DnnlKernel : Kernel {
+  struct Arg {
+    int id;  // DNNL_ARG_*
+    memory mem;
+    Buffer buf;
+    bool output;
+    std::vector<float> f32;       // staging of a float16 operand
+    std::vector<uint8_t> packed;  // its packed float16 bytes, when the buffer is strided
+  };
   dnnl::primitive prim;
-  std::vector<std::pair<int, memory>> args;  // (DNNL_ARG_*, memory)
-  std::vector<int64_t> offsets;               // arena offset of each arg
+  std::vector<Arg> args;
   dnnl::stream strm{cpu()};
   void run(uint8_t* arena) override {
     std::unordered_map<int, memory> m;
-    for (size_t i = 0; i < args.size(); ++i) {
-      args[i].second.set_data_handle(arena + offsets[i]);
-      m.emplace(args[i].first, args[i].second);
+    for (auto& a : args) {
+      if (staged(a.buf)) {
+        a.f32.resize(a.buf.nelms);
+        if (!a.output) load_row<float>(f16_bytes(a, arena, true), 2, DType::F16, a.f32.data(), a.buf.nelms);
+        a.mem.set_data_handle(a.f32.data());
+      } else {
+        a.mem.set_data_handle(arena + a.buf.offset);
+      }
+      m.emplace(a.id, a.mem);
     }
     prim.execute(strm, m);
     strm.wait();
+    for (auto& a : args) {
+      if (!staged(a.buf) || !a.output) continue;
+      store_row<float>(f16_bytes(a, arena, false), 2, DType::F16, a.f32.data(), a.buf.nelms);
+      if (!a.buf.contiguous) copy_buffer(arena, a.buf, a.packed.data(), packed_like(a.buf));
+    }
   }
-  void add(int arg, const memory::desc& d, int64_t offset) {
-    args.emplace_back(arg, memory(d, cpu(), DNNL_MEMORY_NONE));
-    offsets.push_back(offset);
+  // Packed float16 bytes of a staged operand: the arena when contiguous, else scratch (filled
+  // from the arena for inputs).
+  static uint8_t* f16_bytes(Arg& a, uint8_t* arena, bool fill) {
+    if (a.buf.contiguous) return arena + a.buf.offset;
+    a.packed.resize(a.buf.nbytes());
+    if (fill) copy_buffer(a.packed.data(), packed_like(a.buf), arena, a.buf);
+    return a.packed.data();
+  }
+  void add(int arg, const memory::desc& d, const Buffer& b, bool output = false) {
+    args.push_back(Arg{arg, memory(d, cpu(), DNNL_MEMORY_NONE), b, output, {}, {}});
   }
 };
 
@@ -94,9 +126,9 @@ const RegisterKernel matmul_op{{"matmul"}, [](const OpInstr& ins, const std::vec
     auto ad = md(A.dims, A.strides, ta), bd = md(B.dims, B.strides, tb), yd = md(ydims, ystr, ty);
     dnnl::matmul::primitive_desc pd(cpu(), ad, bd, yd);
     k->prim = dnnl::matmul(pd);
-    k->add(DNNL_ARG_SRC, ad, a.offset);
-    k->add(DNNL_ARG_WEIGHTS, bd, b.offset);
-    k->add(DNNL_ARG_DST, yd, y.offset);
+    k->add(DNNL_ARG_SRC, ad, a);
+    k->add(DNNL_ARG_WEIGHTS, bd, b);
+    k->add(DNNL_ARG_DST, yd, y, true);
     return k;
   } catch (const dnnl::error&) {
     return nullptr;  // not supported by oneDNN on this CPU: the engine falls back
@@ -115,13 +147,131 @@ const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::v
     dnnl::softmax_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference,
                                              dnnl::algorithm::softmax_accurate, xd, yd, axis);
     k->prim = dnnl::softmax_forward(pd);
-    k->add(DNNL_ARG_SRC, xd, x.offset);
-    k->add(DNNL_ARG_DST, yd, y.offset);
+    k->add(DNNL_ARG_SRC, xd, x);
+    k->add(DNNL_ARG_DST, yd, y, true);
     return k;
   } catch (const dnnl::error&) {
     return nullptr;
   }
 }};
+
+// ---- convolution, transposed convolution, pooling ------------------------------------------------
+// Window geometry from the op attributes (spatial dims only). oneDNN counts dilation from 0.
+struct Window {
+  memory::dims strides, dilates, pad_l, pad_r;
+};
+
+Window window_of(const OpInstr& ins, size_t r) {
+  auto get = [&](const char* name, int64_t dflt) {
+    auto it = ins.attrs.find(name);
+    return it == ins.attrs.end() ? std::vector<int64_t>(r, dflt) : it->second.ints();
+  };
+  const auto st = get("strides", 1), dl = get("dilations", 1), pads = get("pads", 0);
+  Window w;
+  for (size_t i = 0; i < r; ++i) {
+    w.strides.push_back(st[i]);
+    w.dilates.push_back(dl[i] - 1);
+    w.pad_l.push_back(pads[i]);
+    w.pad_r.push_back(pads[r + i]);
+  }
+  return w;
+}
+
+// The right padding that makes oneDNN's output-size rule give `out` (ceil mode, or strides that
+// leave the end of the padded input unused).
+void fit_right_padding(Window& w, const std::vector<int64_t>& in, const std::vector<int64_t>& kernel,
+                       const std::vector<int64_t>& out, bool transposed) {
+  for (size_t i = 0; i < w.strides.size(); ++i) {
+    const int64_t eff = (kernel[i] - 1) * (w.dilates[i] + 1) + 1;
+    w.pad_r[i] = transposed ? (in[i] - 1) * w.strides[i] + eff - w.pad_l[i] - out[i]
+                            : (out[i] - 1) * w.strides[i] + eff - in[i] - w.pad_l[i];
+  }
+}
+
+std::vector<int64_t> spatial(const std::vector<int64_t>& shape) { return {shape.begin() + 2, shape.end()}; }
+
+// Weights of a (transposed) convolution as oneDNN's (groups, out/g, in/g, k...) without copying.
+// conv weights are (M, C/g, k...); conv_transpose weights are (C, M/g, k...).
+std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer& w, int64_t g, bool transposed) {
+  const auto s = elem_strides(w);
+  std::vector<int64_t> dims, str;
+  const int64_t a = w.shape[0], b = w.shape[1];
+  if (!transposed) {
+    if (g > 1) { dims = {g, a / g, b}; str = {a / g * s[0], s[0], s[1]}; }
+    else { dims = {a, b}; str = {s[0], s[1]}; }
+  } else {
+    if (g > 1) { dims = {g, b, a / g}; str = {a / g * s[0], s[1], s[0]}; }
+    else { dims = {b, a}; str = {s[1], s[0]}; }
+  }
+  for (size_t i = 2; i < w.shape.size(); ++i) { dims.push_back(w.shape[i]); str.push_back(s[i]); }
+  return {dims, str};
+}
+
+KernelFactory convolution(bool transposed) {
+  return [transposed](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
+    const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+    memory::data_type t;
+    if (!dnnl_type(x.dtype, t) || w.dtype != x.dtype || y.dtype != x.dtype) return nullptr;
+    if (x.nelms == 0 || w.nelms == 0 || y.nelms == 0) return nullptr;
+    const int64_t g = ins.attrs.at("groups").i();
+    Window win = window_of(ins, x.shape.size() - 2);
+    fit_right_padding(win, spatial(x.shape), spatial(w.shape), spatial(y.shape), transposed);
+    try {
+      auto k = std::make_unique<DnnlKernel>();
+      auto [wdims, wstr] = conv_weights(w, g, transposed);
+      auto xd = md(x.shape, elem_strides(x), t), wd = md(wdims, wstr, t), yd = md(y.shape, elem_strides(y), t);
+      if (transposed) {
+        dnnl::deconvolution_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference,
+                                                       dnnl::algorithm::deconvolution_direct, xd, wd, yd,
+                                                       win.strides, win.dilates, win.pad_l, win.pad_r);
+        k->prim = dnnl::deconvolution_forward(pd);
+      } else {
+        dnnl::convolution_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference,
+                                                     dnnl::algorithm::convolution_direct, xd, wd, yd,
+                                                     win.strides, win.dilates, win.pad_l, win.pad_r);
+        k->prim = dnnl::convolution_forward(pd);
+      }
+      k->add(DNNL_ARG_SRC, xd, x);
+      k->add(DNNL_ARG_WEIGHTS, wd, w);
+      k->add(DNNL_ARG_DST, yd, y, true);
+      return k;
+    } catch (const dnnl::error&) {
+      return nullptr;
+    }
+  };
+}
+
+// Max pooling: padding never wins. Average pooling: padded positions are not counted.
+KernelFactory pooling(dnnl::algorithm alg) {
+  return [alg](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
+    const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+    memory::data_type t;
+    if (!dnnl_type(x.dtype, t) || x.nelms == 0 || y.nelms == 0) return nullptr;
+    const auto kernel = ins.attrs.at("kernel").ints();
+    Window win = window_of(ins, kernel.size());
+    fit_right_padding(win, spatial(x.shape), kernel, spatial(y.shape), false);
+    try {
+      auto k = std::make_unique<DnnlKernel>();
+      auto xd = md(x.shape, elem_strides(x), t), yd = md(y.shape, elem_strides(y), t);
+      dnnl::pooling_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference, alg, xd, yd, win.strides,
+                                               memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l,
+                                               win.pad_r);
+      k->prim = dnnl::pooling_forward(pd);
+      k->add(DNNL_ARG_SRC, xd, x);
+      k->add(DNNL_ARG_DST, yd, y, true);
+      return k;
+    } catch (const dnnl::error&) {
+      return nullptr;
+    }
+  };
+}
+
+const RegisterKernel window_ops[] = {
+    {{"conv"}, convolution(false)},
+    {{"conv_transpose"}, convolution(true)},
+    {{"max_pool"}, pooling(dnnl::algorithm::pooling_max)},
+    {{"average_pool"}, pooling(dnnl::algorithm::pooling_avg_exclude_padding)},
+};
 
 }  // namespace
 }  // namespace popxl
