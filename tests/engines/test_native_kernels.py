@@ -425,3 +425,71 @@ def test_float16_runs_through_float32_primitives():
     m1, m2 = rand((3, 5, 4), np.float16), rand((4, 2), np.float16)
     compare_engines(lambda a, b: ops.matmul(ops.transpose_(a, (0, 2, 1)), ops.transpose_(b)) + 0, [m1.transpose(0, 2, 1).copy(), m2.T.copy()],
                     native_ops=["matmul"], **tol)
+
+
+# ---- index reductions, statistics, small elementwise ----------------------------------------------
+ARG_DTYPES = [np.float32, np.float16, np.int32, np.uint8]
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dim", [None, 0, 1, -1])
+@pytest.mark.parametrize("dtype", ARG_DTYPES)
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+def test_argmax_argmin(name, dtype, dim, keepdim):
+    x = rand((4, 5, 3), dtype, low=0, high=3)  # many ties: the first extreme wins
+    if np.dtype(dtype).kind == "f":
+        x[1, 2, 0] = np.nan
+    compare_engines(lambda t: getattr(ops, name)(t, dim, keepdim), [x], native_ops=[name])
+
+
+def test_argmax_of_a_scalar_and_a_view():
+    compare_engines(lambda t: ops.argmax(t, None), [np.asarray(3.0, np.float32)], native_ops=["argmax"])
+    compare_engines(lambda t: ops.argmin(ops.transpose_(t), 1), [rand((3, 6))], native_ops=["argmin"])
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int8, np.uint8])
+def test_cumsum(dtype, dim):
+    x = rand((6, 7), dtype, low=0 if np.dtype(dtype).kind == "u" else -100, high=100)  # int8 wraps
+    compare_engines(lambda t: ops.cumsum(t, dim), [x], native_ops=["cumsum"])
+    compare_engines(lambda t: ops.cumsum(t, dim), [rand((0, 3), dtype)], native_ops=["cumsum"])
+
+
+@pytest.mark.parametrize("sorted_", [True, False])
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+@pytest.mark.parametrize("case", [((5, 8), 3, 1), ((9,), 9, 0), ((4, 3, 2), 2, 0), ((3, 4), 0, 1)], ids=str)
+def test_topk(case, dtype, largest, sorted_):
+    shape, k, axis = case
+    x = rand(shape, dtype, low=0, high=4)  # ties keep the lower index first
+    if np.dtype(dtype).kind == "f" and x.size > 3:
+        x.flat[2] = np.nan
+    compare_engines(lambda t: ops.topk(t, k, axis, largest, sorted_), [x], native_ops=["topk"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_lamb_square_and_histogram(dtype):
+    x = rand((33, 17), dtype, low=-5, high=5)
+    compare_engines(lambda t: ops.lamb_square(t), [x], native_ops=["lamb_square"], rtol=1e-6)
+    compare_engines(lambda t: ops.lamb_square(t), [rand((0,), dtype)], native_ops=["lamb_square"])
+    if np.dtype(dtype).kind == "f":
+        x[0, 0], x[0, 1] = np.nan, -np.inf
+    for absolute in (False, True):
+        compare_engines(lambda t: ops.histogram(t, [-2.0, 0.0, 0.5, 3.0], absolute), [x], native_ops=["histogram"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.bool_, np.float16])
+def test_logical_not(dtype):
+    x = rand((4, 5), dtype, low=-1, high=1)
+    if np.dtype(dtype).kind == "f":
+        x[0, 0] = np.nan
+    compare_engines(lambda t: ops.logical_not(t), [x], native_ops=["logical_not"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("name", ["gelu_grad", "geluerf_grad"])
+def test_gelu_gradients(name, dtype):
+    from popxl.op import create_op
+    g, x = rand((7, 9), dtype), rand((7, 9), dtype, low=-6, high=6)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=2e-3, atol=2e-3)
+    compare_engines(lambda a, b: create_op(name, [a, b])[0], [g, x], native_ops=[name], **tol)

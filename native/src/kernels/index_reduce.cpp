@@ -1,0 +1,233 @@
+// Reductions along one axis that are not plain folds: argmax/argmin, cumsum, topk; whole-tensor
+// statistics lamb_square and histogram; and two small elementwise ops used by training programs
+// (logical_not, the fused gelu gradients). The tensor is seen as (pre, D, post) around the axis.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "loops.hpp"
+
+namespace popxl {
+namespace {
+
+using std::unique_ptr;
+
+struct Lines {
+  int64_t pre = 1, D = 1, post = 1;
+};
+
+// Axis `dim` of `shape`, or the flattened tensor when dim is None.
+Lines lines_of(const std::vector<int64_t>& shape, const AttrValue& dim) {
+  if (dim.is_none() || shape.empty()) return {1, prod(shape), 1};
+  const size_t d = static_cast<size_t>(dim.i());
+  return {prod(shape, 0, d), shape[d], prod(shape, d + 1)};
+}
+
+template <class T>
+bool isnan_any(T v) {
+  if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, f16>) return v != v; else return false;
+}
+
+// The elements of a buffer as a packed vector of T (its own dtype).
+template <class T>
+const T* packed_values(uint8_t* arena, Packed& p) { return reinterpret_cast<const T*>(p.read(arena)); }
+
+// ---- argmax / argmin: the first extreme wins; NaN counts as the extreme (as NumPy) --------------
+KernelFactory arg_extreme(bool is_max) {
+  return [is_max](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+    if (y.dtype != DType::I32 || x.nelms == 0) return nullptr;
+    const Lines l = lines_of(x.shape, ins.attrs.at("dim"));
+    unique_ptr<Kernel> k;
+    dispatch_arith(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      auto px = std::make_shared<Packed>(x);
+      auto py = std::make_shared<Packed>(y);
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        const T* v = packed_values<T>(a, *px);
+        int32_t* out = reinterpret_cast<int32_t*>(py->write(a));
+        for (int64_t p = 0; p < l.pre; ++p)
+          for (int64_t q = 0; q < l.post; ++q) {
+            const T* line = v + p * l.D * l.post + q;
+            int64_t best = 0;
+            for (int64_t i = 0; i < l.D; ++i) {
+              const T c = line[i * l.post], b = line[best * l.post];
+              if (isnan_any(c)) { best = i; break; }
+              if (is_max ? c > b : c < b) best = i;
+            }
+            out[p * l.post + q] = static_cast<int32_t>(best);
+          }
+        py->commit(a);
+      });
+    });
+    return k;
+  };
+}
+
+// ---- cumsum: sequential sums (as np.cumsum), float16 in float32, integers wrapping ----------------
+const RegisterKernel cumsum_op{{"cumsum"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+  if (x.dtype != y.dtype) return nullptr;
+  const Lines l = lines_of(x.shape, ins.attrs.at("dim"));
+  unique_ptr<Kernel> k;
+  dispatch_arith(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Integers add in uint64 (wrapping, no signed overflow); the truncation back is NumPy's too.
+    using Acc = std::conditional_t<std::is_integral_v<T>, uint64_t, typename Wide<T>::type>;
+    auto px = std::make_shared<Packed>(x);
+    auto py = std::make_shared<Packed>(y);
+    k = std::make_unique<FnKernel>([=](uint8_t* a) {
+      const T* v = packed_values<T>(a, *px);
+      T* out = reinterpret_cast<T*>(py->write(a));
+      for (int64_t p = 0; p < l.pre; ++p)
+        for (int64_t q = 0; q < l.post; ++q) {
+          Acc s = 0;
+          for (int64_t i = 0; i < l.D; ++i) {
+            const int64_t e = (p * l.D + i) * l.post + q;
+            s = s + static_cast<Acc>(v[e]);
+            out[e] = static_cast<T>(s);
+          }
+        }
+      py->commit(a);
+    });
+  });
+  return k;
+}};
+
+// ---- topk: a stable order (ties keep the lower index first; NaN is the largest value) -----------
+const RegisterKernel topk_op{{"topk"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]], &vals = bufs[ins.outputs[0]], &idx = bufs[ins.outputs[1]];
+  if (idx.dtype != DType::I32) return nullptr;
+  const int64_t K = ins.attrs.at("k").i();
+  const bool largest = ins.attrs.at("largest").b(), sorted = ins.attrs.at("sorted").b();
+  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const Lines l{prod(x.shape, 0, axis), x.shape[axis], prod(x.shape, axis + 1)};
+  unique_ptr<Kernel> k;
+  dispatch_arith(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto px = std::make_shared<Packed>(x);
+    auto pv = std::make_shared<Packed>(vals);
+    auto pi = std::make_shared<Packed>(idx);
+    k = std::make_unique<FnKernel>([=](uint8_t* a) {
+      const T* v = packed_values<T>(a, *px);
+      T* ov = reinterpret_cast<T*>(pv->write(a));
+      int32_t* oi = reinterpret_cast<int32_t*>(pi->write(a));
+      std::vector<int64_t> order(l.D);
+      for (int64_t p = 0; p < l.pre; ++p)
+        for (int64_t q = 0; q < l.post; ++q) {
+          const T* line = v + p * l.D * l.post + q;
+          auto at_ = [&](int64_t i) { return line[i * l.post]; };
+          // "a before b": a is strictly better; NaN above every number
+          auto better = [&](int64_t i, int64_t j) {
+            const T s = at_(i), t = at_(j);
+            const bool ns = isnan_any(s), nt = isnan_any(t);
+            if (ns || nt) return largest ? (ns && !nt) : (!ns && nt);
+            return largest ? s > t : s < t;
+          };
+          std::iota(order.begin(), order.end(), int64_t{0});
+          std::stable_sort(order.begin(), order.end(), better);
+          if (!sorted) std::sort(order.begin(), order.begin() + K);
+          for (int64_t j = 0; j < K; ++j) {
+            const int64_t e = (p * K + j) * l.post + q;
+            ov[e] = at_(order[j]);
+            oi[e] = static_cast<int32_t>(order[j]);
+          }
+        }
+      pv->commit(a);
+      pi->commit(a);
+    });
+  });
+  return k;
+}};
+
+// ---- lamb_square: sum of squares in float64, as float32 -----------------------------------------
+const RegisterKernel lamb_square_op{{"lamb_square"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+  if (!is_numeric(x.dtype) || y.dtype != DType::F32) return nullptr;
+  auto px = std::make_shared<Packed>(x);
+  return std::make_unique<FnKernel>([=](uint8_t* a) {
+    const uint8_t* v = px->read(a);
+    const int64_t item = static_cast<int64_t>(itemsize(x.dtype));
+    double buf[256], total = 0;
+    for (int64_t i0 = 0; i0 < x.nelms; i0 += 256) {
+      const int64_t n = std::min<int64_t>(256, x.nelms - i0);
+      load_row<double>(v + i0 * item, item, x.dtype, buf, n);
+      for (int64_t i = 0; i < n; ++i) total += buf[i] * buf[i];
+    }
+    *reinterpret_cast<float*>(a + y.offset) = float(total);
+  });
+}};
+
+// ---- histogram: bin = number of levels <= value (NaN in the last bin) ----------------------------
+const RegisterKernel histogram_op{{"histogram"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+  if (!is_numeric(x.dtype) || y.dtype != DType::U32) return nullptr;
+  std::vector<double> levels;
+  for (auto& v : ins.attrs.at("levels").list()) levels.push_back(v.f());
+  const bool absolute = ins.attrs.at("absolute_of_input").b();
+  auto px = std::make_shared<Packed>(x);
+  auto py = std::make_shared<Packed>(y);
+  return std::make_unique<FnKernel>([=](uint8_t* a) {
+    std::vector<double> v(x.nelms);
+    load_row<double>(px->read(a), static_cast<int64_t>(itemsize(x.dtype)), x.dtype, v.data(), x.nelms);
+    std::vector<uint32_t> counts(levels.size() + 1, 0);
+    for (double e : v) {
+      if (absolute) e = std::fabs(e);
+      const size_t bin = std::isnan(e) ? levels.size()
+                                       : static_cast<size_t>(std::upper_bound(levels.begin(), levels.end(), e) - levels.begin());
+      ++counts[bin];
+    }
+    std::memcpy(py->write(a), counts.data(), counts.size() * sizeof(uint32_t));
+    py->commit(a);
+  });
+}};
+
+// ---- logical_not, gelu gradients ----------------------------------------------------------------
+const RegisterKernel logical_not_op{{"logical_not"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+  if (!is_numeric(x.dtype) || y.dtype != DType::Bool) return nullptr;
+  return std::make_unique<FnKernel>([=](uint8_t* a) {
+    map_rows<double, 1>(a, y, {x}, [](double* out, const double* const* in, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) out[i] = in[0][i] == 0;  // NaN is true, so its negation is false
+    });
+  });
+}};
+
+// g * d/dx gelu(x), in float32 (float64 for float64), rounded once to x's dtype.
+template <class Form>
+KernelFactory gelu_grad(Form form) {
+  return [form](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &g = bufs[ins.inputs[0]], &x = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+    unique_ptr<Kernel> k;
+    dispatch_float(x.dtype, [&](auto tag) {
+      using W = typename Wide<typename decltype(tag)::type>::type;
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        map_rows<W, 2>(a, y, {g, x}, [&](W* out, const W* const* in, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) out[i] = in[0][i] * form(in[1][i]);
+        });
+      });
+    });
+    return k;
+  };
+}
+
+const RegisterKernel gelu_grad_ops[] = {
+    {{"gelu_grad"}, gelu_grad([](auto x) {
+       using W = decltype(x);
+       const W c = W(0.7978845608028654), t = std::tanh(c * (x + W(0.044715) * x * x * x));
+       return W(0.5) * (W(1) + t) + W(0.5) * x * (W(1) - t * t) * c * (W(1) + W(3 * 0.044715) * x * x);
+     })},
+    {{"geluerf_grad"}, gelu_grad([](auto x) {
+       using W = decltype(x);
+       const W cdf = W(0.5) * (W(1) + std::erf(x / W(1.4142135623730951)));
+       return cdf + x * std::exp(W(-0.5) * x * x) / W(2.5066282746310002);
+     })},
+};
+
+const RegisterKernel arg_ops[] = {
+    {{"argmax"}, arg_extreme(true)},
+    {{"argmin"}, arg_extreme(false)},
+};
+
+}  // namespace
+}  // namespace popxl
