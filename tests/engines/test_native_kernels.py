@@ -6,6 +6,7 @@ import pytest
 
 import popxl
 import popxl.ops as ops
+from popxl.ops import collectives as coll
 from popxl.ops import var_updates as vu
 from engine_harness import compare_engines
 
@@ -493,3 +494,67 @@ def test_gelu_gradients(name, dtype):
     g, x = rand((7, 9), dtype), rand((7, 9), dtype, low=-6, high=6)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=2e-3, atol=2e-3)
     compare_engines(lambda a, b: create_op(name, [a, b])[0], [g, x], native_ops=[name], **tol)
+
+
+# ---- collectives across replicas ---------------------------------------------------------------------
+def compare_replicated(build, data, replication, native_ops, **group_args):
+    """Like compare_engines, with ``replication`` replicas; ``data`` is (replicas, *shape)."""
+    from engine_harness import run_program
+
+    def program(x):
+        ir = x.ir
+        group = ir.replica_grouping(**group_args) if group_args else None
+        return build(x, group)
+    want, _ = run_program(program, [data], "reference", replication=replication)
+    got, eng = run_program(program, [data], "native", replication=replication)
+    assert not set(native_ops) & set(eng.fallback_ops), eng.fallback_ops
+    for w, g in zip(want, got):
+        assert w.dtype == g.dtype and w.shape == g.shape
+        np.testing.assert_array_equal(g, w)
+
+
+COLL_DTYPES = [np.float32, np.float16, np.int32, np.uint8]
+
+
+@pytest.mark.parametrize("groups", [{}, {"stride": 1, "group_size": 2}, {"stride": 2, "group_size": 2}], ids=str)
+@pytest.mark.parametrize("dtype", COLL_DTYPES)
+@pytest.mark.parametrize("op", ["add", "mean", "mul", "min", "max", "and", "or", "square_add"])
+def test_replicated_all_reduce(op, dtype, groups):
+    data = rand((4, 3, 5), dtype, low=0 if np.dtype(dtype).kind == "u" else -4, high=4)
+    if np.dtype(dtype).kind == "f":
+        data[1, 0, 0] = np.nan
+    compare_replicated(lambda x, g: coll.replicated_all_reduce(x, op, g), data, 4,
+                       ["replicated_all_reduce"], **groups)
+
+
+def test_replicated_all_reduce_in_place_and_reduce_scatter():
+    data = rand((4, 2, 3))
+    def build(x, g):
+        coll.replicated_all_reduce_(x, "add", g)
+        return x + 0, coll.replicated_reduce_scatter(x, "max", g)
+    compare_replicated(build, data, 4, ["replicated_all_reduce_", "replicated_reduce_scatter"])
+    compare_replicated(lambda x, g: coll.replicated_reduce_scatter(x, "add", g), rand((2, 7), np.float16), 2,
+                       ["replicated_reduce_scatter"])
+
+
+@pytest.mark.parametrize("output_shape", ["new_axis", "concat", "meta_shape"])
+def test_gathers_and_slices(output_shape):
+    data = rand((4, 4, 8))
+    def build(x, g):
+        if output_shape == "meta_shape":
+            shard = coll.replica_sharded_slice(x, g)
+            return shard, coll.replicated_all_gather(shard, group=g, output_shape="meta_shape")
+        sliced = coll.replicated_slice(x, 1, g)
+        return sliced, coll.replicated_all_gather(sliced, axis=1, group=g, output_shape=output_shape)
+    ops_ = ["replicated_all_gather", "replica_sharded_slice" if output_shape == "meta_shape" else "replicated_slice"]
+    compare_replicated(build, data, 4, ops_)
+    compare_replicated(build, data, 4, ops_, stride=2, group_size=2)
+
+
+@pytest.mark.parametrize("identity", [False, True])
+def test_all_reduce_across_ipus(identity):
+    from popxl.op import create_op
+    a, b = rand((3, 4)), rand((3, 4))
+    compare_engines(lambda x, y: create_op("all_reduce", [x, y], {"op": "add", "identity": identity,
+                                                                  "backward": False}),
+                    [a, b], native_ops=["all_reduce"])

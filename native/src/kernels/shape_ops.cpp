@@ -11,26 +11,6 @@ namespace {
 
 using std::unique_ptr;
 
-// Recompute the derived fields of a buffer whose shape or strides were edited.
-void refresh(Buffer& b) {
-  b.nelms = prod(b.shape);
-  int64_t expect = static_cast<int64_t>(itemsize(b.dtype));
-  b.contiguous = true;
-  for (size_t i = b.shape.size(); i-- > 0;) {
-    if (b.shape[i] != 1 && b.strides[i] != expect) b.contiguous = false;
-    expect *= b.shape[i];
-  }
-}
-
-// The part [start, start + len) of `b` along `axis`, as a view.
-Buffer window(const Buffer& b, size_t axis, int64_t start, int64_t len) {
-  Buffer v = b;
-  v.offset += start * b.strides[axis];
-  v.shape[axis] = len;
-  refresh(v);
-  return v;
-}
-
 // ---- concat / split -----------------------------------------------------------------------------
 // Both copy between whole operands and windows of the joined tensor along the axis.
 KernelFactory join_or_cut(bool join) {
