@@ -130,21 +130,54 @@ class _Lowering:
             self.regions[rb] = _packed_desc(self.arena, shape, rb.tensor_dtype)
             self.arena += _align(int(np.prod(shape, dtype=np.int64)) * dtypes.ml_dtype(rb.tensor_dtype).itemsize)
 
-    def place_graph(self, g: Graph) -> None:
-        ops = g._ops
-        root: Dict[Tensor, Tensor] = {}
-        for t in g._tensors.values():
-            root[t] = t
-        for op in ops:
+    def _roots(self, g: Graph) -> Dict[Tensor, Tensor]:
+        """Each tensor of ``g`` -> the tensor owning its storage (views and in-place results share)."""
+        root: Dict[Tensor, Tensor] = {t: t for t in g._tensors.values()}
+        for op in g._ops:
             for k, out in enumerate(op.outputs):
                 if k == 0 and op.opdef.view is not None and not op.opdef.copy:
                     root[out] = root[op.inputs[0]]
                 elif k == 0 and op.opdef.inplace is not None:
                     root[out] = root[op.inputs[op.opdef.inplace]]
+        return root
+
+    def _input_aliases(self, g: Graph, root: Dict[Tensor, Tensor]) -> Dict[Tensor, Desc]:
+        """Inputs of ``g`` that can use their caller's storage instead of a copy.
+
+        Legal when ``g`` has exactly one call/repeat site (so there is one caller tensor), the
+        input is not loop-carried (carries overwrite it), the caller tensor is contiguous and bound
+        only once, and the input is by-reference or never written inside ``g`` (a by-value input
+        written in place would change the caller's tensor)."""
+        sites = [op for h in self.graphs for op in h._ops if any(v is g for v in op_called_graphs(op))]
+        if len(sites) != 1 or sites[0].type not in ("call", "repeat"):
+            return {}
+        site = sites[0]
+        carried = len(g._outputs) if site.type == "repeat" else 0
+        written = {root[op.inputs[op.opdef.inplace]] for op in g._ops if op.opdef.inplace is not None}
+        for op in g._ops:
+            if op.type in ("call", "repeat"):
+                index = op.attrs["input_index"]
+                written.update(root[op.inputs[index.index(i)]] for i in op.attrs["modified"])
+        aliases = {}
+        for parent, i in zip(site.inputs, site.attrs["input_index"]):
+            t = g._inputs[i]
+            d = self.desc.get(parent)
+            if (i < carried or d is None or sum(p is parent for p in site.inputs) > 1
+                    or (t in written and t not in g._by_ref_inputs) or d != _contiguous_desc(d[0], parent)):
+                continue
+            aliases[t] = d
+        return aliases
+
+    def place_graph(self, g: Graph) -> None:
+        ops = g._ops
+        root = self._roots(g)
+        aliases = self._input_aliases(g, root)
+        self.desc.update(aliases)
         end = len(ops)
         live: Dict[Tensor, List[int]] = {}
         for t in g._inputs:
-            live[t] = [-1, end]
+            if t not in aliases:
+                live[t] = [-1, end]
         for pos, op in enumerate(ops):
             for out in op.outputs:
                 r = root[out]
@@ -188,7 +221,8 @@ class _Lowering:
         return table[stream]
 
     def copies(self, pairs) -> List[List[int]]:
-        return [[self.buf(a), self.buf(b)] for a, b in pairs]
+        """Buffer pairs to copy; a pair whose two sides are one storage (an aliased input) needs none."""
+        return [[x, y] for x, y in ((self.buf(a), self.buf(b)) for a, b in pairs) if x != y]
 
     def program(self, g: Graph) -> List[Dict]:
         prog = []
