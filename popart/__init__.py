@@ -15,6 +15,10 @@ from popart.errors import (Logger, OnnxImportError, RecoveryAction, StepIOError,
 from popart.options import (Patterns, PatternsLevel, RecomputationType, SessionOptions, SyntheticDataMode,
                             VirtualGraphMode)
 from popart.session import InferenceSession
+from popart.builder import AiGraphcore, AiOnnx, Builder
+from popart.losses import IdentityLoss, L1Loss, NllLoss, ReductionType
+from popart.optimizers import SGD, Adam, AdamMode, ConstSGD, Optimizer, OptimizerValue, WeightDecayMode
+from popart.training import TrainingSession, reservedGradientPrefix
 
 __version__ = "0.1.0"
 
@@ -27,5 +31,7 @@ __all__ = [
     "poplar_application_runtime_error", "poplar_system_runtime_error", "poplar_recoverable_runtime_error",
     "poplar_unrecoverable_runtime_error", "poplar_unknown_runtime_error", "OnnxImportError", "StepIOError",
     "Patterns", "PatternsLevel", "RecomputationType", "SessionOptions", "SyntheticDataMode", "VirtualGraphMode",
-    "InferenceSession",
+    "InferenceSession", "TrainingSession", "reservedGradientPrefix", "Builder", "AiOnnx", "AiGraphcore",
+    "ReductionType", "NllLoss", "L1Loss", "IdentityLoss", "Optimizer", "OptimizerValue", "ConstSGD", "SGD", "Adam",
+    "AdamMode", "WeightDecayMode",
 ]

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from popart.errors import popart_exception
+from popart.losses import ReductionType
 
 __all__ = ["SessionOptions", "Patterns", "PatternsLevel", "VirtualGraphMode", "RecomputationType",
            "SyntheticDataMode"]
@@ -48,6 +49,8 @@ _DEFAULTS: Dict[str, Any] = {
     # options with an effect on the CPU
     "replicatedGraphCount": 1, "enableReplicatedGraphs": False,
     "accumulationFactor": 1, "enableGradientAccumulation": False,
+    # how a TrainingSession combines the gradients of accumulation steps and replicas (PopART's default: Sum)
+    "accumulationAndReplicationReductionType": ReductionType.Sum,
     # accepted for compatibility: IPU compilation, scheduling and reporting settings
     "enableStochasticRounding": False, "engineOptions": {}, "convolutionOptions": {}, "lstmOptions": {},
     "matmulOptions": {}, "reportOptions": {}, "gclOptions": {}, "constantWeights": True,

@@ -46,6 +46,30 @@ def _safe(name: str) -> str:
     return name.replace("/", "_") or "onnx"
 
 
+class ByRef:
+    """Threads main-graph tensors into nested subgraphs (outermost first) as by-reference inputs,
+    so every level reads and updates the same storage; ``bindings(graph)`` is what the call of
+    ``graph`` passes in."""
+
+    def __init__(self, graphs: Sequence[popxl.Graph]) -> None:
+        self._levels = [(g, {}, {}) for g in graphs]
+
+    def __call__(self, var: popxl.Tensor, name: str, depth: Optional[int] = None) -> popxl.Tensor:
+        """``var`` as a tensor of the graph ``depth`` levels in (default: the innermost)."""
+        parent = var
+        for graph, local, bind in self._levels[:depth]:
+            if var not in local:
+                with graph:
+                    t = popxl.graph_input(var.shape, var.dtype, name, by_ref=True)
+                local[var] = t
+                bind[t] = parent
+            parent = local[var]
+        return parent
+
+    def bindings(self, graph: popxl.Graph) -> Dict[popxl.Tensor, popxl.Tensor]:
+        return next(dict(bind) for g, _, bind in self._levels if g is graph)
+
+
 class _Anchor:
     """One anchored tensor: how it is returned, its device stream and its host buffers."""
 
@@ -74,19 +98,19 @@ class InferenceSession:
         if dataFlow is None:
             dataFlow = dataFeed
         elif dataFeed is not None:
-            raise popart_exception("InferenceSession: give dataFlow or its old name dataFeed, not both.")
+            raise popart_exception(f"{type(self).__name__}: give dataFlow or its old name dataFeed, not both.")
         if not isinstance(dataFlow, DataFlow):
-            raise popart_exception(f"InferenceSession: dataFlow must be a popart.DataFlow, not {dataFlow!r}.")
+            raise popart_exception(f"{type(self).__name__}: dataFlow must be a popart.DataFlow, not {dataFlow!r}.")
         if not isinstance(deviceInfo, DeviceInfo):
-            raise popart_exception(f"InferenceSession: deviceInfo must be a popart.DeviceInfo (from "
+            raise popart_exception(f"{type(self).__name__}: deviceInfo must be a popart.DeviceInfo (from "
                                    f"popart.DeviceManager()), not {deviceInfo!r}.")
         options = userOptions if userOptions is not None else SessionOptions()
         if not isinstance(options, SessionOptions):
-            raise popart_exception(f"InferenceSession: userOptions must be popart.SessionOptions, not {options!r}.")
+            raise popart_exception(f"{type(self).__name__}: userOptions must be popart.SessionOptions, not {options!r}.")
         if patterns is not None and not isinstance(patterns, Patterns):
-            raise popart_exception(f"InferenceSession: patterns must be popart.Patterns, not {patterns!r}.")
+            raise popart_exception(f"{type(self).__name__}: patterns must be popart.Patterns, not {patterns!r}.")
         if dataFlow.batchesPerStep() < 1:
-            raise popart_exception("InferenceSession: DataFlow.batchesPerStep must be at least 1.")
+            raise popart_exception(f"{type(self).__name__}: DataFlow.batchesPerStep must be at least 1.")
         self.name = name
         self.dataFlow = dataFlow
         self.deviceInfo = deviceInfo
@@ -97,10 +121,11 @@ class InferenceSession:
         self.batchesPerStep = dataFlow.batchesPerStep()
         if self.replicationFactor > deviceInfo.numIpus:
             raise popart_exception(
-                f"InferenceSession: replicatedGraphCount={self.replicationFactor} needs a device with at least "
+                f"{type(self).__name__}: replicatedGraphCount={self.replicationFactor} needs a device with at least "
                 f"{self.replicationFactor} IPUs, but {deviceInfo!r} has {deviceInfo.numIpus}. Use "
                 f"DeviceManager().createIpuModelDevice({{'numIPUs': {self.replicationFactor}}}).")
-        self._model = load_model(fnModel)
+        self._user_model = load_model(fnModel)
+        self._model = self._prepare_model(self._user_model, inputShapeInfo)
         shape_info = inputShapeInfo.getAllTensorInfo() if inputShapeInfo is not None else {}
         self._importer = GraphImporter(
             self._model, {k: (v.shape(), v.numpy_dtype()) for k, v in shape_info.items()})
@@ -115,6 +140,10 @@ class InferenceSession:
                      len(self._model.graph.node), len(self._variables), self.getInputTensorIds(), list(self._anchors))
 
     # building -------------------------------------------------------------------------------------------
+    def _prepare_model(self, model: onnx.ModelProto, inputShapeInfo: Optional[InputShapeInfo]) -> onnx.ModelProto:
+        """The model to import (a training session appends its losses here)."""
+        return model
+
     @property
     def _steps(self) -> int:
         """Iterations of the step graph per run: one per micro batch of one replica."""
@@ -124,55 +153,70 @@ class InferenceSession:
         ir = popxl.Ir(replication=self.replicationFactor)
         ir.num_host_transfers = self._steps
         main = ir.main_graph
-        with main:
-            in_streams = {s.name: popxl.h2d_stream(s.shape, dtypes.from_numpy(s.device_dtype), _safe(s.name))
-                          for s in self._inputs}
-        self._in_streams = in_streams
+        self._in_streams = self._input_streams(main)
         body = ir.create_empty_graph("popart_step")
-        bindings: Dict[popxl.Tensor, popxl.Tensor] = {}
+        thread = ByRef([body])
 
         def weight(name: str, value: np.ndarray) -> popxl.Tensor:
-            with main:
-                var = popxl.variable(device_array(value), name=_safe(name))
             # By reference: the step graph reads the variable in place instead of a copy of it.
-            t = popxl.graph_input(var.shape, var.dtype, _safe(name), by_ref=True)
-            bindings[t] = var
-            self._variables[name] = var
-            return t
+            return thread(self._new_weight(main, name, value), _safe(name))
 
         accumulators: List[Tuple[_Anchor, popxl.Tensor]] = []
         with body:
-            loaded = {name: ops.host_load(s, _safe(name)) for name, s in in_streams.items()}
+            loaded = {name: ops.host_load(s, _safe(name)) for name, s in self._in_streams.items()}
             self._importer.lower(loaded, weight)
-            known = set(self._importer.names())
-            missing = [a for a in self.dataFlow.anchors() if a not in known]
-            if missing:
-                outputs = [o.name for o in self._model.graph.output]
-                raise popart_exception(f"DataFlow anchors {missing} are not tensors of the model (its outputs are "
-                                       f"{outputs}; any tensor a node produces can be anchored).")
+            self._check_anchors(set(self._importer.names()))
             for name in self.dataFlow.anchors():
-                t = self._importer.tensor(name)
-                a = _Anchor(name, self.dataFlow.art(name), t)
-                self._anchors[name] = a
-                with main:
-                    a.stream = popxl.d2h_stream(t.shape, t.dtype, _safe(name))
-                if a.kind in _PER_BATCH:
-                    ops.host_store(a.stream, t)
-                    continue
-                with main:
-                    acc = ops.init(t.shape, t.dtype, _safe(name) + "_acc")
-                acc_in = popxl.graph_input(t.shape, t.dtype, _safe(name) + "_acc", by_ref=True)
-                bindings[acc_in] = acc
-                if a.kind is AnchorReturnTypeId.SUM:
-                    ops.add_(acc_in, t)
-                else:
-                    ops.var_updates.copy_var_update_(acc_in, t)
-                accumulators.append((a, acc))
+                self._sink_anchor(name, self._importer.tensor(name), main, thread, accumulators)
+        self._finish_main(main, body, self._steps, thread, accumulators)
+        self._ir = ir
+
+    def _input_streams(self, main: popxl.Graph) -> Dict[str, popxl.HostToDeviceStream]:
         with main:
-            ops.repeat(body, self._steps, inputs_dict=bindings)
+            return {s.name: popxl.h2d_stream(s.shape, dtypes.from_numpy(s.device_dtype), _safe(s.name))
+                    for s in self._inputs}
+
+    def _new_weight(self, main: popxl.Graph, name: str, value: np.ndarray) -> popxl.Variable:
+        with main:
+            var = popxl.variable(device_array(value), name=_safe(name))
+        self._variables[name] = var
+        return var
+
+    def _check_anchors(self, known: set) -> None:
+        missing = [a for a in self.dataFlow.anchors() if a not in known]
+        if missing:
+            outputs = [o.name for o in self._model.graph.output]
+            raise popart_exception(f"DataFlow anchors {missing} are not tensors of the model (its outputs are "
+                                   f"{outputs}; any tensor a node produces can be anchored).")
+
+    def _sink_anchor(self, name: str, t: popxl.Tensor, main: popxl.Graph, thread: "ByRef",
+                     accumulators: List[Tuple[_Anchor, popxl.Tensor]]) -> None:
+        """Send anchor ``name`` (value ``t`` in the current graph) to the host: a ``host_store`` per
+        batch (ALL, EVERYN) or an update of a main-graph accumulator (SUM adds, FINAL copies),
+        stored once after the loop by ``_finish_main``."""
+        a = _Anchor(name, self.dataFlow.art(name), t)
+        self._anchors[name] = a
+        with main:
+            a.stream = popxl.d2h_stream(t.shape, t.dtype, _safe(name))
+        if a.kind in _PER_BATCH:
+            ops.host_store(a.stream, t)
+            return
+        with main:
+            acc = ops.init(t.shape, t.dtype, _safe(name) + "_acc")
+        acc_in = thread(acc, _safe(name) + "_acc")
+        if a.kind is AnchorReturnTypeId.SUM:
+            ops.add_(acc_in, t)
+        else:
+            ops.var_updates.copy_var_update_(acc_in, t)
+        accumulators.append((a, acc))
+
+    @staticmethod
+    def _finish_main(main: popxl.Graph, body: popxl.Graph, count: int, thread: "ByRef",
+                     accumulators: List[Tuple[_Anchor, popxl.Tensor]]) -> None:
+        with main:
+            ops.repeat(body, count, inputs_dict=thread.bindings(body))
             for a, acc in accumulators:
                 ops.host_store(a.stream, acc)
-        self._ir = ir
 
     # shapes ---------------------------------------------------------------------------------------------
     def _lead(self) -> Tuple[int, ...]:
@@ -326,7 +370,7 @@ class InferenceSession:
             self._px.weights_to_host()
         values = self._host_weights()
         model = onnx.ModelProto()
-        model.CopyFrom(self._model)
+        model.CopyFrom(self._user_model)
         for init in model.graph.initializer:
             if init.name in values:
                 original = numpy_helper.to_array(init)
@@ -492,6 +536,7 @@ class InferenceSession:
         lines = [f"popart session {self.name!r}: {len(self._model.graph.node)} ONNX nodes lowered to {n_ops} popxl "
                  f"ops, {len(self._variables)} weights, batchesPerStep={self.batchesPerStep}, "
                  f"replicationFactor={self.replicationFactor}, device={self.deviceInfo!r}."]
+        lines += self._summary_lines()
         if not self._profiling():
             lines.append("Execution profiling not enabled.")
         else:
@@ -502,6 +547,9 @@ class InferenceSession:
             if resetProfile:
                 self._run_seconds = []
         return "\n".join(lines)
+
+    def _summary_lines(self) -> List[str]:
+        return []
 
     def getReport(self, resetProfile: bool = True) -> Any:
         raise popart_exception("getReport: libpva profile reports come from the Poplar compiler, which is not "

@@ -23,7 +23,8 @@ from popart.errors import OnnxImportError
 
 logger = logging.getLogger("popart.ces")
 
-__all__ = ["load_model", "InputSpec", "GraphImporter", "device_array", "device_dtype", "MIN_OPSET", "MAX_OPSET"]
+__all__ = ["load_model", "InputSpec", "GraphImporter", "device_array", "device_dtype", "op_key", "MIN_OPSET",
+           "MAX_OPSET", "GRAPHCORE_DOMAIN"]
 
 MIN_OPSET, MAX_OPSET = 11, 21
 Value = Union[np.ndarray, popxl.Tensor]
@@ -32,6 +33,15 @@ ModelLike = Union[str, bytes, os.PathLike, onnx.ModelProto]
 # The device has no 64-bit types (as on an IPU): 64-bit values are held in their 32-bit counterparts.
 _DEVICE_NP = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
               np.dtype(np.float64): np.dtype(np.float32)}
+
+
+GRAPHCORE_DOMAIN = "ai.graphcore"
+
+
+def op_key(node: onnx.NodeProto) -> str:
+    """The op table key of a node: its op type in the default domain, ``domain.op_type`` elsewhere
+    (PopART's own ops, such as the losses the Builder adds, live in ``ai.graphcore``)."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
 def device_dtype(dt: Any) -> np.dtype:
@@ -146,8 +156,8 @@ class GraphImporter:
         """One error for every node the table cannot lower, grouped by op type."""
         bad: Dict[str, List[str]] = {}
         for i, node in enumerate(self.graph.node):
-            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-            if node.domain not in ("", "ai.onnx") or node.op_type not in self._ops:
+            key = op_key(node)
+            if key not in self._ops:
                 bad.setdefault(key, []).append(node.name or f"<node {i}>")
         if bad:
             lines = [f"  {op}: {', '.join(names)}" for op, names in sorted(bad.items())]

@@ -18,7 +18,7 @@ import popxl
 import popxl.ops as ops
 from popxl import dtypes
 from popart.errors import OnnxImportError
-from popart.onnx.importer import GraphImporter, device_array, device_dtype
+from popart.onnx.importer import GraphImporter, device_array, device_dtype, op_key
 
 __all__ = ["OPS", "Node", "Entry"]
 
@@ -34,7 +34,7 @@ class Node:
         self.index = index
         self.op_type = proto.op_type
         self.opset = importer.opset
-        self.entry: Entry = importer._ops[proto.op_type]
+        self.entry: Entry = importer._ops[op_key(proto)]
         self._attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
 
     def describe(self) -> str:
@@ -970,3 +970,7 @@ def _gather_elements(n: Node) -> List[Value]:
     flat = ops.add(popxl.constant(base.astype(np.int32)),
                    ops.mul(idx, popxl.constant(np.asarray(int(strides[axis]), np.int32))))
     return [ops.gather(ops.reshape(x, (x.nelms,)), flat, 0)]
+
+
+# PopART's own domain registers its entries into OPS when imported.
+from popart.onnx import graphcore as _graphcore  # noqa: E402,F401

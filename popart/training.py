@@ -1,0 +1,342 @@
+"""``TrainingSession``: an ONNX model, a loss and an optimiser, trained ``batchesPerStep``
+weight updates per ``run`` inside the engine.
+
+The program:
+
+- forward graph: the imported model (inputs and weights are graph inputs); outputs are the
+  loss and the anchored forward tensors. ``popxl.transforms.autodiff`` builds its gradient graph
+  for the trainable weights (floating-point weights the loss depends on, running statistics of
+  BatchNormalization excluded).
+- micro-batch: ``host_load`` of the inputs, a call of the forward graph, a call of the gradient
+  graph seeded with the loss scaling, anchors (as in InferenceSession; ``Gradient___<weight>``
+  anchors the gradient of a weight). With ``accumulationFactor`` > 1 the micro-batch is its own
+  graph, repeated that many times per step, adding its gradients into accumulators.
+- step graph (repeated ``batchesPerStep`` times): the micro-batch(es), the gradient reduction
+  across replicas (``replicated_all_reduce``) and accumulation steps (Sum or Mean, from
+  ``SessionOptions.accumulationAndReplicationReductionType``), division by the loss scaling,
+  then the optimiser's in-place updates of the weights and of its state.
+
+Weights, optimiser state and the non-constant hyper-parameters are main-graph variables passed
+to the subgraphs by reference, so ``updateOptimizerFromHost`` just writes new scalar values.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import onnx
+from onnx import helper
+
+import popxl
+import popxl.ops as ops
+from popxl import dtypes, transforms
+from popxl.op import REGISTRY, Grad
+from popart.dataflow import DataFlow, InputShapeInfo
+from popart.devices import DeviceInfo
+from popart.errors import TRACE, popart_exception
+from popart.losses import GRAPHCORE_DOMAIN, Loss, ReductionType, reduction_of
+from popart.onnx.importer import ModelLike, device_array
+from popart.optimizers import Optimizer
+from popart.options import Patterns, SessionOptions
+from popart.session import ByRef, InferenceSession, _Anchor, _safe
+
+__all__ = ["TrainingSession", "reservedGradientPrefix"]
+
+logger = logging.getLogger("popart.session")
+
+GRADIENT_PREFIX = "Gradient___"
+
+
+def reservedGradientPrefix() -> str:
+    """The prefix of gradient tensor ids: anchor ``Gradient___w`` to get the gradient of weight ``w``."""
+    return GRADIENT_PREFIX
+
+
+LossArg = Union[str, Loss]
+
+
+class TrainingSession(InferenceSession):
+    """Trains an ONNX model.
+
+    ``TrainingSession(fnModel, dataFlow, loss, optimizer, deviceInfo, inputShapeInfo=None,
+    patterns=None, userOptions=None)``. ``loss`` is the id of a scalar floating-point tensor of the
+    model (e.g. from ``Builder.aiGraphcore.nllloss``); the older ``losses=[popart.NllLoss(...)]``
+    appends loss nodes to the model (inputs they name that the model lacks, such as labels,
+    become model inputs typed by ``inputShapeInfo``). ``dataFeed`` is the old name of ``dataFlow``.
+    """
+
+    def __init__(self, fnModel: ModelLike, dataFlow: Optional[DataFlow] = None, loss: Optional[LossArg] = None,
+                 optimizer: Optional[Optimizer] = None, deviceInfo: Optional[DeviceInfo] = None,
+                 inputShapeInfo: Optional[InputShapeInfo] = None, patterns: Optional[Patterns] = None,
+                 userOptions: Optional[SessionOptions] = None, name: str = "training",
+                 dataFeed: Optional[DataFlow] = None, losses: Optional[Sequence[Loss]] = None) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise popart_exception(f"TrainingSession: optimizer must be a popart optimiser (ConstSGD, SGD, Adam), "
+                                   f"not {optimizer!r}.")
+        if (loss is None) == (losses is None):
+            raise popart_exception("TrainingSession: give the loss tensor id as loss=..., or loss objects as "
+                                   "losses=[...] (one of the two).")
+        specs: List[LossArg] = [loss] if loss is not None else list(losses)
+        if not specs:
+            raise popart_exception("TrainingSession: losses is empty.")
+        for spec in specs:
+            if not isinstance(spec, (str, Loss)):
+                raise popart_exception(f"TrainingSession: unsupported loss {spec!r}; give a tensor id (str) or "
+                                       f"popart.NllLoss / L1Loss / IdentityLoss.")
+        self._loss_specs = specs
+        self.optimizer = optimizer
+        self._pending_optimizer: Optional[Optimizer] = None
+        self._hyper_vars: Dict[str, popxl.Variable] = {}
+        self._opt_state: Dict[str, List[popxl.Variable]] = {}
+        self._trainable: List[str] = []
+        super().__init__(fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name, dataFeed)
+
+    # the model --------------------------------------------------------------------------------------
+    def _prepare_model(self, model: onnx.ModelProto, inputShapeInfo: Optional[InputShapeInfo]) -> onnx.ModelProto:
+        objects = [s for s in self._loss_specs if isinstance(s, Loss)]
+        if not objects:
+            return model
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        g = out.graph
+        defined = {v.name for v in g.input} | {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
+        shapes = inputShapeInfo.getAllTensorInfo() if inputShapeInfo is not None else {}
+        for loss in objects:
+            for x in loss.getInputIds():
+                if x in defined:
+                    continue
+                # A loss input the model lacks (the labels): a new model input.
+                if x in shapes:
+                    info = shapes[x]
+                    g.input.append(helper.make_tensor_value_info(
+                        x, helper.np_dtype_to_tensor_dtype(info.numpy_dtype()), info.shape()))
+                else:
+                    g.input.append(helper.make_empty_tensor_value_info(x))
+                defined.add(x)
+            g.node.append(loss.node())
+            defined.add(loss.output())
+        if not any(o.domain == GRAPHCORE_DOMAIN for o in out.opset_import):
+            out.opset_import.append(helper.make_opsetid(GRAPHCORE_DOMAIN, 1))
+        return out
+
+    @property
+    def _loss_ids(self) -> List[str]:
+        return [s.output() if isinstance(s, Loss) else s for s in self._loss_specs]
+
+    def _loss_tensor(self) -> popxl.Tensor:
+        """The scalar loss (the sum of several losses), checked."""
+        known = set(self._importer.names())
+        total = None
+        for lid in self._loss_ids:
+            if lid not in known:
+                raise popart_exception(f"TrainingSession: the loss {lid!r} is not a tensor of the model (its outputs "
+                                       f"are {[o.name for o in self._model.graph.output]}).")
+            t = self._importer.tensor(lid)
+            if not t.dtype.is_floating_point:
+                raise popart_exception(f"TrainingSession: unsupported loss {lid!r}: it has dtype {t.dtype.name}; a "
+                                       f"loss must be a floating-point scalar.")
+            if t.nelms != 1:
+                raise popart_exception(
+                    f"TrainingSession: unsupported loss {lid!r}: it has shape {t.shape}; a loss must be a scalar. "
+                    f"Reduce it, e.g. builder.aiGraphcore.identityloss([{lid!r}], popart.ReductionType.Mean).")
+            t = ops.reshape(t, ()) if t.shape != () else t
+            total = t if total is None else ops.add(total, t)
+        return total
+
+    # building ---------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        ir = popxl.Ir(replication=self.replicationFactor)
+        ir.num_host_transfers = self._steps
+        main = ir.main_graph
+        self._in_streams = self._input_streams(main)
+        fwd = ir.create_empty_graph("popart_forward")
+        weight_inputs: Dict[str, popxl.Tensor] = {}
+
+        def weight(name: str, value: np.ndarray) -> popxl.Tensor:
+            var = self._new_weight(main, name, value)
+            weight_inputs[name] = popxl.graph_input(var.shape, var.dtype, _safe(name))
+            return weight_inputs[name]
+
+        with fwd:
+            data_inputs = {s.name: popxl.graph_input(s.shape, dtypes.from_numpy(s.device_dtype), _safe(s.name))
+                           for s in self._inputs}
+            self._importer.lower(data_inputs, weight)
+            loss = self._loss_tensor()
+            grad_anchors = [a for a in self.dataFlow.anchors() if a.startswith(GRADIENT_PREFIX)]
+            fwd_anchors = [a for a in self.dataFlow.anchors() if a not in grad_anchors]
+            self._check_anchors(set(self._importer.names()) | set(grad_anchors))
+            emitted = set()
+            for t in [loss] + [self._importer.tensor(a) for a in fwd_anchors]:
+                # Inputs and repeated tensors are copied: each output is its own tensor.
+                out = ops.identity(t) if t.producer is None or t in emitted else t
+                emitted.add(t)
+                popxl.graph_output(out)
+        loss_out = fwd.outputs[0]
+        self._trainable = self._find_trainable(fwd, weight_inputs, loss_out)
+        unknown = [a for a in grad_anchors if a[len(GRADIENT_PREFIX):] not in self._trainable]
+        if unknown:
+            raise popart_exception(f"DataFlow anchors {unknown} are not gradients of trainable weights; the "
+                                   f"trainable weights are {self._trainable}.")
+        if not self._trainable:
+            raise popart_exception("TrainingSession: the loss does not depend on any weight of the model; there is "
+                                   "nothing to train.")
+        grad = transforms.autodiff(fwd, grads_provided=[loss_out],
+                                   grads_required=[weight_inputs[n] for n in self._trainable])
+        self._make_optimizer_variables(main)
+
+        step = ir.create_empty_graph("popart_step")
+        af = self.accumulationFactor
+        micro = ir.create_empty_graph("popart_micro_batch") if af > 1 else None
+        thread = ByRef([step] + ([micro] if micro is not None else []))
+        accumulators: List[Tuple[_Anchor, popxl.Tensor]] = []
+        grad_accs: Dict[str, popxl.Variable] = {}
+        if micro is not None:
+            with main:
+                for n in self._trainable:
+                    v = self._variables[n]
+                    grad_accs[n] = popxl.variable(np.zeros(v.shape, v.dtype.as_numpy()), name=_safe(n) + "_grad_accl")
+            with micro:
+                grads = self._micro_batch(fwd, grad, data_inputs, weight_inputs, fwd_anchors, main, thread,
+                                          accumulators)
+                for n, g in grads.items():
+                    ops.var_updates.accumulate_(thread(grad_accs[n], _safe(n) + "_grad_accl"), g)
+        with step:
+            if micro is not None:
+                ops.repeat(micro, af, inputs_dict=thread.bindings(micro))
+                grads = {n: thread(acc, _safe(n) + "_grad_accl", depth=1) for n, acc in grad_accs.items()}
+            else:
+                grads = self._micro_batch(fwd, grad, data_inputs, weight_inputs, fwd_anchors, main, thread,
+                                          accumulators)
+            self._update(grads, thread)
+            for n in grad_accs:
+                ops.var_updates.accumulator_zero_(grads[n])
+        self._finish_main(main, step, self.batchesPerStep, thread, accumulators)
+        self._ir = ir
+
+    @staticmethod
+    def _find_trainable(fwd: popxl.Graph, weight_inputs: Dict[str, popxl.Tensor],
+                        loss: popxl.Tensor) -> List[str]:
+        """Weights the loss depends on through differentiable ops (their order in the model)."""
+        deps: Dict[popxl.Tensor, FrozenSet[str]] = {
+            t: frozenset([n]) for n, t in weight_inputs.items() if t.dtype.is_floating_point}
+        for op in fwd._ops:
+            if REGISTRY[op.type].grad == Grad.STOP:
+                continue
+            found = frozenset().union(*(deps.get(i, frozenset()) for i in op.inputs))
+            if found:
+                for o in op.outputs:
+                    if o.dtype.is_floating_point:
+                        deps[o] = deps.get(o, frozenset()) | found
+        reached = deps.get(loss, frozenset())
+        return [n for n in weight_inputs if n in reached]
+
+    def _make_optimizer_variables(self, main: popxl.Graph) -> None:
+        opt = self.optimizer
+        with main:
+            for name in opt.hyper_names():
+                v = opt.value(name)
+                if not v.isConst():
+                    self._hyper_vars[name] = popxl.variable(np.asarray(v.val(), np.float32),
+                                                            name=f"optimizer_{name}")
+            for n in self._trainable:
+                w = self._variables[n]
+                self._opt_state[n] = [popxl.variable(value, name=f"{_safe(n)}_{suffix}")
+                                      for suffix, value in opt.state(np.zeros(w.shape, w.dtype.as_numpy()))]
+
+    def _hyper(self, thread: ByRef, depth: Optional[int]) -> Callable[[str], Union[float, popxl.Tensor]]:
+        def get(name: str) -> Union[float, popxl.Tensor]:
+            if name in self._hyper_vars:
+                return thread(self._hyper_vars[name], f"optimizer_{name}", depth)
+            return self.optimizer.value(name).val()
+        return get
+
+    def _micro_batch(self, fwd: popxl.Graph, grad: transforms.GradGraphInfo, data_inputs: Dict[str, popxl.Tensor],
+                     weight_inputs: Dict[str, popxl.Tensor], fwd_anchors: List[str], main: popxl.Graph,
+                     thread: ByRef, accumulators: List[Tuple[_Anchor, popxl.Tensor]]) -> Dict[str, popxl.Tensor]:
+        """Forward and backward of one micro-batch in the current graph; the weights' gradients
+        (of the loss times the loss scaling)."""
+        bound = {data_inputs[name]: ops.host_load(s, _safe(name)) for name, s in self._in_streams.items()}
+        local = {n: thread(self._variables[n], _safe(n)) for n in weight_inputs}
+        bound.update({weight_inputs[n]: local[n] for n in weight_inputs})
+        info = ops.call_with_info(fwd, inputs_dict=bound)
+        loss = info.outputs[0]
+        ls = self._hyper(thread, None)("ls")
+        if isinstance(ls, popxl.Tensor):
+            seed = ops.reshape(ops.cast(ls, loss.dtype) if ls.dtype is not loss.dtype else ls, loss.shape)
+        else:
+            seed = popxl.constant(np.full(loss.shape, ls, loss.dtype.as_numpy()))
+        grad_info = ops.call_with_info(grad.graph, seed, inputs_dict=grad.inputs_dict(info))
+        by_parent = grad.fwd_parent_ins_to_grad_parent_outs(info, grad_info)
+        grads = {n: by_parent[local[n]] for n in self._trainable}
+        values = dict(zip(fwd_anchors, info.outputs[1:1 + len(fwd_anchors)]))
+        for name in self.dataFlow.anchors():
+            t = values[name] if name in values else grads[name[len(GRADIENT_PREFIX):]]
+            self._sink_anchor(name, t, main, thread, accumulators)
+        return grads
+
+    def _update(self, grads: Dict[str, popxl.Tensor], thread: ByRef) -> None:
+        """Reduce the gradients across replicas, undo the loss scaling, and apply the optimiser."""
+        hyper = self._hyper(thread, 1)
+        rf, af = self.replicationFactor, self.accumulationFactor
+        mean = reduction_of(self.options.accumulationAndReplicationReductionType) is ReductionType.Mean
+        factor = 1.0 / (rf * af) if mean else 1.0
+        ls = hyper("ls")
+        for n in self._trainable:
+            g = grads[n]
+            if rf > 1:
+                g = ops.collectives.replicated_all_reduce(g, "add")
+            if isinstance(ls, popxl.Tensor):
+                g = ops.div(g, ops.cast(ls, g.dtype) if ls.dtype is not g.dtype else ls)
+                scale = factor
+            else:
+                scale = factor / ls
+            if scale != 1.0:
+                g = ops.mul(g, popxl.constant(np.asarray(scale, g.dtype.as_numpy())))
+            w = thread(self._variables[n], _safe(n), 1)
+            state = [thread(s, s.name, 1) for s in self._opt_state[n]]
+            self.optimizer.update(w, g, hyper, state)
+
+    # optimiser --------------------------------------------------------------------------------------
+    def _write_hyper(self, optimizer: Optimizer) -> None:
+        self._set_host_weights({var: np.asarray(optimizer.value(name).val(), np.float32)
+                                for name, var in self._hyper_vars.items()})
+
+    def updateOptimizerFromHost(self, optimizer: Optimizer) -> None:
+        """Use ``optimizer``'s hyper-parameter values from now on (written to the device at once;
+        no recompilation). Its kind and constant values must match the compiled optimiser."""
+        logger.log(TRACE, "Session::updateOptimizerFromHost")
+        if not isinstance(optimizer, Optimizer):
+            raise popart_exception(f"updateOptimizerFromHost: expected a popart optimiser, not {optimizer!r}.")
+        self.optimizer.compatible(optimizer)
+        self.optimizer = optimizer
+        self._pending_optimizer = None
+        self._write_hyper(optimizer)
+
+    def updateOptimizer(self, optimizer: Optimizer) -> None:
+        """Set new hyper-parameter values on the host; ``optimizerFromHost()`` sends them."""
+        if not isinstance(optimizer, Optimizer):
+            raise popart_exception(f"updateOptimizer: expected a popart optimiser, not {optimizer!r}.")
+        self.optimizer.compatible(optimizer)
+        self._pending_optimizer = optimizer
+
+    def optimizerFromHost(self) -> None:
+        """Copy the optimiser's hyper-parameters (after ``updateOptimizer``) to the device."""
+        logger.log(TRACE, "Session::optimizerFromHost")
+        self._attached("optimizerFromHost")
+        if self._pending_optimizer is not None:
+            self.optimizer = self._pending_optimizer
+            self._pending_optimizer = None
+        self._write_hyper(self.optimizer)
+
+    def getTrainableTensorIds(self) -> List[str]:
+        """The weights the optimiser updates."""
+        return list(self._trainable)
+
+    def _summary_lines(self) -> List[str]:
+        return [f"Training: loss {self._loss_ids}, optimiser {self.optimizer!r}, {len(self._trainable)} trainable "
+                f"weight(s), accumulationFactor={self.accumulationFactor}."]
+
+    def __repr__(self) -> str:
+        return (f"TrainingSession({self.name!r}, inputs={self.getInputTensorIds()}, loss={self._loss_ids}, "
+                f"optimizer={self.optimizer!r})")
