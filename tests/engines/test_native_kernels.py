@@ -558,3 +558,32 @@ def test_all_reduce_across_ipus(identity):
     compare_engines(lambda x, y: create_op("all_reduce", [x, y], {"op": "add", "identity": identity,
                                                                   "backward": False}),
                     [a, b], native_ops=["all_reduce"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("name", ["max_pool", "average_pool"])
+@pytest.mark.parametrize("case", POOL_CASES, ids=str)
+def test_pooling_gradients_are_bit_identical(case, name, dtype):
+    from popxl.op import create_op
+    xs, k, stride, pad, dil, ceil = case
+    x = rand(xs, dtype, low=0, high=3).round()  # ties: the first maximum takes the gradient
+    def build(a, g):
+        y = getattr(ops, name)(a, k, stride, pad, dilation=dil, ceil_mode=ceil)
+        return create_op(name + "_grad", [a, g], dict(y.producer.attrs))[0]
+    y_shape = _pool_out_shape(xs, k, stride, pad, dil, ceil)
+    compare_engines(build, [x, rand(y_shape, dtype)], native_ops=[name + "_grad"])
+
+
+def _pool_out_shape(xs, k, stride, pad, dil, ceil):
+    from engine_harness import run_program
+    (y,), _ = run_program(lambda a: ops.max_pool(a, k, stride, pad, dilation=dil, ceil_mode=ceil),
+                          [np.zeros(xs, np.float32)], "reference")
+    return y.shape
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_add_n(dtype):
+    from popxl.op import create_op
+    xs = [rand((3, 4), dtype), rand((4,), dtype), rand((3, 1), dtype), rand((3, 4), dtype)]
+    compare_engines(lambda *ts: create_op("add_n", list(ts))[0], xs, native_ops=["add_n"])
+    compare_engines(lambda t: create_op("add_n", [t])[0], xs[:1], native_ops=["add_n"])

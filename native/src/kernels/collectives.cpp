@@ -242,36 +242,50 @@ const RegisterKernel collective_ops[] = {
      }},
 };
 
-// all_reduce across the IPUs of one replica: every output gets the reduction (or its own input).
-const RegisterKernel ipu_all_reduce_op{{"all_reduce"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-  RedOp op;
-  const Buffer& x0 = bufs[ins.inputs[0]];
-  if (!red_op(ins.attrs.at("op").s(), op) || x0.dtype == DType::Bool || !dispatch_arith(x0.dtype, [](auto) {}))
-    return nullptr;
-  const bool identity = ins.attrs.at("identity").b();
-  std::vector<Buffer> xs, ys;
-  for (int i : ins.inputs) xs.push_back(bufs[i]);
-  for (int o : ins.outputs) ys.push_back(bufs[o]);
-  auto scratch = std::make_shared<std::vector<std::vector<uint8_t>>>(xs.size() + 1);
-  return std::make_unique<FnKernel>([=](uint8_t* a) {
-    auto& s = *scratch;
-    const Buffer px = packed_like(x0);
-    for (size_t i = 0; i < xs.size(); ++i) {
-      s[i].resize(x0.nbytes());
-      copy_buffer(s[i].data(), px, a, xs[i]);
+// Reductions over the operands of one op: all_reduce across the IPUs of one replica (every output
+// gets the reduction, or its own input with `identity`) and add_n (one output; operands broadcast).
+KernelFactory operand_reduce(bool add_n) {
+  return [add_n](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    RedOp op = RedOp::Add;
+    const Buffer& y0 = bufs[ins.outputs[0]];
+    if ((!add_n && !red_op(ins.attrs.at("op").s(), op)) || y0.dtype == DType::Bool || !dispatch_arith(y0.dtype, [](auto) {}))
+      return nullptr;
+    const bool identity = !add_n && ins.attrs.at("identity").b();
+    std::vector<Buffer> xs, ys;
+    for (int i : ins.inputs) {  // each operand seen with the output's shape (stride 0 where broadcast)
+      Buffer v = bufs[i];
+      v.strides = broadcast_strides(v, y0.shape);
+      v.shape = y0.shape;
+      refresh(v);
+      xs.push_back(v);
     }
-    if (!identity) {
-      s.back().resize(x0.nbytes());
-      dispatch_arith(x0.dtype, [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        std::vector<const T*> ptrs;
-        for (size_t i = 0; i < xs.size(); ++i) ptrs.push_back(reinterpret_cast<const T*>(s[i].data()));
-        reduce_members<T>(op, ptrs, reinterpret_cast<T*>(s.back().data()), x0.nelms);
-      });
-    }
-    for (size_t i = 0; i < ys.size(); ++i) copy_buffer(a, ys[i], (identity ? s[i] : s.back()).data(), px);
-  });
-}};
+    for (int o : ins.outputs) ys.push_back(bufs[o]);
+    auto scratch = std::make_shared<std::vector<std::vector<uint8_t>>>(xs.size() + 1);
+    return std::make_unique<FnKernel>([=](uint8_t* a) {
+      auto& s = *scratch;
+      const Buffer packed = packed_like(y0);
+      for (size_t i = 0; i < xs.size(); ++i) {
+        s[i].resize(y0.nbytes());
+        copy_buffer(s[i].data(), packed, a, xs[i]);
+      }
+      if (!identity) {
+        s.back().resize(y0.nbytes());
+        dispatch_arith(y0.dtype, [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          std::vector<const T*> ptrs;
+          for (size_t i = 0; i < xs.size(); ++i) ptrs.push_back(reinterpret_cast<const T*>(s[i].data()));
+          reduce_members<T>(op, ptrs, reinterpret_cast<T*>(s.back().data()), y0.nelms);
+        });
+      }
+      for (size_t i = 0; i < ys.size(); ++i) copy_buffer(a, ys[i], (identity ? s[i] : s.back()).data(), packed);
+    });
+  };
+}
+
+const RegisterKernel operand_reduce_ops[] = {
+    {{"all_reduce"}, operand_reduce(false)},
+    {{"add_n"}, operand_reduce(true)},
+};
 
 }  // namespace
 }  // namespace popxl

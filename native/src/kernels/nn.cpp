@@ -7,6 +7,7 @@
 // The normalisations are hand loops rather than oneDNN primitives: oneDNN's layer norm works on
 // the last axis (ours normalises everything but the batch axis with per-channel affine) and its
 // batch norm folds scale/sqrt(var) into one factor, which rounds differently from the reference.
+#include <array>
 #include <cmath>
 #include <stdexcept>
 
@@ -327,6 +328,105 @@ const RegisterKernel nll_ops[] = {
     {{"nll_loss"}, nll(Nll::Loss)},
     {{"nll_loss_grad"}, nll(Nll::Grad)},
     {{"nll_loss_with_softmax_grad"}, nll(Nll::SoftmaxGrad)},
+};
+
+// ---- pooling gradients -------------------------------------------------------------------------
+// Hand loops rather than oneDNN: they add contributions in the reference's order (output
+// positions, then window positions, in C order), so the float sums are bit-identical, and max
+// pooling sends the gradient to the first maximum exactly as the reference does.
+struct PoolGeom {
+  int64_t planes = 1;  // N * C
+  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, s{1, 1, 1}, d{1, 1, 1}, p{0, 0, 0};
+  int64_t in_size() const { return in[0] * in[1] * in[2]; }
+  int64_t out_size() const { return out[0] * out[1] * out[2]; }
+};
+
+PoolGeom pool_geom(const OpInstr& ins, const Buffer& x, const Buffer& g) {
+  PoolGeom G;
+  const size_t r = x.shape.size() - 2;
+  G.planes = x.shape[0] * x.shape[1];
+  const auto k = ins.attrs.at("kernel").ints(), s = ins.attrs.at("strides").ints(), d = ins.attrs.at("dilations").ints(),
+             p = ins.attrs.at("pads").ints();
+  for (size_t i = 0; i < r; ++i) {
+    const size_t j = 3 - r + i;  // right-align the spatial dims in 3
+    G.in[j] = x.shape[2 + i];
+    G.out[j] = g.shape[2 + i];
+    G.k[j] = k[i];
+    G.s[j] = s[i];
+    G.d[j] = d[i];
+    G.p[j] = p[i];
+  }
+  return G;
+}
+
+// f(plane, output index within the plane, input indices of the window in C order, -1 = padding)
+template <class F>
+void each_window(const PoolGeom& G, F&& f) {
+  std::vector<int64_t> pos(G.k[0] * G.k[1] * G.k[2]);
+  for (int64_t pl = 0; pl < G.planes; ++pl)
+    for (int64_t o0 = 0, o = 0; o0 < G.out[0]; ++o0)
+      for (int64_t o1 = 0; o1 < G.out[1]; ++o1)
+        for (int64_t o2 = 0; o2 < G.out[2]; ++o2, ++o) {
+          size_t w = 0;
+          for (int64_t k0 = 0; k0 < G.k[0]; ++k0)
+            for (int64_t k1 = 0; k1 < G.k[1]; ++k1)
+              for (int64_t k2 = 0; k2 < G.k[2]; ++k2, ++w) {
+                const int64_t i0 = o0 * G.s[0] - G.p[0] + k0 * G.d[0], i1 = o1 * G.s[1] - G.p[1] + k1 * G.d[1],
+                              i2 = o2 * G.s[2] - G.p[2] + k2 * G.d[2];
+                const bool inside = i0 >= 0 && i0 < G.in[0] && i1 >= 0 && i1 < G.in[1] && i2 >= 0 && i2 < G.in[2];
+                pos[w] = inside ? (i0 * G.in[1] + i1) * G.in[2] + i2 : -1;
+              }
+          f(pl, o, pos);
+        }
+}
+
+KernelFactory pool_grad(bool is_max) {
+  return [is_max](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &x = bufs[ins.inputs[0]], &g = bufs[ins.inputs[1]], &dx = bufs[ins.outputs[0]];
+    const PoolGeom G = pool_geom(ins, x, g);
+    unique_ptr<Kernel> k;
+    dispatch_wide(g.dtype, [&](auto tag) {
+      using W = typename decltype(tag)::type;
+      struct State { Packed x, g, dx; std::vector<W> xv, gv, acc; };
+      auto st = std::make_shared<State>();
+      st->x = Packed(x);
+      st->g = Packed(g);
+      st->dx = Packed(dx);
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        if (is_max) read_all(a, st->x, st->xv);
+        read_all(a, st->g, st->gv);
+        st->acc.assign(dx.nelms, W(0));
+        const int64_t in_n = G.in_size(), out_n = G.out_size();
+        each_window(G, [&](int64_t pl, int64_t o, const std::vector<int64_t>& pos) {
+          const W gv = st->gv[pl * out_n + o];
+          W* acc = st->acc.data() + pl * in_n;
+          if (is_max) {  // the first maximum (padding is -inf; NaN wins at once, as np.argmax)
+            const W* xv = st->xv.data() + pl * in_n;
+            size_t best = 0;
+            W bv = pos[0] >= 0 ? xv[pos[0]] : -INFINITY;
+            for (size_t w = 1; w < pos.size() && bv == bv; ++w) {
+              const W v = pos[w] >= 0 ? xv[pos[w]] : -INFINITY;
+              if (v > bv || v != v) { best = w; bv = v; }
+            }
+            if (pos[best] >= 0) acc[pos[best]] += gv;
+            return;
+          }
+          W count = 0;  // positions inside the input
+          for (int64_t q : pos) count += q >= 0;
+          const W share = gv / count;
+          for (int64_t q : pos)
+            if (q >= 0) acc[q] += share;
+        });
+        write_all(a, st->dx, st->acc);
+      });
+    });
+    return k;
+  };
+}
+
+const RegisterKernel pool_grad_ops[] = {
+    {{"max_pool_grad"}, pool_grad(true)},
+    {{"average_pool_grad"}, pool_grad(false)},
 };
 
 }  // namespace
