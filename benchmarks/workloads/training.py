@@ -1,0 +1,176 @@
+"""The training loop of every training workload, once per framework.
+
+A model is a list of parameters (NumPy, popxl's layout: W is (in, out)) and a forward function
+per framework mapping (inputs, params) to 2-D logits (rows, classes). Everything else is shared:
+softmax cross-entropy against int32 labels (mean over rows), gradients of all parameters, plain
+SGD, and the data: ``STEPS`` batches made up front, step i of any framework using batch i % STEPS,
+so the losses of the first STEPS steps are comparable across frameworks (the warm-up check).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, List
+
+import numpy as np
+
+from benchmarks.common import Bench, import_or_unavailable
+
+STEPS = 100  # steps per run of popxl's device loop and of the JAX scan; also the checked steps
+
+
+@dataclass
+class TrainSpec:
+    params: List[np.ndarray]
+    inputs: np.ndarray  # (STEPS, *input shape): float32 features or int32 tokens
+    labels: np.ndarray  # (STEPS, rows) int32
+    lr: float
+    check_steps: int = STEPS  # steps a one-step-per-call bench checks (its warm-up); fewer if slow
+
+
+# popxl --------------------------------------------------------------------------------------------
+def build_popxl_program(spec: TrainSpec, forward: Callable, steps_per_run: int):
+    """The training Ir: the forward pass is one graph, differentiated with autodiff; a step graph
+    loads a batch, calls forward, the fused softmax-NLL gradient and the gradient graph, and
+    updates every parameter in place; ``ops.repeat`` runs ``steps_per_run`` steps per run.
+    Returns (ir, input stream, label stream, loss stream)."""
+    import popxl
+    import popxl.ops as ops
+    from popxl import transforms
+
+    ir = popxl.Ir()
+    ir.num_host_transfers = steps_per_run
+    in_dtype = popxl.float32 if spec.inputs.dtype == np.float32 else popxl.int32
+    with ir.main_graph:
+        x_stream = popxl.h2d_stream(spec.inputs.shape[1:], in_dtype, name="x")
+        y_stream = popxl.h2d_stream(spec.labels.shape[1:], popxl.int32, name="labels")
+        loss_stream = popxl.d2h_stream((), popxl.float32, name="loss")
+        params = [popxl.variable(p, name=f"p{i}") for i, p in enumerate(spec.params)]
+        fwd = ir.create_graph(forward, popxl.TensorSpec(x_stream.shape, in_dtype), *params)
+        grad = transforms.autodiff(fwd, grads_required=fwd.inputs[1:])
+
+        def step(*ps: popxl.TensorByRef) -> None:
+            x = ops.host_load(x_stream, "x")
+            labels = ops.host_load(y_stream, "labels")
+            info = ops.call_with_info(fwd, x, *ps)
+            loss, dlogits = ops.nll_loss_with_softmax_grad(ops.softmax(info.outputs[0], axis=-1), labels)
+            ops.host_store(loss_stream, loss)
+            grad_info = ops.call_with_info(grad.graph, dlogits, inputs_dict=grad.inputs_dict(info))
+            grads = grad.fwd_parent_ins_to_grad_parent_outs(info, grad_info)
+            for p in ps:
+                ops.scaled_add_(p, grads[p], b=-spec.lr)
+
+        ops.repeat(ir.create_graph(step, *params), steps_per_run, *params)
+    return ir, x_stream, y_stream, loss_stream
+
+
+def popxl_trainer(spec: TrainSpec, forward: Callable, steps_per_run: int) -> Bench:
+    """A `Bench` whose call is one session.run of ``steps_per_run`` steps (data streamed per step)."""
+    import popxl
+
+    ir, x_stream, y_stream, loss_stream = build_popxl_program(spec, forward, steps_per_run)
+    session = popxl.Session(ir, "cpu")
+    session.__enter__()  # attached for the bench's lifetime; close() detaches
+    runs = STEPS // steps_per_run
+    k = steps_per_run
+
+    def feed(r: int) -> dict:
+        # Host buffers are (num_host_transfers, *shape), that leading dim dropped when it is 1.
+        x, y = spec.inputs[r * k:(r + 1) * k], spec.labels[r * k:(r + 1) * k]
+        return {x_stream: x[0] if k == 1 else x, y_stream: y[0] if k == 1 else y}
+    feeds = [feed(r) for r in range(runs)]
+    counter = iter(range(1 << 62))
+
+    def call() -> Any:
+        return session.run(feeds[next(counter) % runs])[loss_stream]
+
+    return Bench(call, items=steps_per_run, check_calls=max(1, spec.check_steps // steps_per_run),
+                 close=lambda: session.__exit__(None, None, None))
+
+
+# PyTorch eager ------------------------------------------------------------------------------------
+def torch_trainer(spec: TrainSpec, forward: Callable) -> Bench:
+    """Autograd + torch.optim.SGD, one Python call per step."""
+    torch = import_or_unavailable("torch")
+    F = torch.nn.functional
+    params = [torch.tensor(p, requires_grad=True) for p in spec.params]
+    opt = torch.optim.SGD(params, lr=spec.lr)
+    xs = torch.from_numpy(spec.inputs)
+    if spec.inputs.dtype == np.int32:  # embedding indices must be int64 in torch
+        xs = xs.long()
+    ys = torch.from_numpy(spec.labels).long()  # cross_entropy wants int64 targets
+    counter = iter(range(1 << 62))
+
+    def call() -> Any:
+        i = next(counter) % STEPS
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(forward(xs[i], params), ys[i])
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return Bench(call, items=1, check_calls=spec.check_steps)
+
+
+# JAX ----------------------------------------------------------------------------------------------
+def _jax_loss(forward: Callable) -> Callable:
+    import jax
+    import jax.numpy as jnp
+
+    def loss_fn(params, x, y):
+        logp = jax.nn.log_softmax(forward(x, params), axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=-1))
+    return loss_fn
+
+
+def jax_step_fn(forward: Callable, lr: float) -> Callable:
+    """The pure SGD step (params, x, y) -> (params, loss), not yet jitted."""
+    import jax
+
+    grad_fn = jax.value_and_grad(_jax_loss(forward))
+
+    def step(params, x, y):
+        loss, grads = grad_fn(params, x, y)
+        return [p - lr * g for p, g in zip(params, grads)], loss
+    return step
+
+
+def jax_trainer(spec: TrainSpec, forward: Callable, scan: bool) -> Bench:
+    """One jitted step per call with donated parameters, or (``scan``) STEPS steps per call in
+    one jitted lax.scan."""
+    import_or_unavailable("jax")
+    import jax
+    import jax.numpy as jnp
+
+    step = jax_step_fn(forward, spec.lr)
+    state = {"params": [jnp.asarray(p) for p in spec.params]}
+    xs, ys = jnp.asarray(spec.inputs), jnp.asarray(spec.labels)
+    if scan:
+        def many(params, xs, ys):
+            return jax.lax.scan(lambda ps, xy: step(ps, *xy), params, (xs, ys))
+        run = jax.jit(many, donate_argnums=0)
+
+        def call() -> Any:
+            state["params"], losses = run(state["params"], xs, ys)
+            return losses.block_until_ready()
+        return Bench(call, items=STEPS, check_calls=1)
+
+    run = jax.jit(step, donate_argnums=0)
+    batches = [(xs[i], ys[i]) for i in range(STEPS)]  # device-resident slices, made once
+    counter = iter(range(1 << 62))
+
+    def call() -> Any:
+        state["params"], loss = run(state["params"], *batches[next(counter) % STEPS])
+        return loss.block_until_ready()
+    return Bench(call, items=1, check_calls=spec.check_steps)
+
+
+def training_builders(make_spec: Callable[[], TrainSpec], popxl_fwd: Callable, torch_fwd: Callable,
+                      jax_fwd: Callable) -> dict:
+    """The per-framework builders of a training case (see `benchmarks.common.FRAMEWORKS`)."""
+    return {
+        "popxl": lambda: popxl_trainer(make_spec(), popxl_fwd, STEPS),
+        "popxl_1": lambda: popxl_trainer(make_spec(), popxl_fwd, 1),
+        "torch": lambda: torch_trainer(make_spec(), torch_fwd),
+        "jax": lambda: jax_trainer(make_spec(), jax_fwd, scan=False),
+        "jax_scan": lambda: jax_trainer(make_spec(), jax_fwd, scan=True),
+    }
