@@ -8,7 +8,8 @@ import popxl
 import popxl.ops as ops
 from popxl.ops import collectives as coll
 from popxl.ops import var_updates as vu
-from engine_harness import compare_engines
+from engine_harness import compare_engines, run_program
+from popxl.op import create_op
 
 RNG = np.random.default_rng(1)
 ODD_SHAPES = [(), (0,), (1,), (3, 1, 5), (17, 33), (2, 0, 3)]
@@ -213,7 +214,6 @@ def test_gather_of_a_strided_view_and_groupedgather():
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("case", [((5, 3), (6,), 0), ((5, 3), (2, 2), 1), ((2, 4, 3), (4, 2), 1)], ids=str)
 def test_gather_grad(case, dtype):
-    from popxl.op import create_op
     shape, ishape, axis = case
     d = shape[axis]
     idx = RNG.integers(-d - 1, d + 1, size=ishape).astype(np.int32)  # repeats add up, out of range drop
@@ -299,7 +299,6 @@ def test_batch_norm_inference_is_bit_identical(shape, dtype):
 @pytest.mark.parametrize("groups", [1, 2, 6])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference averages empty groups to NaN
 def test_group_and_layer_norm(groups, shape, dtype):
-    from popxl.op import create_op
     x, w, b = rand(shape, dtype) + dtype(1.5), rand((6,), dtype), rand((6,), dtype)
     g = rand(shape, dtype)
     compare_engines(lambda t, ww, bb: ops.group_norm(t, ww, bb, groups, eps=1e-4), [x, w, b],
@@ -324,7 +323,6 @@ NLL_CASES = [((4, 5), None), ((2, 3, 4), 1), ((1, 3), None), ((0, 3), None), ((6
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("case", NLL_CASES, ids=str)
 def test_nll_loss_and_gradients(case, reduction, dtype):
-    from popxl.op import create_op
     shape, ignore = case
     p = _probs(shape, dtype)
     labels = RNG.integers(0, shape[-1], size=shape[:-1]).astype(np.int32)
@@ -348,7 +346,6 @@ def test_nll_loss_and_gradients(case, reduction, dtype):
 
 def test_nll_loss_label_out_of_range_raises():
     p, labels = _probs((2, 3), np.float32), np.array([1, 5], np.int32)
-    from engine_harness import run_program
     with pytest.raises(ValueError, match="out of range"):
         run_program(lambda a, l: ops.nll_loss(a, l), [p, labels], "native")
 
@@ -490,7 +487,6 @@ def test_logical_not(dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("name", ["gelu_grad", "geluerf_grad"])
 def test_gelu_gradients(name, dtype):
-    from popxl.op import create_op
     g, x = rand((7, 9), dtype), rand((7, 9), dtype, low=-6, high=6)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=2e-3, atol=2e-3)
     compare_engines(lambda a, b: create_op(name, [a, b])[0], [g, x], native_ops=[name], **tol)
@@ -499,7 +495,6 @@ def test_gelu_gradients(name, dtype):
 # ---- collectives across replicas ---------------------------------------------------------------------
 def compare_replicated(build, data, replication, native_ops, **group_args):
     """Like compare_engines, with ``replication`` replicas; ``data`` is (replicas, *shape)."""
-    from engine_harness import run_program
 
     def program(x):
         ir = x.ir
@@ -553,7 +548,6 @@ def test_gathers_and_slices(output_shape):
 
 @pytest.mark.parametrize("identity", [False, True])
 def test_all_reduce_across_ipus(identity):
-    from popxl.op import create_op
     a, b = rand((3, 4)), rand((3, 4))
     compare_engines(lambda x, y: create_op("all_reduce", [x, y], {"op": "add", "identity": identity,
                                                                   "backward": False}),
@@ -564,7 +558,6 @@ def test_all_reduce_across_ipus(identity):
 @pytest.mark.parametrize("name", ["max_pool", "average_pool"])
 @pytest.mark.parametrize("case", POOL_CASES, ids=str)
 def test_pooling_gradients_are_bit_identical(case, name, dtype):
-    from popxl.op import create_op
     xs, k, stride, pad, dil, ceil = case
     x = rand(xs, dtype, low=0, high=3).round()  # ties: the first maximum takes the gradient
     def build(a, g):
@@ -575,7 +568,6 @@ def test_pooling_gradients_are_bit_identical(case, name, dtype):
 
 
 def _pool_out_shape(xs, k, stride, pad, dil, ceil):
-    from engine_harness import run_program
     (y,), _ = run_program(lambda a: ops.max_pool(a, k, stride, pad, dilation=dil, ceil_mode=ceil),
                           [np.zeros(xs, np.float32)], "reference")
     return y.shape
@@ -583,7 +575,20 @@ def _pool_out_shape(xs, k, stride, pad, dil, ceil):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
 def test_add_n(dtype):
-    from popxl.op import create_op
     xs = [rand((3, 4), dtype), rand((4,), dtype), rand((3, 1), dtype), rand((3, 4), dtype)]
     compare_engines(lambda *ts: create_op("add_n", list(ts))[0], xs, native_ops=["add_n"])
     compare_engines(lambda t: create_op("add_n", [t])[0], xs[:1], native_ops=["add_n"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_conv_grad(case, dtype):
+    xs, ws, stride, pad, dil, g = case
+    x, w = rand(xs, dtype), rand(ws, dtype)
+    (y,), _ = run_program(lambda a, b: ops.conv(a, b, stride, pad, dil, g), [x, w],
+                                                       "reference")
+    def build(a, b, gy):
+        attrs = dict(ops.conv(a, b, stride, pad, dil, g).producer.attrs)
+        return create_op("conv_grad", [a, b, gy], attrs)
+    tol = CONV_TOL if dtype == np.float32 else dict(rtol=1e-2, atol=1e-2)
+    compare_engines(build, [x, w, rand(y.shape, dtype)], native_ops=["conv_grad"], **tol)

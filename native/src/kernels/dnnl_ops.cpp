@@ -241,6 +241,55 @@ KernelFactory convolution(bool transposed) {
   };
 }
 
+// conv_grad: (dx, dweight) from oneDNN's backward-data and backward-weights primitives, both
+// built against the forward convolution they differentiate.
+struct Kernels : Kernel {
+  std::vector<std::unique_ptr<Kernel>> parts;
+  void run(uint8_t* arena) override {
+    for (auto& p : parts) p->run(arena);
+  }
+};
+
+const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &g = bufs[ins.inputs[2]];
+  const Buffer &dx = bufs[ins.outputs[0]], &dw = bufs[ins.outputs[1]];
+  memory::data_type t;
+  for (const Buffer* b : {&x, &w, &g, &dx, &dw})
+    if (!dnnl_type(b->dtype, t) || b->dtype != x.dtype || b->nelms == 0) return nullptr;
+  const int64_t groups = ins.attrs.at("groups").i();
+  Window win = window_of(ins, x.shape.size() - 2);
+  fit_right_padding(win, spatial(x.shape), spatial(w.shape), spatial(g.shape), false);
+  try {
+    auto [wdims, wstr] = conv_weights(w, groups, false);
+    auto [dwdims, dwstr] = conv_weights(dw, groups, false);
+    auto xd = md(x.shape, elem_strides(x), t), wd = md(wdims, wstr, t), gd = md(g.shape, elem_strides(g), t);
+    auto dxd = md(dx.shape, elem_strides(dx), t), dwd = md(dwdims, dwstr, t);
+    using namespace dnnl;
+    convolution_forward::primitive_desc fwd(cpu(), prop_kind::forward_training, algorithm::convolution_direct, xd, wd,
+                                            gd, win.strides, win.dilates, win.pad_l, win.pad_r);
+    auto data = std::make_unique<DnnlKernel>();
+    convolution_backward_data::primitive_desc bd(cpu(), algorithm::convolution_direct, dxd, wd, gd, win.strides,
+                                                 win.dilates, win.pad_l, win.pad_r, fwd);
+    data->prim = convolution_backward_data(bd);
+    data->add(DNNL_ARG_DIFF_DST, gd, g);
+    data->add(DNNL_ARG_WEIGHTS, wd, w);
+    data->add(DNNL_ARG_DIFF_SRC, dxd, dx, true);
+    auto weights = std::make_unique<DnnlKernel>();
+    convolution_backward_weights::primitive_desc bw(cpu(), algorithm::convolution_direct, xd, dwd, gd, win.strides,
+                                                    win.dilates, win.pad_l, win.pad_r, fwd);
+    weights->prim = convolution_backward_weights(bw);
+    weights->add(DNNL_ARG_SRC, xd, x);
+    weights->add(DNNL_ARG_DIFF_DST, gd, g);
+    weights->add(DNNL_ARG_DIFF_WEIGHTS, dwd, dw, true);
+    auto k = std::make_unique<Kernels>();
+    k->parts.push_back(std::move(weights));
+    k->parts.push_back(std::move(data));
+    return k;
+  } catch (const dnnl::error&) {
+    return nullptr;
+  }
+}};
+
 // Max pooling: padding never wins. Average pooling: padded positions are not counted.
 KernelFactory pooling(dnnl::algorithm alg) {
   return [alg](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
