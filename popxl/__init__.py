@@ -22,7 +22,7 @@ from popxl.tensor import Constant, Tensor, TensorByRef, TensorSpec, Variable, co
 from popxl.tensorlocation import (ExecutionContext, ReplicatedTensorSharding, TensorLocation, TensorStorage,
                                   TileSet)
 from popxl import ops, transforms  # noqa: E402  (ops register themselves on import)
-from popxl import fp8_utils, random_seed, testing, utils  # noqa: E402
+from popxl import errors, fp8_utils, random_seed, testing, utils  # noqa: E402
 from popxl.session import Session
 
 __all__ = [

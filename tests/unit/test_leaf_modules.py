@@ -132,3 +132,10 @@ def test_replica_grouping_errors_and_transpose():
 def test_table_to_string():
     text = table_to_string([["a", "bb"], ["ccc", "d"]])
     assert text.splitlines() == ["a   | bb", "--- | --", "ccc | d"]
+
+
+def test_errors_module():
+    from popxl.errors import UndefinedValue
+    assert issubclass(UndefinedValue, ValueError)
+    import popxl
+    assert popxl.errors.UndefinedValue is UndefinedValue
