@@ -52,7 +52,16 @@ class _OpMethod:
     def __init__(self, builder: "Builder", op_type: str) -> None:
         self._builder = builder
         self.op_type = op_type
-        schema = onnx.defs.get_schema(op_type, builder._opset)
+        try:
+            schema = onnx.defs.get_schema(op_type, builder._opset)
+        except onnx.defs.SchemaError:
+            # The op is newer than the model's opset: the method exists and says so when called.
+            since = min(sc.since_version for sc in onnx.defs.get_all_schemas_with_history()
+                        if sc.name == op_type and sc.domain == "")
+            self._unavailable = (f"aiOnnx.{op_type.lower()}: {op_type} needs ai.onnx opset {since} or later; this "
+                                 f"model uses opset {builder._opset} (Builder(opsets={{'ai.onnx': {since}}})).")
+            return
+        self._unavailable = ""
         self._multi = schema.max_output > 1
         self._variable_outputs = schema.max_output != schema.min_output
         attrs = schema.attributes
@@ -65,6 +74,8 @@ class _OpMethod:
 
     def __call__(self, args: Sequence[str] = (), *positional: Any, debugContext: str = "", debugPrefix: str = "",
                  **attrs: Any) -> Ids:
+        if self._unavailable:
+            raise popart_exception(self._unavailable)
         if isinstance(args, str):
             args = [args]
         if len(positional) > len(self._positional):

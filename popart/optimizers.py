@@ -98,7 +98,7 @@ class Optimizer:
     def compatible(self, other: "Optimizer") -> None:
         """Raise unless ``other`` can replace this optimiser in a compiled program: same kind,
         same constant values (and the same structure of the update)."""
-        if type(other) is not type(self):
+        if self._kind() is not other._kind():
             raise popart_exception(f"updateOptimizerFromHost: the session was compiled for {type(self).__name__}; "
                                    f"it cannot switch to {type(other).__name__}.")
         for name, v in self._values.items():
@@ -112,6 +112,10 @@ class Optimizer:
 
     def _check_structure(self, other: "Optimizer") -> None:
         pass
+
+    def _kind(self) -> type:
+        """The class that decides the program's structure (ConstSGD is an SGD)."""
+        return type(self)
 
     # tracing ----------------------------------------------------------------------------------------
     def state(self, weight: np.ndarray) -> List[Tuple[str, np.ndarray]]:
@@ -175,6 +179,9 @@ class SGD(Optimizer):
         self.nesterov = nesterov
         if kwargs:
             raise popart_exception(f"SGD: unknown arguments {sorted(kwargs)}.")
+
+    def _kind(self) -> type:
+        return SGD
 
     @property
     def _momentum(self) -> bool:

@@ -214,10 +214,12 @@ class TrainingSession(InferenceSession):
         self._finish_main(main, step, self.batchesPerStep, thread, accumulators)
         self._ir = ir
 
-    @staticmethod
-    def _find_trainable(fwd: popxl.Graph, weight_inputs: Dict[str, popxl.Tensor],
+    def _find_trainable(self, fwd: popxl.Graph, weight_inputs: Dict[str, popxl.Tensor],
                         loss: popxl.Tensor) -> List[str]:
-        """Weights the loss depends on through differentiable ops (their order in the model)."""
+        """Weights the loss depends on through differentiable ops (their order in the model),
+        except BatchNormalization's running mean and variance, which are statistics, not parameters."""
+        statistics = {x for node in self._model.graph.node if node.op_type == "BatchNormalization"
+                      for x in node.input[3:5]}
         deps: Dict[popxl.Tensor, FrozenSet[str]] = {
             t: frozenset([n]) for n, t in weight_inputs.items() if t.dtype.is_floating_point}
         for op in fwd._ops:
@@ -229,7 +231,7 @@ class TrainingSession(InferenceSession):
                     if o.dtype.is_floating_point:
                         deps[o] = deps.get(o, frozenset()) | found
         reached = deps.get(loss, frozenset())
-        return [n for n in weight_inputs if n in reached]
+        return [n for n in weight_inputs if n in reached and n not in statistics]
 
     def _make_optimizer_variables(self, main: popxl.Graph) -> None:
         opt = self.optimizer
