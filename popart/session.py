@@ -30,6 +30,7 @@ from popart.devices import DeviceInfo, DeviceType
 from popart.errors import TRACE, OnnxImportError, StepIOError, popart_exception
 from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, device_dtype, load_model
 from popart.options import Patterns, SessionOptions
+from popart.report import MEASUREMENT_NOTE, Report, TimedEngine, build_report
 
 __all__ = ["InferenceSession"]
 
@@ -136,6 +137,7 @@ class InferenceSession:
         self._px: Optional[popxl.Session] = None
         self._host_outputs: Optional[Dict[Any, np.ndarray]] = None
         self._run_seconds: List[float] = []
+        self._timed: Optional[TimedEngine] = None
         logger.debug("InferenceSession %r: %d ONNX nodes, %d weights, inputs %s, anchors %s", name,
                      len(self._model.graph.node), len(self._variables), self.getInputTensorIds(), list(self._anchors))
 
@@ -282,6 +284,12 @@ class InferenceSession:
             if self.deviceInfo.type is DeviceType.Ipu:
                 logger.warning("running a program for IPU hardware on the CPU engine (POPXL_IPU_HW=cpu).")
             self._px = popxl.Session(self._ir, self.deviceInfo._popxl_device)
+            if self._profiling():
+                # popxl.Session has no engine parameter and the native engine has no per-op timers:
+                # a profiled session runs on the timed reference engine (see popart.report).
+                self._timed = TimedEngine(self._px._exe)
+                self._px._engine = self._timed
+                logger.info("profiling enabled: running on the timed reference engine (%s).", MEASUREMENT_NOTE)
             self._host_outputs = self._px.create_host_outputs()
         if loadEngine:
             self.loadEngineAndConnectStreams()
@@ -544,16 +552,32 @@ class InferenceSession:
             lines.append(f"Execution: {len(times)} run(s)" + (
                 f", total {sum(times) * 1e3:.3f} ms, mean {np.mean(times) * 1e3:.3f} ms per run, "
                 f"{sum(times) * 1e3 / (len(times) * self.batchesPerStep):.3f} ms per batch." if times else "."))
+            if self._timed is not None and self._timed.seconds:
+                report = build_report(self._px._exe, self._timed, times)
+                lines.append(f"Per-op times ({MEASUREMENT_NOTE}); slowest ops:")
+                lines += [f"  {o!r}" for o in report.opsByTime()[:10]]
             if resetProfile:
-                self._run_seconds = []
+                self._reset_profile()
         return "\n".join(lines)
+
+    def _reset_profile(self) -> None:
+        self._run_seconds = []
+        if self._timed is not None:
+            self._timed.reset()
 
     def _summary_lines(self) -> List[str]:
         return []
 
-    def getReport(self, resetProfile: bool = True) -> Any:
-        raise popart_exception("getReport: libpva profile reports come from the Poplar compiler, which is not "
-                               "used on the CPU; use getSummaryReport().")
+    def getReport(self, resetProfile: bool = True) -> Report:
+        """The profile (a ``popart.report.Report``): memory per IPU from the compiled program and,
+        with ``engineOptions={"autoReport.all": "true"}``, per-op calls and times per IPU measured
+        during the runs since the last reset (see popart.report for how they are measured)."""
+        if self._px is None:
+            raise popart_exception("getReport: the session is not compiled; call prepareDevice() first.")
+        report = build_report(self._px._exe, self._timed, self._run_seconds)
+        if resetProfile:
+            self._reset_profile()
+        return report
 
     def getCycleCount(self, id: str = "") -> int:
         raise popart_exception("getCycleCount: hardware cycle counters exist only on IPU hardware.")

@@ -416,3 +416,34 @@ def test_errors_unknown_option_bad_loss_and_mismatched_ids():
                               s.initAnchorArrays()))
     with pytest.raises(popart.popart_exception, match="not weights of this session"):
         s.readWeights(popart.PyWeightsIO({"W2": np.zeros((FEAT, CLASSES), np.float32)}))
+
+
+# reports ----------------------------------------------------------------------------------------------
+def test_get_report_per_op_time_and_memory_per_ipu():
+    b, ids = linear_model()
+    opts = popart.SessionOptions()
+    opts.engineOptions = {"autoReport.all": "true"}
+    opts.enableReplicatedGraphs = True
+    opts.replicatedGraphCount = 2
+    s = session(b, ids, popart.SGD(0.1), bps=3, options=opts,
+                device=popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}))
+    x, y = data(6)
+    out = s.initAnchorArrays()
+    s.run(popart.PyStepIO({ids["x"]: x.reshape(3, 2, BATCH, FEAT), ids["labels"]: y.reshape(3, 2, BATCH)}, out))
+    summary = s.getSummaryReport(resetProfile=False)
+    assert "Training: loss" in summary and "Per-op times" in summary
+    report = s.getReport()
+    assert "reference engine" in report.header
+    assert [m.ipu for m in report.memory] == [0, 1]
+    assert report.memory[0].variableBytes >= (FEAT * CLASSES + CLASSES) * 4
+    matmuls = [o for o in report.ops if o.type == "matmul"]
+    assert {o.ipu for o in matmuls} == {0, 1}
+    fwd = [o for o in matmuls if o.outputBytes == BATCH * CLASSES * 4]
+    assert fwd and all(o.calls == 3 and o.seconds > 0 for o in fwd)  # once per step on each IPU
+    assert report.totalOpSeconds(0) > 0 and len(report.runSeconds) == 1
+    assert "matmul" in str(report)
+    # Reset: a new report has no execution yet; without profiling only memory is reported.
+    assert all(o.calls == 0 for o in s.getReport().ops)
+    plain = session(b, ids, popart.SGD(0.1))
+    r = plain.getReport()
+    assert not r.executionProfiled and r.ops == [] and r.memory[0].totalBytes > 0
