@@ -192,7 +192,8 @@ class SGD(Optimizer):
             raise popart_exception("updateOptimizerFromHost: nesterov cannot change after compilation.")
 
     def state(self, weight: np.ndarray) -> List[Tuple[str, np.ndarray]]:
-        return [("velocity", np.zeros(weight.shape, weight.dtype))] if self._momentum else []
+        # float32 state: float16 weights are updated in float32 (see TrainingSession._update).
+        return [("velocity", np.zeros(weight.shape, np.float32))] if self._momentum else []
 
     def update(self, w, g, hyper, state) -> None:
         wd_present = not _is_zero(self._values["wd"])

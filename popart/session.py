@@ -30,6 +30,7 @@ from popart.devices import DeviceInfo, DeviceType
 from popart.errors import TRACE, OnnxImportError, StepIOError, popart_exception
 from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, device_dtype, load_model
 from popart.options import Patterns, SessionOptions
+from popart.rounding import StochasticRounder, seed_value
 from popart.report import MEASUREMENT_NOTE, Report, TimedEngine, build_report
 
 __all__ = ["InferenceSession"]
@@ -164,14 +165,40 @@ class InferenceSession:
             return thread(self._new_weight(main, name, value), _safe(name))
 
         accumulators: List[Tuple[_Anchor, popxl.Tensor]] = []
+        self._make_seed(main)
         with body:
             loaded = {name: ops.host_load(s, _safe(name)) for name, s in self._in_streams.items()}
+            rounder = self._rounder(thread)
+            self._importer.rounder = rounder
             self._importer.lower(loaded, weight)
+            self._store_seed(rounder, thread)
             self._check_anchors(set(self._importer.names()))
             for name in self.dataFlow.anchors():
                 self._sink_anchor(name, self._importer.tensor(name), main, thread, accumulators)
         self._finish_main(main, body, self._steps, thread, accumulators)
         self._ir = ir
+
+    # stochastic rounding: a seed variable, split for every rounding and stored back each step
+    def _make_seed(self, main: popxl.Graph) -> None:
+        self._seed_var: Optional[popxl.Variable] = None
+        if self.options.enableStochasticRounding:
+            with main:
+                self._seed_var = popxl.variable(seed_value(None), name="random_seed")
+
+    def _rounder(self, thread: "ByRef", depth: Optional[int] = None) -> Optional[StochasticRounder]:
+        """A stochastic rounder for the graph ``depth`` levels in, or None when the option is off."""
+        if self._seed_var is None:
+            return None
+        return StochasticRounder(thread(self._seed_var, "random_seed", depth))
+
+    def _store_seed(self, rounder: Optional[StochasticRounder], thread: "ByRef", depth: Optional[int] = None) -> None:
+        if rounder is not None:
+            ops.var_updates.copy_var_update_(thread(self._seed_var, "random_seed", depth), rounder.seed)
+
+    def setRandomSeed(self, seedValue: int) -> None:
+        """Seed the session's random numbers (used by stochastic rounding)."""
+        if getattr(self, "_seed_var", None) is not None:
+            self._set_host_weights({self._seed_var: seed_value(seedValue)})
 
     def _input_streams(self, main: popxl.Graph) -> Dict[str, popxl.HostToDeviceStream]:
         with main:

@@ -39,6 +39,7 @@ from popart.losses import GRAPHCORE_DOMAIN, Loss, ReductionType, reduction_of
 from popart.onnx.importer import ModelLike, device_array
 from popart.optimizers import Optimizer
 from popart.options import Patterns, SessionOptions
+from popart.rounding import StochasticRounder
 from popart.session import ByRef, InferenceSession, _Anchor, _safe
 
 __all__ = ["TrainingSession", "reservedGradientPrefix"]
@@ -150,6 +151,7 @@ class TrainingSession(InferenceSession):
         ir.num_host_transfers = self._steps
         main = ir.main_graph
         self._in_streams = self._input_streams(main)
+        self._make_seed(main)
         fwd = ir.create_empty_graph("popart_forward")
         weight_inputs: Dict[str, popxl.Tensor] = {}
 
@@ -161,6 +163,10 @@ class TrainingSession(InferenceSession):
         with fwd:
             data_inputs = {s.name: popxl.graph_input(s.shape, dtypes.from_numpy(s.device_dtype), _safe(s.name))
                            for s in self._inputs}
+            # With stochastic rounding the forward graph takes a fresh seed at each call.
+            self._fwd_seed = popxl.graph_input((2,), dtypes.uint32, "random_seed") \
+                if self._seed_var is not None else None
+            self._importer.rounder = StochasticRounder(self._fwd_seed) if self._fwd_seed is not None else None
             self._importer.lower(data_inputs, weight)
             loss = self._loss_tensor()
             grad_anchors = [a for a in self.dataFlow.anchors() if a.startswith(GRADIENT_PREFIX)]
@@ -261,6 +267,10 @@ class TrainingSession(InferenceSession):
         bound = {data_inputs[name]: ops.host_load(s, _safe(name)) for name, s in self._in_streams.items()}
         local = {n: thread(self._variables[n], _safe(n)) for n in weight_inputs}
         bound.update({weight_inputs[n]: local[n] for n in weight_inputs})
+        rounder = self._rounder(thread)
+        if rounder is not None:
+            bound[self._fwd_seed] = rounder.split()
+            self._store_seed(rounder, thread)
         info = ops.call_with_info(fwd, inputs_dict=bound)
         loss = info.outputs[0]
         ls = self._hyper(thread, None)("ls")
@@ -284,6 +294,7 @@ class TrainingSession(InferenceSession):
         mean = reduction_of(self.options.accumulationAndReplicationReductionType) is ReductionType.Mean
         factor = 1.0 / (rf * af) if mean else 1.0
         ls = hyper("ls")
+        rounder = self._rounder(thread, 1)
         for n in self._trainable:
             g = grads[n]
             if rf > 1:
@@ -297,7 +308,15 @@ class TrainingSession(InferenceSession):
                 g = ops.mul(g, popxl.constant(np.asarray(scale, g.dtype.as_numpy())))
             w = thread(self._variables[n], _safe(n), 1)
             state = [thread(s, s.name, 1) for s in self._opt_state[n]]
-            self.optimizer.update(w, g, hyper, state)
+            if w.dtype is dtypes.float32:
+                self.optimizer.update(w, g, hyper, state)
+                continue
+            # Lower-precision weights are updated in float32 and rounded back once (stochastically
+            # with enableStochasticRounding), so small updates are not lost to float16 steps.
+            w32 = ops.cast(w, dtypes.float32)
+            self.optimizer.update(w32, ops.cast(g, dtypes.float32), hyper, state)
+            ops.var_updates.copy_var_update_(w, rounder(w32) if rounder is not None else ops.cast(w32, w.dtype))
+        self._store_seed(rounder, thread, 1)
 
     # optimiser --------------------------------------------------------------------------------------
     def _write_hyper(self, optimizer: Optimizer) -> None:

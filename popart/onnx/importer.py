@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 import popxl
+import popxl.ops
 from popxl import dtypes
 from popart.errors import OnnxImportError
 
@@ -134,6 +135,9 @@ class GraphImporter:
         self._consts: Dict[str, popxl.Tensor] = {}
         self._materialize_weight: Optional[Callable[[str, np.ndarray], popxl.Tensor]] = None
         self._order: List[str] = []  # every tensor name, inputs first, in the order they appear
+        # Stochastic rounding (SessionOptions.enableStochasticRounding): float32 -> float16 rounder.
+        self.rounder: Optional[Callable[[popxl.Tensor], popxl.Tensor]] = None
+        self._promoted: Dict[str, popxl.Tensor] = {}
 
     # checks -------------------------------------------------------------------------------------------
     @staticmethod
@@ -214,6 +218,8 @@ class GraphImporter:
 
     def tensor(self, name: str) -> popxl.Tensor:
         """``name`` as a popxl Tensor in the current graph (constants and weights made on first use)."""
+        if name in self._promoted:
+            return self._promoted[name]
         v = self._values.get(name)
         if isinstance(v, popxl.Tensor):
             return v
@@ -259,7 +265,7 @@ class GraphImporter:
                 outs = self._fold(node, n)
             else:
                 try:
-                    outs = list(n.entry(n))
+                    outs = self._lower_rounded(n) if self.rounder is not None else list(n.entry(n))
                 except OnnxImportError:
                     raise
                 except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
@@ -272,6 +278,39 @@ class GraphImporter:
                     raise OnnxImportError(f"{n.describe()}: output {k} ({name!r}) is not supported.")
                 self._set(name, outs[k])
 
+    def _lower_rounded(self, n: Any) -> List[Value]:
+        """Lower a node so that its float16 results are rounded stochastically: float16 inputs are
+        computed with in float32 and the float32 results rounded to float16 by ``self.rounder``.
+        Nodes that only move data produce exact values and are lowered as they are."""
+        node = n.proto
+        if node.op_type in _EXACT_OPS:
+            return list(n.entry(n))
+        if node.op_type == "Cast":
+            outs = list(n.entry(n))
+            x = self.tensor(node.input[0])
+            if outs[0] is not None and isinstance(outs[0], popxl.Tensor) and outs[0].dtype == dtypes.float16 \
+                    and x.dtype == dtypes.float32:
+                return [self.rounder(x)]
+            return outs
+        halves: Dict[str, popxl.Tensor] = {}
+        for x in dict.fromkeys(i for i in node.input if i):
+            if self.is_foldable(x):  # an import-time value: widened exactly, as a constant
+                v = self.static(x)
+                if v.dtype == np.float16:
+                    halves[x] = popxl.constant(v.astype(np.float32), name=_safe(x))
+                continue
+            t = self.tensor(x)
+            if t.dtype == dtypes.float16:
+                halves[x] = popxl.ops.cast(t, dtypes.float32)
+        if not halves:
+            return list(n.entry(n))
+        self._promoted = halves
+        try:
+            outs = list(n.entry(n))
+        finally:
+            self._promoted = {}
+        return [self.rounder(o) if isinstance(o, popxl.Tensor) and o.dtype == dtypes.float32 else o for o in outs]
+
     def _fold(self, node: onnx.NodeProto, n: Any) -> List[np.ndarray]:
         """Compute a node whose inputs are all known with ONNX's reference implementation."""
         from onnx.reference import ReferenceEvaluator
@@ -282,6 +321,13 @@ class GraphImporter:
         except Exception as e:
             raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {e}") from None
         return [np.asarray(r) if r is not None else None for r in results]
+
+
+# ONNX ops whose float results are copies of input values (exact in any precision).
+_EXACT_OPS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Gather", "Slice",
+                        "Concat", "Split", "Expand", "Tile", "Pad", "GatherElements", "DepthToSpace",
+                        "SpaceToDepth", "Shape", "Size", "Relu", "Neg", "Abs", "MaxPool", "ReduceMax",
+                        "ReduceMin", "Max", "Min", "Where", "TopK", "ArgMax", "ArgMin"})
 
 
 def _safe(name: str) -> str:
