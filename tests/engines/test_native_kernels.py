@@ -592,3 +592,28 @@ def test_conv_grad(case, dtype):
         return create_op("conv_grad", [a, b, gy], attrs)
     tol = CONV_TOL if dtype == np.float32 else dict(rtol=1e-2, atol=1e-2)
     compare_engines(build, [x, w, rand(y.shape, dtype)], native_ops=["conv_grad"], **tol)
+
+
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float16, np.float16), (np.float32, np.float16),
+                                    (np.int32, np.float32)], ids=str)
+@pytest.mark.parametrize("case", [((6, 3), (5,), 0), ((4, 5), (2, 3), 1), ((3, 4, 2), (4,), 1), ((4,), (0,), 0)],
+                         ids=str)
+def test_sparse_accumulate(case, dtypes):
+    shape, ishape, axis = case
+    t = rand(shape, dtypes[0])
+    idx = RNG.integers(-2, shape[axis] + 2, size=ishape).astype(np.int32)  # repeats add; out of range drop
+    x = rand(shape[:axis] + ishape + shape[axis + 1:], dtypes[1])
+    compare_engines(lambda a, b, i: (vu.sparse_accumulate_(a, b, i, axis, 0.5), a + 0), [t, x, idx],
+                    native_ops=["sparse_accumulate_"])
+    compare_engines(lambda a, b, i, f: vu.sparse_accumulate_(a, b, i, axis, f.reshape(())), [t, x, idx,
+                    np.array([1.5], np.float32)], native_ops=["sparse_accumulate_"])
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_groupedgather_grad(axis):
+    g_shape = (2, 4, 3) if axis == 0 else (2, 5, 4)
+    idx = RNG.integers(-6, 6, size=(2, 4)).astype(np.int32)
+    size = 5 if axis == 0 else 3
+    compare_engines(lambda g, i: create_op("groupedgather_grad", [g, i], {"axis": axis, "size": size,
+                                                                          "group_size": 2})[0],
+                    [rand(g_shape), idx], native_ops=["groupedgather_grad"])

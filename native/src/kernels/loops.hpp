@@ -272,4 +272,70 @@ inline Buffer window(const Buffer& b, size_t axis, int64_t start, int64_t len) {
   return v;
 }
 
+// The compute type rule of var updates and scatter-adds: float32 when every operand is
+// float16/float32, else float64 (float64 and integer operands).
+inline bool needs_double(std::initializer_list<const Buffer*> bs) {
+  for (const Buffer* b : bs) {
+    const DType d = b->dtype;
+    if (!(d == DType::F16 || d == DType::F32)) return true;  // float64, integers and bool
+  }
+  return false;
+}
+
+// A scalar parameter: a float attribute, or (attribute None) the next scalar tensor input.
+struct ScalarArg {
+  bool tensor = false;
+  double value = 0;
+  Buffer buf;
+  template <class W>
+  W get(const uint8_t* arena) const { return tensor ? load_scalar<W>(arena, buf) : W(value); }
+};
+
+inline ScalarArg scalar_arg(const OpInstr& ins, const std::vector<Buffer>& bufs, const char* name, size_t& next) {
+  ScalarArg s;
+  const AttrValue& a = ins.attrs.at(name);
+  if (a.is_none()) {
+    s.tensor = true;
+    s.buf = bufs[ins.inputs.at(next++)];
+  } else {
+    s.value = a.f();
+  }
+  return s;
+}
+
+// A packed buffer read into / written from a vector of W.
+template <class W>
+void read_all(uint8_t* arena, Packed& p, std::vector<W>& out) {
+  out.resize(p.buf.nelms);
+  load_row<W>(p.read(arena), static_cast<int64_t>(itemsize(p.buf.dtype)), p.buf.dtype, out.data(), p.buf.nelms);
+}
+
+template <class W>
+void write_all(uint8_t* arena, Packed& p, const std::vector<W>& v) {
+  store_row<W>(p.write(arena), static_cast<int64_t>(itemsize(p.buf.dtype)), p.buf.dtype, v.data(), p.buf.nelms);
+  p.commit(arena);
+}
+
+// Scatter-add of rows along an axis, as np.add.at does it (contributions to one place in index
+// order): acc[g, p, idx[g, j], :] += scale * src[g, p, j, :], with acc (groups, pre, D, post) and
+// src (groups, pre, K, post). Negative indices count from the end when `wrap`; others outside
+// [0, D) are dropped.
+struct RowScatter {
+  int64_t groups, pre, D, K, post;
+  bool wrap;
+  template <class W>
+  void run(W* acc, const W* src, const int64_t* idx, W scale) const {
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t p = 0; p < pre; ++p)
+        for (int64_t j = 0; j < K; ++j) {
+          int64_t i = idx[g * K + j];
+          if (wrap && i < 0) i += D;
+          if (i < 0 || i >= D) continue;
+          W* dst = acc + ((g * pre + p) * D + i) * post;
+          const W* row = src + ((g * pre + p) * K + j) * post;
+          for (int64_t e = 0; e < post; ++e) dst[e] += row[e] * scale;
+        }
+  }
+};
+
 }  // namespace popxl

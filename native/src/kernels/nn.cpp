@@ -18,19 +18,6 @@ namespace {
 
 using std::unique_ptr;
 
-// Read a packed float buffer into W values.
-template <class W>
-void read_all(uint8_t* arena, Packed& p, std::vector<W>& out) {
-  out.resize(p.buf.nelms);
-  load_row<W>(p.read(arena), static_cast<int64_t>(itemsize(p.buf.dtype)), p.buf.dtype, out.data(), p.buf.nelms);
-}
-
-template <class W>
-void write_all(uint8_t* arena, Packed& p, const std::vector<W>& v) {
-  store_row<W>(p.write(arena), static_cast<int64_t>(itemsize(p.buf.dtype)), p.buf.dtype, v.data(), p.buf.nelms);
-  p.commit(arena);
-}
-
 // Calls f(Tag<W>{}) with the compute type of a float16/32/64 dtype.
 template <class F>
 bool dispatch_wide(DType d, F&& f) {

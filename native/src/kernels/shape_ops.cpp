@@ -88,42 +88,38 @@ const RegisterKernel gather_ops[] = {
     {{"groupedgather"}, gather(true)},
 };
 
-// gather_grad: out[p, idx[k]] += g[p, k] in index order (repeats add up, as np.add.at), summed in
-// float32 (float64 for float64 or integer gradients) and rounded once.
-const RegisterKernel gather_grad_op{{"gather_grad"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-  const Buffer &g = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
-  if (!is_int(idx.dtype) || !is_numeric(g.dtype) || g.dtype == DType::Bool) return nullptr;
-  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
-  const int64_t size = ins.attrs.at("size").i(), K = idx.nelms;
-  const int64_t pre = prod(g.shape, 0, axis), post = prod(g.shape, axis + idx.shape.size());
-  unique_ptr<Kernel> k;
-  auto make = [&](auto tag) {
-    using W = typename decltype(tag)::type;
-    struct State { Packed idx, y; std::vector<int64_t> ids; std::vector<W> gw, acc; };
-    auto st = std::make_shared<State>(State{Packed(idx), Packed(y), {}, {}, {}});
-    const Buffer gb = g;
-    k = std::make_unique<FnKernel>([=](uint8_t* a) {
-      st->idx.read_ints(a, st->ids);
-      st->gw.resize(gb.nelms);
-      Packed gp(gb);
-      load_row<W>(gp.read(a), static_cast<int64_t>(itemsize(gb.dtype)), gb.dtype, st->gw.data(), gb.nelms);
-      st->acc.assign(pre * size * post, W(0));
-      for (int64_t p = 0; p < pre; ++p)
-        for (int64_t j = 0; j < K; ++j) {
-          int64_t i = st->ids[j];
-          if (i < 0) i += size;
-          if (i < 0 || i >= size) continue;
-          W* dst = st->acc.data() + (p * size + i) * post;
-          const W* src = st->gw.data() + (p * K + j) * post;
-          for (int64_t e = 0; e < post; ++e) dst[e] += src[e];
-        }
-      store_row<W>(st->y.write(a), static_cast<int64_t>(itemsize(y.dtype)), y.dtype, st->acc.data(), y.nelms);
-      st->y.commit(a);
-    });
+// gather_grad / groupedgather_grad: the gathered gradients summed back into their rows (repeats
+// add up), in float32 (float64 for float64 or integer gradients), rounded once.
+KernelFactory gather_grad(bool grouped) {
+  return [grouped](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &g = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+    if (!is_int(idx.dtype) || !is_numeric(g.dtype) || g.dtype == DType::Bool) return nullptr;
+    const size_t first = grouped ? 1 : 0, axis = first + static_cast<size_t>(ins.attrs.at("axis").i());
+    const int64_t groups = grouped ? g.shape[0] : 1;
+    const RowScatter rs{groups, prod(g.shape, first, axis), ins.attrs.at("size").i(), prod(idx.shape, first),
+                        prod(g.shape, axis + idx.shape.size() - first), true};
+    unique_ptr<Kernel> k;
+    auto make = [&](auto tag) {
+      using W = typename decltype(tag)::type;
+      struct State { Packed g, idx, y; std::vector<int64_t> ids; std::vector<W> gw, acc; };
+      auto st = std::make_shared<State>(State{Packed(g), Packed(idx), Packed(y), {}, {}, {}});
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        st->idx.read_ints(a, st->ids);
+        read_all(a, st->g, st->gw);
+        st->acc.assign(y.nelms, W(0));
+        rs.run(st->acc.data(), st->gw.data(), st->ids.data(), W(1));
+        write_all(a, st->y, st->acc);
+      });
+    };
+    if (needs_double({&g})) make(Tag<double>{}); else make(Tag<float>{});
+    return k;
   };
-  if (g.dtype == DType::F16 || g.dtype == DType::F32) make(Tag<float>{}); else make(Tag<double>{});
-  return k;
-}};
+}
+
+const RegisterKernel gather_grad_ops[] = {
+    {{"gather_grad"}, gather_grad(false)},
+    {{"groupedgather_grad"}, gather_grad(true)},
+};
 
 // ---- scatter: out = t; out[coords with idx along axis] = values (C order, so the last wins) ------
 const RegisterKernel scatter_op{{"scatter"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {

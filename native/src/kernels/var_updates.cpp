@@ -12,14 +12,6 @@ namespace {
 
 using std::unique_ptr;
 
-bool needs_double(std::initializer_list<const Buffer*> bs) {
-  for (const Buffer* b : bs) {
-    const DType d = b->dtype;
-    if (!(d == DType::F16 || d == DType::F32)) return true;  // float64, integers and bool
-  }
-  return false;
-}
-
 // Calls f(Tag<W>{}) with the compute type of the operands.
 template <class F>
 void with_wide(bool wide, F&& f) {
@@ -30,27 +22,6 @@ bool all_numeric(const OpInstr& ins, const std::vector<Buffer>& bufs) {
   for (int i : ins.inputs)
     if (!is_numeric(bufs[i].dtype)) return false;
   return is_numeric(bufs[ins.outputs[0]].dtype);
-}
-
-// A scalar parameter: a float attribute, or (attribute None) the next scalar tensor input.
-struct ScalarArg {
-  bool tensor = false;
-  double value = 0;
-  Buffer buf;
-  template <class W>
-  W get(const uint8_t* arena) const { return tensor ? load_scalar<W>(arena, buf) : W(value); }
-};
-
-ScalarArg scalar_arg(const OpInstr& ins, const std::vector<Buffer>& bufs, const char* name, size_t& next) {
-  ScalarArg s;
-  const AttrValue& a = ins.attrs.at(name);
-  if (a.is_none()) {
-    s.tensor = true;
-    s.buf = bufs[ins.inputs.at(next++)];
-  } else {
-    s.value = a.f();
-  }
-  return s;
 }
 
 // ---- accumulate family: t = formula(t, X, s) --------------------------------------------------
@@ -93,6 +64,32 @@ const RegisterKernel accumulators[] = {
     {{"accumulator_zero_"}, accumulator(false, nullptr, [](auto t, auto, auto) { return decltype(t)(0); })},
     {{"copy_var_update_"}, accumulator(true, nullptr, [](auto, auto x, auto) { return x; })},
 };
+
+// ---- sparse_accumulate_: t[.., indices[j], ..] += f * X[.., j, ..] (out-of-range rows dropped) ----
+const RegisterKernel sparse_accumulate_op{{"sparse_accumulate_"},
+  [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    if (!all_numeric(ins, bufs)) return nullptr;
+    const Buffer t = bufs[ins.inputs[0]], x = bufs[ins.inputs[1]], idx = bufs[ins.inputs[2]], y = bufs[ins.outputs[0]];
+    if (!is_int(idx.dtype)) return nullptr;
+    size_t next = 3;
+    const ScalarArg f = scalar_arg(ins, bufs, "f", next);
+    const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+    const RowScatter rs{1, prod(t.shape, 0, axis), t.shape[axis], idx.nelms, prod(t.shape, axis + 1), false};
+    unique_ptr<Kernel> k;
+    with_wide(needs_double({&t, &x}), [&](auto tag) {
+      using W = typename decltype(tag)::type;
+      struct State { Packed t, x, idx, y; std::vector<W> acc, rows; std::vector<int64_t> ids; };
+      auto st = std::make_shared<State>(State{Packed(t), Packed(x), Packed(idx), Packed(y), {}, {}, {}});
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        read_all(a, st->t, st->acc);
+        read_all(a, st->x, st->rows);
+        st->idx.read_ints(a, st->ids);
+        rs.run(st->acc.data(), st->rows.data(), st->ids.data(), f.get<W>(a));
+        write_all(a, st->y, st->acc);
+      });
+    });
+    return k;
+  }};
 
 // ---- Adam / LAMB / AdaMax update terms --------------------------------------------------------
 enum class Mode { Adam, Lamb, AdaMax };
