@@ -27,7 +27,8 @@ from popxl import dtypes
 from popart.dataflow import (AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO, PyStepIOCallback,
                              PyWeightsIO, TensorInfo)
 from popart.devices import DeviceInfo, DeviceType
-from popart.errors import TRACE, OnnxImportError, StepIOError, popart_exception
+from popart.errors import (TRACE, OnnxImportError, StepIOError, popart_exception, popart_internal_exception,
+                           poplar_application_runtime_error, poplibs_exception)
 from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, device_dtype, load_model
 from popart.options import Patterns, SessionOptions
 from popart.rounding import StochasticRounder, seed_value
@@ -310,7 +311,12 @@ class InferenceSession:
         if self._px is None:
             if self.deviceInfo.type is DeviceType.Ipu:
                 logger.warning("running a program for IPU hardware on the CPU engine (POPXL_IPU_HW=cpu).")
-            self._px = popxl.Session(self._ir, self.deviceInfo._popxl_device)
+            try:
+                self._px = popxl.Session(self._ir, self.deviceInfo._popxl_device)
+            except (ValueError, TypeError, NotImplementedError, KeyError, IndexError, AssertionError) as e:
+                # The program was built by this package: failing to compile it is our bug.
+                raise popart_internal_exception(f"prepareDevice: the program of session {self.name!r} could not "
+                                                f"be compiled: {type(e).__name__}: {e}") from e
             if self._profiling():
                 # popxl.Session has no engine parameter and the native engine has no per-op timers:
                 # a profiled session runs on the timed reference engine (see popart.report).
@@ -447,14 +453,33 @@ class InferenceSession:
         else:
             raise popart_exception(f"Session.run: expected a popart.PyStepIO or PyStepIOCallback, not {stepio!r}.")
         start = time.perf_counter()
-        px.run_with_outputs(inputs, self._host_outputs)
+        try:
+            px.run_with_outputs(inputs, self._host_outputs)
+        except NotImplementedError as e:  # an op without a kernel for its dtypes
+            raise poplibs_exception(f"Session.run: {e}") from e
+        except (RuntimeError, ValueError, FloatingPointError) as e:
+            raise poplar_application_runtime_error(f"Session.run: the program failed: {type(e).__name__}: {e}") from e
         self._run_seconds.append(time.perf_counter() - start)
         results = {name: self._anchor_value(a) for name, a in self._anchors.items()}
+        if self.options.enableFloatingPointChecks:
+            self._check_floating_point(results)
         if isinstance(stepio, PyStepIO):
             for name, value in results.items():
                 stepio.outputs[name][...] = value
         else:
             self._outputs_to_callbacks(stepio, results)
+
+    def _check_floating_point(self, results: Mapping[str, np.ndarray]) -> None:
+        """enableFloatingPointChecks: an IPU traps on NaN and overflow; here the anchors and weights
+        are checked after the run (the first bad tensor is named)."""
+        values = dict(results)
+        self.weightsToHost()
+        values.update(self._host_weights())
+        for name, v in values.items():
+            if v.dtype.kind == "f" and not np.all(np.isfinite(v)):
+                raise poplar_application_runtime_error(
+                    f"Session.run: floating-point exception (enableFloatingPointChecks): tensor {name!r} has "
+                    f"{int(np.sum(np.isnan(v)))} NaN and {int(np.sum(np.isinf(v)))} infinite values.")
 
     def _inputs_from_arrays(self, stepio: PyStepIO) -> Dict[popxl.HostToDeviceStream, np.ndarray]:
         given = stepio.inputs

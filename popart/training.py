@@ -187,8 +187,11 @@ class TrainingSession(InferenceSession):
         if not self._trainable:
             raise popart_exception("TrainingSession: the loss does not depend on any weight of the model; there is "
                                    "nothing to train.")
-        grad = transforms.autodiff(fwd, grads_provided=[loss_out],
-                                   grads_required=[weight_inputs[n] for n in self._trainable])
+        try:
+            grad = transforms.autodiff(fwd, grads_provided=[loss_out],
+                                       grads_required=[weight_inputs[n] for n in self._trainable])
+        except (RuntimeError, NotImplementedError) as e:
+            raise popart_exception(f"TrainingSession: the model cannot be differentiated: {e}") from e
         self._make_optimizer_variables(main)
 
         step = ir.create_empty_graph("popart_step")

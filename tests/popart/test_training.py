@@ -447,3 +447,39 @@ def test_get_report_per_op_time_and_memory_per_ipu():
     plain = session(b, ids, popart.SGD(0.1))
     r = plain.getReport()
     assert not r.executionProfiled and r.ops == [] and r.memory[0].totalBytes > 0
+
+
+def test_floating_point_checks_and_training_without_weights():
+    b, ids = linear_model()
+    opts = popart.SessionOptions()
+    opts.enableFloatingPointChecks = True
+    s = session(b, ids, popart.SGD(1e38), options=opts)
+    x, y = data(1)
+    with pytest.raises(popart.poplar_application_runtime_error, match="floating-point exception"):
+        for _ in range(3):
+            s.run(popart.PyStepIO({ids["x"]: x[0] * 1e3, ids["labels"]: y[0]}, s.initAnchorArrays()))
+    assert issubclass(popart.poplar_application_runtime_error, popart.popart_exception)
+
+    nb = popart.Builder()
+    i = nb.addInputTensor("FLOAT", [3])
+    loss = nb.aiGraphcore.l1loss([i], 0.1)
+    with pytest.raises(popart.popart_exception, match="does not depend on any weight"):
+        popart.TrainingSession(nb.getModelProto(), popart.DataFlow(1, [loss]), loss, popart.SGD(0.1),
+                               popart.DeviceManager().createCpuDevice())
+
+
+def test_l1_and_identity_loss_objects():
+    b = popart.Builder()
+    x = b.addInputTensor("FLOAT", [2, 3], "x")
+    w = b.addInitializedInputTensor(np.full((3,), 2.0, np.float32), "w")
+    y = b.aiOnnx.mul([x, w])
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, ["l1", "id"]), None, popart.ConstSGD(0.0),
+                               popart.DeviceManager().createCpuDevice(),
+                               losses=[popart.L1Loss(y, "l1", 0.5, popart.ReductionType.Sum),
+                                       popart.IdentityLoss(y, "id", popart.ReductionType.Mean)])
+    s.prepareDevice()
+    out = s.initAnchorArrays()
+    xv = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    s.run(popart.PyStepIO({x: xv}, out))
+    np.testing.assert_allclose(out["l1"], 0.5 * np.abs(2 * xv).sum(), rtol=1e-6)
+    np.testing.assert_allclose(out["id"], (2 * xv).mean(), rtol=1e-6)
