@@ -30,6 +30,7 @@ from popart.devices import DeviceInfo, DeviceType
 from popart.errors import (TRACE, OnnxImportError, StepIOError, popart_exception, popart_internal_exception,
                            poplar_application_runtime_error, poplibs_exception)
 from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, device_dtype, load_model
+from popart.losses import GRAPHCORE_DOMAIN, Loss
 from popart.options import Patterns, SessionOptions
 from popart.rounding import StochasticRounder, seed_value
 from popart.report import MEASUREMENT_NOTE, Report, TimedEngine, build_report
@@ -97,7 +98,13 @@ class InferenceSession:
     def __init__(self, fnModel: ModelLike, dataFlow: Optional[DataFlow] = None,
                  deviceInfo: Optional[DeviceInfo] = None, inputShapeInfo: Optional[InputShapeInfo] = None,
                  patterns: Optional[Patterns] = None, userOptions: Optional[SessionOptions] = None,
-                 name: str = "inference", dataFeed: Optional[DataFlow] = None) -> None:
+                 name: str = "inference", dataFeed: Optional[DataFlow] = None,
+                 losses: Optional[Sequence[Loss]] = None) -> None:
+        for loss in losses or []:
+            if not isinstance(loss, Loss):
+                raise popart_exception(f"{type(self).__name__}: unsupported loss {loss!r}; losses must be "
+                                       f"popart.NllLoss, L1Loss or IdentityLoss objects.")
+        self._loss_objects: List[Loss] = list(losses or [])
         if dataFlow is None:
             dataFlow = dataFeed
         elif dataFeed is not None:
@@ -145,8 +152,31 @@ class InferenceSession:
 
     # building -------------------------------------------------------------------------------------------
     def _prepare_model(self, model: onnx.ModelProto, inputShapeInfo: Optional[InputShapeInfo]) -> onnx.ModelProto:
-        """The model to import (a training session appends its losses here)."""
-        return model
+        """The model to import: the user's, with the nodes of any loss objects appended (their
+        inputs the model lacks, such as labels, become model inputs typed by ``inputShapeInfo``)."""
+        if not self._loss_objects:
+            return model
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        g = out.graph
+        defined = {v.name for v in g.input} | {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
+        shapes = inputShapeInfo.getAllTensorInfo() if inputShapeInfo is not None else {}
+        for loss in self._loss_objects:
+            for x in loss.getInputIds():
+                if x in defined:
+                    continue
+                if x in shapes:
+                    info = shapes[x]
+                    g.input.append(onnx.helper.make_tensor_value_info(
+                        x, onnx.helper.np_dtype_to_tensor_dtype(info.numpy_dtype()), info.shape()))
+                else:
+                    g.input.append(onnx.helper.make_empty_tensor_value_info(x))
+                defined.add(x)
+            g.node.append(loss.node())
+            defined.add(loss.output())
+        if not any(o.domain == GRAPHCORE_DOMAIN for o in out.opset_import):
+            out.opset_import.append(onnx.helper.make_opsetid(GRAPHCORE_DOMAIN, 1))
+        return out
 
     @property
     def _steps(self) -> int:

@@ -25,9 +25,6 @@ import logging
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import onnx
-from onnx import helper
-
 import popxl
 import popxl.ops as ops
 from popxl import dtypes, transforms
@@ -35,7 +32,7 @@ from popxl.op import REGISTRY, Grad
 from popart.dataflow import DataFlow, InputShapeInfo
 from popart.devices import DeviceInfo
 from popart.errors import TRACE, popart_exception
-from popart.losses import GRAPHCORE_DOMAIN, Loss, ReductionType, reduction_of
+from popart.losses import Loss, ReductionType, reduction_of
 from popart.onnx.importer import ModelLike, device_array
 from popart.optimizers import Optimizer
 from popart.options import Patterns, SessionOptions
@@ -91,36 +88,10 @@ class TrainingSession(InferenceSession):
         self._hyper_vars: Dict[str, popxl.Variable] = {}
         self._opt_state: Dict[str, List[popxl.Variable]] = {}
         self._trainable: List[str] = []
-        super().__init__(fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name, dataFeed)
+        super().__init__(fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name, dataFeed,
+                         losses=[s for s in specs if isinstance(s, Loss)])
 
     # the model --------------------------------------------------------------------------------------
-    def _prepare_model(self, model: onnx.ModelProto, inputShapeInfo: Optional[InputShapeInfo]) -> onnx.ModelProto:
-        objects = [s for s in self._loss_specs if isinstance(s, Loss)]
-        if not objects:
-            return model
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
-        g = out.graph
-        defined = {v.name for v in g.input} | {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
-        shapes = inputShapeInfo.getAllTensorInfo() if inputShapeInfo is not None else {}
-        for loss in objects:
-            for x in loss.getInputIds():
-                if x in defined:
-                    continue
-                # A loss input the model lacks (the labels): a new model input.
-                if x in shapes:
-                    info = shapes[x]
-                    g.input.append(helper.make_tensor_value_info(
-                        x, helper.np_dtype_to_tensor_dtype(info.numpy_dtype()), info.shape()))
-                else:
-                    g.input.append(helper.make_empty_tensor_value_info(x))
-                defined.add(x)
-            g.node.append(loss.node())
-            defined.add(loss.output())
-        if not any(o.domain == GRAPHCORE_DOMAIN for o in out.opset_import):
-            out.opset_import.append(helper.make_opsetid(GRAPHCORE_DOMAIN, 1))
-        return out
-
     @property
     def _loss_ids(self) -> List[str]:
         return [s.output() if isinstance(s, Loss) else s for s in self._loss_specs]

@@ -483,3 +483,24 @@ def test_l1_and_identity_loss_objects():
     s.run(popart.PyStepIO({x: xv}, out))
     np.testing.assert_allclose(out["l1"], 0.5 * np.abs(2 * xv).sum(), rtol=1e-6)
     np.testing.assert_allclose(out["id"], (2 * xv).mean(), rtol=1e-6)
+
+
+def test_inference_session_with_a_loss_returns_the_loss():
+    # Seed 000: "If losses are provided to the inference session the forward pass and the losses
+    # will be executed, and the final loss value will be returned."
+    b, ids = linear_model()
+    info = popart.InputShapeInfo()
+    info.add("lbl", popart.TensorInfo("INT32", [BATCH]))
+    s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(2, {"nll": popart.AnchorReturnType("FINAL")}),
+                                popart.DeviceManager().createCpuDevice(), inputShapeInfo=info,
+                                losses=[popart.NllLoss(ids["probs"], "lbl", "nll")])
+    s.prepareDevice()
+    s.weightsFromHost()
+    x, y = data(2)
+    out = s.initAnchorArrays()
+    s.run(popart.PyStepIO({ids["x"]: x, ids["labels"]: y, "lbl": y}, out))
+    w = weights(s, ids["W"], ids["b"])
+    np.testing.assert_allclose(out["nll"], numpy_grads(w[ids["W"]], w[ids["b"]], x[1], y[1])[0], rtol=1e-5)
+    with pytest.raises(popart.popart_exception, match="unsupported loss"):
+        popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, ["nll"]), popart.DeviceManager().createCpuDevice(),
+                                losses=["nll"])
