@@ -648,7 +648,15 @@ class InferenceSession:
             self._timed.reset()
 
     def _summary_lines(self) -> List[str]:
-        return []
+        return [f"Engine options: {self.engineOptions()}."]
+
+    def engineOptions(self) -> Dict[str, str]:
+        """The engine options in effect: ``SessionOptions.engineOptions``, plus
+        ``target.deterministicWorkers=true`` when stochastic rounding is on (as PopART sets it;
+        an explicit engine option overrides it). On the CPU they only document the run."""
+        opts = {"target.deterministicWorkers": "true"} if self.options.enableStochasticRounding else {}
+        opts.update({str(k): str(v) for k, v in self.options.engineOptions.items()})
+        return opts
 
     def getReport(self, resetProfile: bool = True) -> Report:
         """The profile (a ``popart.report.Report``): memory per IPU from the compiled program and,

@@ -329,7 +329,7 @@ class TrainingSession(InferenceSession):
         return list(self._trainable)
 
     def _summary_lines(self) -> List[str]:
-        return [f"Training: loss {self._loss_ids}, optimiser {self.optimizer!r}, {len(self._trainable)} trainable "
+        return super()._summary_lines() + [f"Training: loss {self._loss_ids}, optimiser {self.optimizer!r}, {len(self._trainable)} trainable "
                 f"weight(s), accumulationFactor={self.accumulationFactor}."]
 
     def __repr__(self) -> str:

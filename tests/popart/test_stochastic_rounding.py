@@ -74,3 +74,12 @@ def test_float16_weight_updates_keep_small_steps_on_average():
     got = _f16_training(True)
     assert abs(got.astype(np.float64).mean() - (1 - 64 * 2.0 ** -13)) < 0.002
     assert len(np.unique(got)) > 1
+
+
+def test_stochastic_rounding_sets_deterministic_workers_unless_overridden():
+    s, _ = _add_session(True, 1.0)
+    assert s.engineOptions() == {"target.deterministicWorkers": "true"}
+    assert "target.deterministicWorkers" in s.getSummaryReport()
+    s.options.engineOptions = {"target.deterministicWorkers": "false"}
+    assert s.engineOptions()["target.deterministicWorkers"] == "false"
+    assert _add_session(False, 1.0)[0].engineOptions() == {}
