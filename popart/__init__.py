@@ -2,6 +2,8 @@
 
 Import an ONNX model into an ``InferenceSession``, describe the data flow with ``DataFlow`` and
 ``AnchorReturnType``, pick a device from ``DeviceManager`` and run batches with ``PyStepIO``.
+Build or extend models with ``Builder`` (``aiOnnx`` ops, ``aiGraphcore`` losses) and train them
+with ``TrainingSession`` and an optimiser (``ConstSGD``, ``SGD``, ``Adam``).
 """
 from popart.dataflow import (AnchorReturnType, AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO,
                              PyStepIOCallback, PyWeightsIO, TensorInfo)

@@ -504,3 +504,36 @@ def test_inference_session_with_a_loss_returns_the_loss():
     with pytest.raises(popart.popart_exception, match="unsupported loss"):
         popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, ["nll"]), popart.DeviceManager().createCpuDevice(),
                                 losses=["nll"])
+
+
+def test_builder_cnn_with_positional_attributes_trains():
+    """PopART-style positional attributes: conv(args, dilations, group, kernel_shape, pads, strides),
+    maxpool(args, num_outputs, kernel_shape, ceil_mode, dilations, pads, storage_order, strides),
+    gemm(args, alpha, beta, transA, transB)."""
+    rng = np.random.default_rng(0)
+    b = popart.Builder()
+    x = b.addInputTensor("FLOAT", [4, 1, 6, 6])
+    lab = b.addInputTensor("INT32", [4])
+    cw = b.addInitializedInputTensor((rng.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32))
+    c = b.aiOnnx.conv([x, cw], [1, 1], 1, [3, 3], [1, 1, 1, 1], [1, 1])
+    (p,) = b.aiOnnx.maxpool([b.aiOnnx.relu([c])], 1, [2, 2], 0, [1, 1], [0, 0, 0, 0], 0, [2, 2])
+    f = b.aiOnnx.flatten([p], axis=1)
+    gw = b.addInitializedInputTensor((rng.standard_normal((3, 36)) * 0.1).astype(np.float32))
+    gb = b.addInitializedInputTensor(np.zeros(3, np.float32))
+    g = b.aiOnnx.gemm([f, gw, gb], 1.0, 1.0, 0, 1)
+    loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([g], 1), lab], popart.ReductionType.Sum)
+    assert (b.getTensorShape(c), b.getTensorShape(p), b.getTensorShape(g)) == ([4, 4, 6, 6], [4, 4, 3, 3], [4, 3])
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(8, [loss]), loss, popart.SGD(0.05),
+                               popart.DeviceManager().createCpuDevice())
+    s.prepareDevice()
+    s.weightsFromHost()
+    xs = rng.standard_normal((8, 4, 1, 6, 6)).astype(np.float32)
+    ys = ((xs.mean((2, 3, 4)) > 0).astype(np.int32) + (xs[:, :, 0, 0, 0] > 1)).astype(np.int32)
+    out = s.initAnchorArrays()
+    losses = []
+    for _ in range(6):
+        s.run(popart.PyStepIO({x: xs, lab: ys}, out))
+        losses.append(out[loss].mean())
+    assert losses[-1] < 0.6 * losses[0]
+    with pytest.raises(popart.popart_exception, match="too many positional"):
+        b.aiOnnx.relu([c], 1)
