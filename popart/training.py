@@ -88,6 +88,7 @@ class TrainingSession(InferenceSession):
         self._hyper_vars: Dict[str, popxl.Variable] = {}
         self._opt_state: Dict[str, List[popxl.Variable]] = {}
         self._trainable: List[str] = []
+        self._input_grads: List[str] = []
         super().__init__(fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name, dataFeed,
                          losses=[s for s in specs if isinstance(s, Loss)])
 
@@ -150,17 +151,24 @@ class TrainingSession(InferenceSession):
                 emitted.add(t)
                 popxl.graph_output(out)
         loss_out = fwd.outputs[0]
-        self._trainable = self._find_trainable(fwd, weight_inputs, loss_out)
-        unknown = [a for a in grad_anchors if a[len(GRADIENT_PREFIX):] not in self._trainable]
+        statistics = {x for node in self._model.graph.node if node.op_type == "BatchNormalization"
+                      for x in node.input[3:5]}
+        self._trainable = [n for n in self._reaching(fwd, weight_inputs, loss_out) if n not in statistics]
+        # Gradients of model inputs can be anchored too (PopART's Gradient___<input>).
+        wanted_inputs = {a[len(GRADIENT_PREFIX):] for a in grad_anchors} & set(data_inputs)
+        self._input_grads = self._reaching(fwd, {n: data_inputs[n] for n in wanted_inputs}, loss_out)
+        unknown = [a for a in grad_anchors if a[len(GRADIENT_PREFIX):] not in self._trainable + self._input_grads]
         if unknown:
-            raise popart_exception(f"DataFlow anchors {unknown} are not gradients of trainable weights; the "
-                                   f"trainable weights are {self._trainable}.")
+            raise popart_exception(f"DataFlow anchors {unknown} are not gradients of trainable weights or of "
+                                   f"floating-point inputs the loss depends on; the trainable weights are "
+                                   f"{self._trainable}.")
         if not self._trainable:
             raise popart_exception("TrainingSession: the loss does not depend on any weight of the model; there is "
                                    "nothing to train.")
         try:
             grad = transforms.autodiff(fwd, grads_provided=[loss_out],
-                                       grads_required=[weight_inputs[n] for n in self._trainable])
+                                       grads_required=[weight_inputs[n] for n in self._trainable] +
+                                       [data_inputs[n] for n in self._input_grads])
         except (RuntimeError, NotImplementedError) as e:
             raise popart_exception(f"TrainingSession: the model cannot be differentiated: {e}") from e
         self._make_optimizer_variables(main)
@@ -194,14 +202,12 @@ class TrainingSession(InferenceSession):
         self._finish_main(main, step, self.batchesPerStep, thread, accumulators)
         self._ir = ir
 
-    def _find_trainable(self, fwd: popxl.Graph, weight_inputs: Dict[str, popxl.Tensor],
-                        loss: popxl.Tensor) -> List[str]:
-        """Weights the loss depends on through differentiable ops (their order in the model),
-        except BatchNormalization's running mean and variance, which are statistics, not parameters."""
-        statistics = {x for node in self._model.graph.node if node.op_type == "BatchNormalization"
-                      for x in node.input[3:5]}
+    @staticmethod
+    def _reaching(fwd: popxl.Graph, inputs: Dict[str, popxl.Tensor], loss: popxl.Tensor) -> List[str]:
+        """The names of ``inputs`` (graph inputs of ``fwd``) that the loss depends on through
+        differentiable ops, in the order given."""
         deps: Dict[popxl.Tensor, FrozenSet[str]] = {
-            t: frozenset([n]) for n, t in weight_inputs.items() if t.dtype.is_floating_point}
+            t: frozenset([n]) for n, t in inputs.items() if t.dtype.is_floating_point}
         for op in fwd._ops:
             if REGISTRY[op.type].grad == Grad.STOP:
                 continue
@@ -211,7 +217,7 @@ class TrainingSession(InferenceSession):
                     if o.dtype.is_floating_point:
                         deps[o] = deps.get(o, frozenset()) | found
         reached = deps.get(loss, frozenset())
-        return [n for n in weight_inputs if n in reached and n not in statistics]
+        return [n for n in inputs if n in reached]
 
     def _make_optimizer_variables(self, main: popxl.Graph) -> None:
         opt = self.optimizer
@@ -238,7 +244,8 @@ class TrainingSession(InferenceSession):
                      thread: ByRef, accumulators: List[Tuple[_Anchor, popxl.Tensor]]) -> Dict[str, popxl.Tensor]:
         """Forward and backward of one micro-batch in the current graph; the weights' gradients
         (of the loss times the loss scaling)."""
-        bound = {data_inputs[name]: ops.host_load(s, _safe(name)) for name, s in self._in_streams.items()}
+        loaded = {name: ops.host_load(s, _safe(name)) for name, s in self._in_streams.items()}
+        bound = {data_inputs[name]: t for name, t in loaded.items()}
         local = {n: thread(self._variables[n], _safe(n)) for n in weight_inputs}
         bound.update({weight_inputs[n]: local[n] for n in weight_inputs})
         rounder = self._rounder(thread)
@@ -256,8 +263,10 @@ class TrainingSession(InferenceSession):
         by_parent = grad.fwd_parent_ins_to_grad_parent_outs(info, grad_info)
         grads = {n: by_parent[local[n]] for n in self._trainable}
         values = dict(zip(fwd_anchors, info.outputs[1:1 + len(fwd_anchors)]))
+        values.update({GRADIENT_PREFIX + n: g for n, g in grads.items()})
+        values.update({GRADIENT_PREFIX + n: by_parent[loaded[n]] for n in self._input_grads})
         for name in self.dataFlow.anchors():
-            t = values[name] if name in values else grads[name[len(GRADIENT_PREFIX):]]
+            t = values[name]
             self._sink_anchor(name, t, main, thread, accumulators)
         return grads
 

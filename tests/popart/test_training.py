@@ -126,12 +126,13 @@ def test_anchor_return_types_in_training():
     loss, probs, W = ids["loss"], ids["probs"], ids["W"]
     art = popart.AnchorReturnType
     anchors = {loss: art("ALL"), probs: art("FINAL"), ids["logits"]: art("EVERYN", 2),
-               popart.reservedGradientPrefix() + W: art("SUM")}
+               popart.reservedGradientPrefix() + W: art("SUM"), "Gradient___" + ids["x"]: art("ALL")}
     s = session(b, ids, popart.SGD(0.0), bps=4, anchors=anchors)  # lr 0: every batch sees the same weights
     x, y = data(4)
     out = s.initAnchorArrays()
     assert {k: v.shape for k, v in out.items()} == {
-        loss: (4,), probs: (BATCH, CLASSES), ids["logits"]: (2, BATCH, CLASSES), "Gradient___" + W: (FEAT, CLASSES)}
+        loss: (4,), probs: (BATCH, CLASSES), ids["logits"]: (2, BATCH, CLASSES), "Gradient___" + W: (FEAT, CLASSES),
+        "Gradient___" + ids["x"]: (4, BATCH, FEAT)}
     s.run(popart.PyStepIO({ids["x"]: x, ids["labels"]: y}, out))
     w0 = weights(s, W, ids["b"])
     expect = [numpy_grads(w0[W], w0[ids["b"]], x[k], y[k]) for k in range(4)]
@@ -139,6 +140,13 @@ def test_anchor_return_types_in_training():
     np.testing.assert_allclose(out["Gradient___" + W], sum(e[1] for e in expect), rtol=1e-4, atol=1e-6)
     logits = x @ w0[W] + w0[ids["b"]]
     np.testing.assert_allclose(out[ids["logits"]], logits[[1, 3]], rtol=1e-5)
+    # dloss/dx = dloss/dbias-per-row @ W^T (the bias gradient before summing over rows)
+    p_all = np.exp(logits - logits.max(-1, keepdims=True))
+    p_all /= p_all.sum(-1, keepdims=True)
+    d = p_all.copy()
+    for k in range(4):
+        d[k][np.arange(BATCH), y[k]] -= 1
+    np.testing.assert_allclose(out["Gradient___" + ids["x"]], d / BATCH @ w0[W].T, rtol=1e-4, atol=1e-7)
     p = np.exp(logits[3]) / np.exp(logits[3]).sum(-1, keepdims=True)
     np.testing.assert_allclose(out[probs], p, rtol=1e-5)
 
@@ -403,7 +411,7 @@ def test_errors_unknown_option_bad_loss_and_mismatched_ids():
     with pytest.raises(popart.popart_exception, match="optimizer must be"):
         popart.TrainingSession(proto, df, ids["loss"], 0.1, dev)
     with pytest.raises(popart.popart_exception, match="not gradients of trainable weights"):
-        popart.TrainingSession(proto, popart.DataFlow(1, ["Gradient___x"]), ids["loss"], popart.SGD(0.1), dev)
+        popart.TrainingSession(proto, popart.DataFlow(1, ["Gradient___labels"]), ids["loss"], popart.SGD(0.1), dev)
     with pytest.raises(popart.popart_exception, match="anchors \\['missing'\\] are not tensors"):
         popart.TrainingSession(proto, popart.DataFlow(1, ["missing"]), ids["loss"], popart.SGD(0.1), dev)
     with pytest.raises(popart.popart_exception, match="not tensors of the model"):
