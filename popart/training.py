@@ -4,12 +4,13 @@ weight updates per ``run`` inside the engine.
 The program:
 
 - forward graph: the imported model (inputs and weights are graph inputs); outputs are the
-  loss and the anchored forward tensors. ``popxl.transforms.autodiff`` builds its gradient graph
-  for the trainable weights (floating-point weights the loss depends on, running statistics of
-  BatchNormalization excluded).
-- micro-batch: ``host_load`` of the inputs, a call of the forward graph, a call of the gradient
-  graph seeded with the loss scaling, anchors (as in InferenceSession; ``Gradient___<weight>``
-  anchors the gradient of a weight). With ``accumulationFactor`` > 1 the micro-batch is its own
+  loss, the anchored forward tensors and the new running statistics of BatchNormalization
+  (which normalises with batch statistics when training). ``popxl.transforms.autodiff`` builds
+  its gradient graph for the trainable weights (floating-point weights the loss depends on,
+  running statistics excluded) and for inputs whose gradient is anchored.
+- micro-batch: ``host_load`` of the inputs, a call of the forward graph, the write-back of the
+  running statistics, a call of the gradient graph seeded with the loss scaling, anchors (as in
+  InferenceSession; ``Gradient___<weight or input>`` anchors a gradient). With ``accumulationFactor`` > 1 the micro-batch is its own
   graph, repeated that many times per step, adding its gradients into accumulators.
 - step graph (repeated ``batchesPerStep`` times): the micro-batch(es), the gradient reduction
   across replicas (``replicated_all_reduce``) and accumulation steps (Sum or Mean, from
@@ -139,6 +140,7 @@ class TrainingSession(InferenceSession):
             self._fwd_seed = popxl.graph_input((2,), dtypes.uint32, "random_seed") \
                 if self._seed_var is not None else None
             self._importer.rounder = StochasticRounder(self._fwd_seed) if self._fwd_seed is not None else None
+            self._importer.training = True
             self._importer.lower(data_inputs, weight)
             loss = self._loss_tensor()
             grad_anchors = [a for a in self.dataFlow.anchors() if a.startswith(GRADIENT_PREFIX)]
@@ -150,6 +152,10 @@ class TrainingSession(InferenceSession):
                 out = ops.identity(t) if t.producer is None or t in emitted else t
                 emitted.add(t)
                 popxl.graph_output(out)
+            # New running statistics (BatchNormalization) follow: written back after each call.
+            self._stat_updates = [name for name, _ in self._importer.stat_updates]
+            for _, t in self._importer.stat_updates:
+                popxl.graph_output(t)
         loss_out = fwd.outputs[0]
         statistics = {x for node in self._model.graph.node if node.op_type == "BatchNormalization"
                       for x in node.input[3:5]}
@@ -263,6 +269,11 @@ class TrainingSession(InferenceSession):
         by_parent = grad.fwd_parent_ins_to_grad_parent_outs(info, grad_info)
         grads = {n: by_parent[local[n]] for n in self._trainable}
         values = dict(zip(fwd_anchors, info.outputs[1:1 + len(fwd_anchors)]))
+        first = 1 + len(fwd_anchors)
+        for name, new in zip(self._stat_updates, info.outputs[first:first + len(self._stat_updates)]):
+            if self.replicationFactor > 1:  # the replicas keep one set of statistics
+                new = ops.collectives.replicated_all_reduce(new, "mean")
+            ops.var_updates.copy_var_update_(local[name], new)
         values.update({GRADIENT_PREFIX + n: g for n, g in grads.items()})
         values.update({GRADIENT_PREFIX + n: by_parent[loaded[n]] for n in self._input_grads})
         for name in self.dataFlow.anchors():

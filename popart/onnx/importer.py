@@ -138,6 +138,10 @@ class GraphImporter:
         # Stochastic rounding (SessionOptions.enableStochasticRounding): float32 -> float16 rounder.
         self.rounder: Optional[Callable[[popxl.Tensor], popxl.Tensor]] = None
         self._promoted: Dict[str, popxl.Tensor] = {}
+        # Training: BatchNormalization uses batch statistics and records the new running
+        # statistics here, (weight name, new value), for the session to write back.
+        self.training = False
+        self.stat_updates: List[Tuple[str, popxl.Tensor]] = []
 
     # checks -------------------------------------------------------------------------------------------
     @staticmethod

@@ -285,8 +285,16 @@ def _pow(a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
     return ops.pow(a, b if b.dtype == a.dtype else ops.cast(b, a.dtype))
 
 
+def _div(a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
+    if a.dtype.is_floating_point:
+        return ops.div(a, b)
+    # ONNX integer division truncates toward zero; popxl's floors. a - fmod(a, b) is a multiple of
+    # b with the truncated quotient, so dividing it is exact whichever way the division rounds.
+    return ops.div(ops.sub(a, ops.fmod(a, b)), b)
+
+
 _BINARY: Dict[str, Callable[[popxl.Tensor, popxl.Tensor], popxl.Tensor]] = {
-    "Add": ops.add, "Sub": ops.sub, "Mul": ops.mul, "Div": ops.div, "Pow": _pow, "Equal": ops.equal,
+    "Add": ops.add, "Sub": ops.sub, "Mul": ops.mul, "Div": _div, "Pow": _pow, "Equal": ops.equal,
     "Greater": ops.greater, "Less": _less, "And": ops.logical_and, "Or": ops.logical_or,
     "GreaterOrEqual": lambda a, b: ops.logical_not(_less(a, b)),
     "LessOrEqual": lambda a, b: ops.logical_not(ops.greater(a, b)),
@@ -299,7 +307,10 @@ def _binary(n: Node) -> List[Value]:
 
 
 def _minimum(a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
-    return ops.negate(ops.maximum(ops.negate(a), ops.negate(b)))
+    if a.dtype.is_floating_point or a.dtype.is_signed:
+        # -max(-a, -b): keeps maximum's NaN propagation.
+        return ops.negate(ops.maximum(ops.negate(a), ops.negate(b)))
+    return ops.where(ops.greater(a, b), b, a)  # unsigned: no negation, and no NaN to propagate
 
 
 @onnx_op("Max", "Min", "Sum", "Mean")
@@ -450,14 +461,38 @@ def _pool(n: Node) -> List[Value]:
     if n.op_type == "MaxPool":
         if n.attr("storage_order", 0):
             raise n.fail("storage_order=1 only affects the Indices output, which is not supported")
+        if not x.dtype.is_floating_point and x.dtype.itemsize <= 2:
+            # popxl pools floats only; 8- and 16-bit integers are exact in float32, and the maximum
+            # is one of the inputs, so the round trip is exact.
+            y = ops.max_pool(ops.cast(x, dtypes.float32), tuple(kernel), ceil_mode=ceil_mode, **kw)
+            return [ops.cast(y, x.dtype)]
         return [ops.max_pool(x, tuple(kernel), ceil_mode=ceil_mode, **kw)]
     if n.attr("count_include_pad", 0) and any(kw["padding"]):
         if kw["auto_pad"] != "not_set":
             raise n.fail("count_include_pad=1 is supported with explicit pads only, not with auto_pad")
         # Padding values take part in the average: pad with zeros first, then pool without pads.
-        x = _pad_explicit(x, kw["padding"], 0.0, n)
+        pads = kw["padding"]
+        spatial = x.shape[2:]
+        x = _pad_explicit(x, pads, 0.0, n)
         kw["padding"] = (0,) * (2 * rank)
+        y = ops.average_pool(x, tuple(kernel), ceil_mode=ceil_mode, **kw)
+        if ceil_mode:
+            # With the padding now part of the input, a last window that starts in the end padding
+            # is no longer recognised as such: drop it, as pooling the unpadded input would.
+            want = [_ceil_pool_len(spatial[i], kernel[i], kw["stride"][i], kw["dilation"][i], pads[i],
+                                   pads[rank + i]) for i in range(rank)]
+            if list(y.shape[2:]) != want:
+                y = ops.slice(y, start=[0] * rank, stop=want, axis=list(range(2, 2 + rank)))
+        return [y]
     return [ops.average_pool(x, tuple(kernel), ceil_mode=ceil_mode, **kw)]
+
+
+def _ceil_pool_len(size: int, k: int, s: int, d: int, begin: int, end: int) -> int:
+    """Output length of a ceil-mode pooling window along one axis: windows may run past the end
+    padding, but none may start in it."""
+    span = size + begin + end - ((k - 1) * d + 1)
+    out = -(-span // s) + 1
+    return out - 1 if (out - 1) * s >= size + begin else out
 
 
 @onnx_op("GlobalAveragePool", "GlobalMaxPool")
@@ -471,11 +506,37 @@ def _global_pool(n: Node) -> List[Value]:
 # normalisation ----------------------------------------------------------------------------------------
 @onnx_op("BatchNormalization")
 def _batch_norm(n: Node) -> List[Value]:
-    if n.attr("training_mode", 0):
-        raise n.fail("training_mode=1 is not supported by an inference session")
+    training = bool(n.attr("training_mode", 0)) or n.imp.training
+    if not training:
+        y = ops.batch_norm_inference(n.x(0), n.x(1), n.x(2), n.x(3), n.x(4), epsilon=float(n.attr("epsilon", 1e-5)))
+        return [y]
+    if not n.imp.training:
+        raise n.fail("training_mode=1 needs a TrainingSession (an inference session cannot update the running "
+                     "statistics)")
+    return _batch_norm_training(n)
+
+
+def _batch_norm_training(n: Node) -> List[Value]:
+    """Normalise with the batch's statistics (biased variance) and compute the new running
+    statistics, momentum * running + (1 - momentum) * batch, as ONNX's training mode defines them;
+    the importer records them so the session writes them back into the statistics' variables."""
     x = n.x(0)
-    y = ops.batch_norm_inference(x, n.x(1), n.x(2), n.x(3), n.x(4), epsilon=float(n.attr("epsilon", 1e-5)))
-    return [y]
+    axes = [0] + list(range(2, x.rank))
+    channel = (1, x.shape[1]) + (1,) * (x.rank - 2)
+    mean = ops.mean(x, axes, keepdims=True)
+    d = ops.sub(x, mean)
+    var = ops.mean(ops.mul(d, d), axes, keepdims=True)
+    y = ops.mul(d, _reciprocal(ops.sqrt(ops.add(var, n.scalar(float(n.attr("epsilon", 1e-5)), var)))))
+    y = ops.add(ops.mul(y, ops.reshape(n.x(1), channel)), ops.reshape(n.x(2), channel))
+    m = float(n.attr("momentum", 0.9))
+    stats = []
+    for k, batch in ((3, mean), (4, var)):
+        running = n.x(k)
+        new = ops.add(ops.mul(running, n.scalar(m, running)),
+                      ops.mul(ops.detach(ops.reshape(batch, running.shape)), n.scalar(1.0 - m, running)))
+        n.imp.stat_updates.append((n.proto.input[k], new))
+        stats.append(new)
+    return [y] + stats
 
 
 def _standardise(x: popxl.Tensor, axes: Sequence[int], eps: float,
@@ -792,7 +853,9 @@ def _pad_index(d: int, before: int, after: int, mode: str) -> np.ndarray:
     return i
 
 
-def _pad_tensor(x: popxl.Tensor, pads: Sequence[int], mode: str, value: float, n: Node) -> popxl.Tensor:
+def _pad_tensor(x: popxl.Tensor, pads: Sequence[int], mode: str, value: Union[float, popxl.Tensor],
+                n: Node) -> popxl.Tensor:
+    """Pad ``x``; ``value`` (constant mode) is a number or a scalar tensor computed on the device."""
     r = x.rank
     y = x
     for a in range(r):
@@ -807,7 +870,8 @@ def _pad_tensor(x: popxl.Tensor, pads: Sequence[int], mode: str, value: float, n
         y = _repeat_axis(y, a, np.clip(index, 0, max(d - 1, 0)))
         if mode == "constant" and not inside.all():
             mask = inside.reshape([1] * a + [len(index)] + [1] * (r - a - 1))
-            y = ops.where(popxl.constant(mask), y, n.scalar(value, y))
+            fill = value if isinstance(value, popxl.Tensor) else n.scalar(value, y)
+            y = ops.where(popxl.constant(mask), y, fill)
     return y
 
 
@@ -818,8 +882,13 @@ def _pad(n: Node) -> List[Value]:
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise n.fail(f"unknown mode {mode!r}")
     pads = [int(p) for p in n.static(1, "pads").reshape(-1)]
-    value = n.optional_static(2, "constant_value")
-    value = 0.0 if value is None or value.size == 0 else value.reshape(-1)[0].item()
+    if n.has(2) and n.imp.static(n.proto.input[2]) is None:
+        # The pad value is computed on the device: a scalar tensor (it does not change any shape).
+        v = n.x(2)
+        value = ops.reshape(v if v.dtype == x.dtype else ops.cast(v, x.dtype), ())
+    else:
+        value = n.optional_static(2, "constant_value")
+        value = 0.0 if value is None or value.size == 0 else value.reshape(-1)[0].item()
     axes = n.optional_static(3, "axes") if n.opset >= 18 else None
     if axes is not None:
         axes = [_axis(int(a), x.rank, n, "axes") for a in axes.reshape(-1)]
@@ -908,7 +977,10 @@ def _depth_space(n: Node) -> List[Value]:
     nb, c, h, w = x.shape
     if n.op_type == "SpaceToDepth":
         y = ops.reshape(x, (nb, c, h // b, b, w // b, b))
-        y = ops.transpose(y, (0, 3, 5, 1, 2, 4))
+        # DCR (the default) puts the block offsets before the channel, CRD after it (the mode
+        # attribute arrived in opset 24; the inverse of DepthToSpace with the same mode).
+        perm = (0, 3, 5, 1, 2, 4) if n.attr("mode", "DCR") == "DCR" else (0, 1, 3, 5, 2, 4)
+        y = ops.transpose(y, perm)
         return [ops.reshape(y, (nb, c * b * b, h // b, w // b))]
     if n.attr("mode", "DCR") == "DCR":
         y = ops.transpose(ops.reshape(x, (nb, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
@@ -933,11 +1005,20 @@ def _trilu(n: Node) -> List[Value]:
     x = n.x(0)
     if x.rank < 2:
         raise n.fail(f"needs a tensor of rank >= 2, got shape {x.shape}")
+    rows, cols = x.shape[-2:]
+    upper = bool(n.attr("upper", 1))
+    if n.has(1) and n.imp.static(n.proto.input[1]) is None:
+        # k computed on the device (it does not change the shape): keep where col - row >= k
+        # (upper) or <= k (lower), comparing against the constant grid of col - row.
+        k = n.x(1)
+        k = ops.reshape(k if k.dtype == dtypes.int32 else ops.cast(k, dtypes.int32), ())
+        diag = popxl.constant((np.arange(cols)[None, :] - np.arange(rows)[:, None]).astype(np.int32))
+        keep_t = ops.logical_not(_less(diag, k)) if upper else ops.logical_not(ops.greater(diag, k))
+        return [ops.where(keep_t, x, n.scalar(0, x))]
     k = n.optional_static(1, "k")
     k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
-    rows, cols = x.shape[-2:]
     keep = np.ones((rows, cols), np.bool_)
-    keep = np.triu(keep, k) if n.attr("upper", 1) else np.tril(keep, k)
+    keep = np.triu(keep, k) if upper else np.tril(keep, k)
     return [ops.where(popxl.constant(keep), x, n.scalar(0, x))]
 
 
