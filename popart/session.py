@@ -201,6 +201,7 @@ class InferenceSession:
             loaded = {name: ops.host_load(s, _safe(name)) for name, s in self._in_streams.items()}
             rounder = self._rounder(thread)
             self._importer.rounder = rounder
+            self._importer.random = rounder
             self._importer.lower(loaded, weight)
             self._store_seed(rounder, thread)
             self._check_anchors(set(self._importer.names()))
@@ -210,14 +211,19 @@ class InferenceSession:
         self._ir = ir
 
     # stochastic rounding: a seed variable, split for every rounding and stored back each step
+    def _needs_random(self) -> bool:
+        """Whether the program draws random numbers (stochastic rounding; dropout when training)."""
+        return bool(self.options.enableStochasticRounding)
+
     def _make_seed(self, main: popxl.Graph) -> None:
         self._seed_var: Optional[popxl.Variable] = None
-        if self.options.enableStochasticRounding:
+        if self._needs_random():
             with main:
                 self._seed_var = popxl.variable(seed_value(None), name="random_seed")
 
     def _rounder(self, thread: "ByRef", depth: Optional[int] = None) -> Optional[StochasticRounder]:
-        """A stochastic rounder for the graph ``depth`` levels in, or None when the option is off."""
+        """A source of random numbers (and stochastic rounder) for the graph ``depth`` levels in,
+        or None when the program draws none."""
         if self._seed_var is None:
             return None
         return StochasticRounder(thread(self._seed_var, "random_seed", depth))
@@ -227,7 +233,7 @@ class InferenceSession:
             ops.var_updates.copy_var_update_(thread(self._seed_var, "random_seed", depth), rounder.seed)
 
     def setRandomSeed(self, seedValue: int) -> None:
-        """Seed the session's random numbers (used by stochastic rounding)."""
+        """Seed the session's random numbers (stochastic rounding, dropout)."""
         if getattr(self, "_seed_var", None) is not None:
             self._set_host_weights({self._seed_var: seed_value(seedValue)})
 

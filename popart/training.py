@@ -94,6 +94,9 @@ class TrainingSession(InferenceSession):
                          losses=[s for s in specs if isinstance(s, Loss)])
 
     # the model --------------------------------------------------------------------------------------
+    def _needs_random(self) -> bool:
+        return super()._needs_random() or any(n.op_type == "Dropout" for n in self._model.graph.node)
+
     @property
     def _loss_ids(self) -> List[str]:
         return [s.output() if isinstance(s, Loss) else s for s in self._loss_specs]
@@ -139,7 +142,9 @@ class TrainingSession(InferenceSession):
             # With stochastic rounding the forward graph takes a fresh seed at each call.
             self._fwd_seed = popxl.graph_input((2,), dtypes.uint32, "random_seed") \
                 if self._seed_var is not None else None
-            self._importer.rounder = StochasticRounder(self._fwd_seed) if self._fwd_seed is not None else None
+            random = StochasticRounder(self._fwd_seed) if self._fwd_seed is not None else None
+            self._importer.random = random
+            self._importer.rounder = random if self.options.enableStochasticRounding else None
             self._importer.training = True
             self._importer.lower(data_inputs, weight)
             loss = self._loss_tensor()
@@ -288,7 +293,7 @@ class TrainingSession(InferenceSession):
         mean = reduction_of(self.options.accumulationAndReplicationReductionType) is ReductionType.Mean
         factor = 1.0 / (rf * af) if mean else 1.0
         ls = hyper("ls")
-        rounder = self._rounder(thread, 1)
+        rounder = self._rounder(thread, 1) if self.options.enableStochasticRounding else None
         for n in self._trainable:
             g = grads[n]
             if rf > 1:

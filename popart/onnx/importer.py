@@ -141,6 +141,8 @@ class GraphImporter:
         # Training: BatchNormalization uses batch statistics and records the new running
         # statistics here, (weight name, new value), for the session to write back.
         self.training = False
+        # A source of fresh random seeds in the current graph (``split()``), for dropout when training.
+        self.random: Optional[Any] = None
         self.stat_updates: List[Tuple[str, popxl.Tensor]] = []
 
     # checks -------------------------------------------------------------------------------------------

@@ -589,9 +589,16 @@ def _group_norm(n: Node) -> List[Value]:
 @onnx_op("Dropout")
 def _dropout(n: Node) -> List[Value]:
     training = n.optional_static(2, "training_mode") if n.opset >= 12 else None
+    x = n.x(0)
+    if n.imp.training and (training is None or bool(training)):
+        # A TrainingSession drops (as PopART does), with a fresh seed per call of the forward graph.
+        ratio = n.optional_static(1, "ratio") if n.opset >= 12 else None
+        ratio = float(np.asarray(ratio).reshape(-1)[0]) if ratio is not None else float(n.attr("ratio", 0.5))
+        if ratio == 0.0:
+            return [x, np.ones(x.shape, np.bool_)]
+        return [ops.dropout(x, n.imp.random.split(), ratio), None]
     if training is not None and bool(training):
         raise n.fail("training_mode=true is not supported by an inference session")
-    x = n.x(0)
     # Inference: the identity, and a mask of all ones.
     return [x, np.ones(x.shape, np.bool_)]
 

@@ -577,3 +577,28 @@ def test_batch_normalization_trains_with_batch_statistics():
     stats = weights(s, "mean", "var")
     np.testing.assert_allclose(stats["mean"], 0.2 * m, rtol=1e-5)
     np.testing.assert_allclose(stats["var"], 0.8 + 0.2 * v, rtol=1e-5)
+
+
+def test_dropout_drops_when_training_only():
+    b = popart.Builder()
+    x = b.addInputTensor("FLOAT", [1000], "x")
+    w = b.addInitializedInputTensor(np.ones(1000, np.float32), "w")
+    (d,) = b.aiOnnx.dropout([b.aiOnnx.mul([x, w])], num_outputs=1, ratio=0.25)
+    loss = b.aiGraphcore.identityloss([d], popart.ReductionType.Sum)
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(2, {d: popart.AnchorReturnType("ALL"),
+                                                                      "Gradient___w": popart.AnchorReturnType("ALL")}),
+                               loss, popart.ConstSGD(0.0), popart.DeviceManager().createCpuDevice())
+    s.setRandomSeed(3)
+    s.prepareDevice()
+    out = s.initAnchorArrays()
+    xs = np.full((2, 1000), 3.0, np.float32)
+    s.run(popart.PyStepIO({x: xs}, out))
+    assert set(np.unique(out[d])) == {0.0, 4.0}  # kept values scaled by 1 / (1 - 0.25)
+    assert abs(np.mean(out[d] == 0) - 0.25) < 0.05
+    assert not np.array_equal(out[d][0], out[d][1])  # a new mask every batch
+    np.testing.assert_allclose(out["Gradient___w"], out[d] / 1.0)  # d loss / d w = x * mask / (1 - p)
+    inf = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, [d]), popart.DeviceManager().createCpuDevice())
+    inf.prepareDevice()
+    o = inf.initAnchorArrays()
+    inf.run(popart.PyStepIO({x: xs[0]}, o))
+    np.testing.assert_array_equal(o[d], xs[0])
