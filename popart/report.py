@@ -95,8 +95,9 @@ class Report:
     IPU; empty when execution profiling is off), ``runSeconds`` (wall-clock time of each run)."""
 
     def __init__(self, memory: List[IpuMemory], ops: List[OpProfile], runSeconds: List[float],
-                 profiling: bool) -> None:
+                 profiling: bool, executionSteps: Optional[List[str]] = None) -> None:
         self.memory = memory
+        self.executionSteps = list(executionSteps or [])
         self.ops = ops
         self.runSeconds = list(runSeconds)
         self.executionProfiled = profiling
@@ -119,10 +120,39 @@ class Report:
             for o in self.opsByTime():
                 lines.append(f"{o.ipu:>3} {o.calls:>6} {o.seconds * 1e3:>10.3f} {o.inputBytes:>10} "
                              f"{o.outputBytes:>10}  {o.type} {o.name} ({o.graph})")
+        if self.executionSteps:
+            lines.append("Execution steps:")
+            lines += [f"  {step}" for step in self.executionSteps]
         return "\n".join(lines)
 
 
-def build_report(exe: Executable, engine: Optional[TimedEngine], runSeconds: Sequence[float]) -> Report:
+def execution_steps(exe: Executable) -> List[str]:
+    """The program as it executes: one line per instruction, called graphs indented under their
+    call (reportOptions ``showExecutionSteps``)."""
+    lines: List[str] = []
+
+    def walk(gi: int, depth: int, count: str = "") -> None:
+        for instr in exe.graphs[gi]["program"]:
+            kind = instr["kind"]
+            pad = "  " * depth
+            if kind == "op":
+                lines.append(f"{pad}{instr['type']} {instr.get('name') or ''}".rstrip())
+            elif kind in ("call", "repeat"):
+                times = f" x{instr['count']}" if kind == "repeat" else ""
+                lines.append(f"{pad}{kind} {exe.graphs[instr['graph']]['id']}{times}")
+                walk(instr["graph"], depth + 1)
+            elif kind == "if":
+                for branch in ("then", "else"):
+                    lines.append(f"{pad}if/{branch} {exe.graphs[instr[branch]['graph']]['id']}")
+                    walk(instr[branch]["graph"], depth + 1)
+            elif kind in ("host_load", "host_store"):
+                lines.append(f"{pad}{kind} {(exe.h2d if kind == 'host_load' else exe.d2h)[instr['stream']]['name']}")
+    walk(0, 0)
+    return lines
+
+
+def build_report(exe: Executable, engine: Optional[TimedEngine], runSeconds: Sequence[float],
+                 showExecutionSteps: bool = False) -> Report:
     """The report of a compiled program and, if it ran on a ``TimedEngine``, of its execution."""
     var_bufs = {v["buffer"] for v in exe.variables}
     const_bufs = {c["buffer"] for c in exe.constants}
@@ -138,4 +168,4 @@ def build_report(exe: Executable, engine: Optional[TimedEngine], runSeconds: Seq
             for r in range(exe.replication_factor):
                 ops.append(OpProfile(instr.get("name") or instr["type"], instr["type"], str(exe.graphs[gi]["id"]),
                                      r, int(engine.calls[(gi, k)][r]), float(secs[r]), in_b, out_b))
-    return Report(memory, ops, runSeconds, engine is not None)
+    return Report(memory, ops, runSeconds, engine is not None, execution_steps(exe) if showExecutionSteps else None)

@@ -670,7 +670,8 @@ class InferenceSession:
         during the runs since the last reset (see popart.report for how they are measured)."""
         if self._px is None:
             raise popart_exception("getReport: the session is not compiled; call prepareDevice() first.")
-        report = build_report(self._px._exe, self._timed, self._run_seconds)
+        steps = str(self.options.reportOptions.get("showExecutionSteps", "false")).lower() == "true"
+        report = build_report(self._px._exe, self._timed, self._run_seconds, showExecutionSteps=steps)
         if resetProfile:
             self._reset_profile()
         return report

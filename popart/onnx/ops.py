@@ -626,7 +626,15 @@ def _reduce(n: Node) -> List[Value]:
             return [x]
         axes = list(range(x.rank))
     axes = sorted({_axis(a, x.rank, n, "axes") for a in axes})
-    return [_REDUCE[n.op_type](x, axes, keepdims=bool(n.attr("keepdims", 1)))]
+    keep = bool(n.attr("keepdims", 1))
+    if x.dtype == dtypes.bool and n.op_type in ("ReduceMax", "ReduceMin"):
+        # Max of bools is "any", min is "all" (not any of the negations): counted as int32, which
+        # also gives the right identity (False for max, True for min) over an empty set.
+        probe = x if n.op_type == "ReduceMax" else ops.logical_not(x)
+        count = ops.sum(ops.cast(probe, dtypes.int32), axes, keepdims=keep)
+        hit = ops.greater(count, popxl.constant(np.asarray(0, np.int32)))
+        return [hit if n.op_type == "ReduceMax" else ops.logical_not(hit)]
+    return [_REDUCE[n.op_type](x, axes, keepdims=keep)]
 
 
 @onnx_op("ArgMax", "ArgMin")

@@ -160,7 +160,9 @@ def test_sgd_step_matches_numpy_and_learning_rate_changes_between_runs():
     w = weights(s, W, B)
     for step, lr in enumerate([0.1, 0.7]):
         if step:
+            compiled = s._px
             s.updateOptimizerFromHost(popart.SGD(lr))  # no recompilation: the lr is a device variable
+            assert s._px is compiled
         s.run(popart.PyStepIO({ids["x"]: x[step], ids["labels"]: y[step]}, out))
         _, gW, gb = numpy_grads(w[W], w[B], x[step], y[step])
         got = weights(s, W, B)
@@ -431,6 +433,7 @@ def test_get_report_per_op_time_and_memory_per_ipu():
     b, ids = linear_model()
     opts = popart.SessionOptions()
     opts.engineOptions = {"autoReport.all": "true"}
+    opts.reportOptions = {"showExecutionSteps": "true"}
     opts.enableReplicatedGraphs = True
     opts.replicatedGraphCount = 2
     s = session(b, ids, popart.SGD(0.1), bps=3, options=opts,
@@ -450,11 +453,14 @@ def test_get_report_per_op_time_and_memory_per_ipu():
     assert fwd and all(o.calls == 3 and o.seconds > 0 for o in fwd)  # once per step on each IPU
     assert report.totalOpSeconds(0) > 0 and len(report.runSeconds) == 1
     assert "matmul" in str(report)
+    steps = report.executionSteps
+    assert steps[0].startswith("repeat popart_step") and any(line.strip().startswith("host_load") for line in steps)
+    assert any(line.strip().startswith("call popart_forward") for line in steps)
     # Reset: a new report has no execution yet; without profiling only memory is reported.
     assert all(o.calls == 0 for o in s.getReport().ops)
     plain = session(b, ids, popart.SGD(0.1))
     r = plain.getReport()
-    assert not r.executionProfiled and r.ops == [] and r.memory[0].totalBytes > 0
+    assert not r.executionProfiled and r.ops == [] and r.memory[0].totalBytes > 0 and r.executionSteps == []
 
 
 def test_floating_point_checks_and_training_without_weights():
