@@ -191,7 +191,7 @@ def describe_failure(e: BaseException) -> str:
 
 
 def run_case(case: Case, frameworks: Sequence[str], repeats: int, min_time: float,
-             slow_call: float = 5.0) -> Row:
+             slow_call: float = 30.0) -> Row:
     """Build every selected framework's bench, warm up and check each, time them interleaved.
 
     A framework whose warm-up call took longer than ``slow_call`` seconds (PyTorch's float16

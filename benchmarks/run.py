@@ -118,8 +118,11 @@ def machine_note(threads: int) -> str:
             versions.append(f"{mod} {__import__(mod).__version__}")
         except ImportError:
             versions.append(f"{mod} not installed")
+    # Other processes' load skews absolute numbers (ratios less so, as repeats are interleaved).
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {cpu}, {os.cpu_count()} cores, "
-            f"{threads} threads per framework; Python {platform.python_version()}; {', '.join(versions)}")
+            f"load average {load} at the end; {threads} threads per framework; Python {platform.python_version()}; "
+            f"{', '.join(versions)}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -130,7 +133,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--frameworks", default=",".join(FAMILY_OF_OPTION),
                         help="comma-separated subset of popxl,torch,jax,ort")
     parser.add_argument("--threads", type=int, default=_THREADS_DEFAULT)
-    parser.add_argument("--slow-call", type=float, default=5.0,
+    parser.add_argument("--slow-call", type=float, default=30.0,
                         help="a warm-up longer than this many seconds is reported as is, not timed again")
     parser.add_argument("--min-time", type=float, default=None,
                         help="seconds per timed repeat (default 0.3, --quick 0.02)")
