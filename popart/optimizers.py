@@ -79,9 +79,39 @@ class Optimizer:
         for name, (key, default, const) in self._PARAMS.items():
             self._values[name] = _value(params[key], const, f"{what} {key}") if key in params else \
                 OptimizerValue(default, const)
+        self._specific: Dict[str, Dict[str, OptimizerValue]] = {}
 
-    def value(self, name: str) -> OptimizerValue:
-        return self._values[name]
+    @classmethod
+    def _specific_keys(cls) -> Dict[str, str]:
+        """Per-weight key (``learningRate``) -> name, for the hyper-parameters a weight may override."""
+        out = {}
+        for name, (key, _, _) in cls._PARAMS.items():
+            if key.startswith("default"):
+                short = key[len("default"):]
+                out[short[0].lower() + short[1:]] = name
+        return out
+
+    def insertSpecific(self, weightId: str, params: Mapping[str, ValueLike]) -> None:
+        """Hyper-parameters for one weight, overriding the defaults:
+        ``opt.insertSpecific("w", {"learningRate": (0.01, False), "weightDecay": (0.0, True)})``."""
+        keys = self._specific_keys()
+        unknown = [k for k in params if k not in keys]
+        if unknown:
+            raise popart_exception(f"insertSpecific({weightId!r}): unknown hyper-parameter(s) {unknown}; a weight "
+                                   f"may set {sorted(keys)}.")
+        self._specific[weightId] = {keys[k]: _value(v, self._PARAMS[keys[k]][2], f"insertSpecific {k}")
+                                    for k, v in params.items()}
+
+    def hasSpecific(self, weightId: str) -> bool:
+        return weightId in self._specific
+
+    def value(self, name: str, weight: Optional[str] = None) -> OptimizerValue:
+        """The value of hyper-parameter ``name`` for ``weight`` (its specific one, else the default)."""
+        return self._specific.get(weight, {}).get(name, self._values[name])
+
+    def hyper_keys(self) -> List[Tuple[str, Optional[str]]]:
+        """Every (name, weight) with a value of its own: the defaults (weight None), then specifics."""
+        return [(n, None) for n in self._values] + [(n, w) for w, d in self._specific.items() for n in d]
 
     def getLossScalingVal(self) -> float:
         return self._values["ls"].val()
@@ -92,19 +122,19 @@ class Optimizer:
     def learningRates(self) -> OptimizerValue:
         return self._values["lr"]
 
-    def hyper_names(self) -> List[str]:
-        return list(self._values)
-
     def compatible(self, other: "Optimizer") -> None:
         """Raise unless ``other`` can replace this optimiser in a compiled program: same kind,
         same constant values (and the same structure of the update)."""
         if self._kind() is not other._kind():
             raise popart_exception(f"updateOptimizerFromHost: the session was compiled for {type(self).__name__}; "
                                    f"it cannot switch to {type(other).__name__}.")
-        for name, v in self._values.items():
-            w = other._values[name]
+        if set(self.hyper_keys()) != set(other.hyper_keys()):
+            raise popart_exception("updateOptimizerFromHost: the new optimiser sets weight-specific values "
+                                   "(insertSpecific) for other weights or hyper-parameters than the compiled one.")
+        for name, weight in self.hyper_keys():
+            v, w = self.value(name, weight), other.value(name, weight)
             if v.isConst() != w.isConst() or (v.isConst() and v.val() != w.val()):
-                key = self._PARAMS[name][0]
+                key = self._PARAMS[name][0] + (f" of weight {weight!r}" if weight is not None else "")
                 raise popart_exception(
                     f"updateOptimizerFromHost: {key} is constant ({v.val()}) in the compiled program and cannot "
                     f"change to {w}; make it non-constant ((value, False)) when creating the session.")
@@ -118,12 +148,12 @@ class Optimizer:
         return type(self)
 
     # tracing ----------------------------------------------------------------------------------------
-    def state(self, weight: np.ndarray) -> List[Tuple[str, np.ndarray]]:
+    def state(self, weight: np.ndarray, weightId: Optional[str] = None) -> List[Tuple[str, np.ndarray]]:
         """Per-weight state: (name suffix, initial value)."""
         return []
 
     def update(self, w: popxl.Tensor, g: popxl.Tensor, hyper: Callable[[str], Union[float, popxl.Tensor]],
-               state: List[popxl.Tensor]) -> None:
+               state: List[popxl.Tensor], weightId: Optional[str] = None) -> None:
         raise NotImplementedError  # each optimiser traces its own rule
 
     def __repr__(self) -> str:
@@ -183,27 +213,27 @@ class SGD(Optimizer):
     def _kind(self) -> type:
         return SGD
 
-    @property
-    def _momentum(self) -> bool:
-        return not _is_zero(self._values["mm"])
+    def _momentum(self, weightId: Optional[str]) -> bool:
+        return not _is_zero(self.value("mm", weightId))
 
     def _check_structure(self, other: Optimizer) -> None:
         if getattr(other, "nesterov", False) != self.nesterov:
             raise popart_exception("updateOptimizerFromHost: nesterov cannot change after compilation.")
 
-    def state(self, weight: np.ndarray) -> List[Tuple[str, np.ndarray]]:
+    def state(self, weight: np.ndarray, weightId: Optional[str] = None) -> List[Tuple[str, np.ndarray]]:
         # float32 state: float16 weights are updated in float32 (see TrainingSession._update).
-        return [("velocity", np.zeros(weight.shape, np.float32))] if self._momentum else []
+        return [("velocity", np.zeros(weight.shape, np.float32))] if self._momentum(weightId) else []
 
-    def update(self, w, g, hyper, state) -> None:
-        wd_present = not _is_zero(self._values["wd"])
+    def update(self, w, g, hyper, state, weightId=None) -> None:
+        wd_present = not _is_zero(self.value("wd", weightId))
         g = _decayed(g, w, hyper("wd"), wd_present)
-        if not self._momentum:
+        if not self._momentum(weightId):
             ops.scaled_add_(w, g, b=_neg(hyper("lr")))
             return
         (v,) = state
         vs = hyper("vs")
-        unscaled = self._values["vs"].isConst() and self._values["vs"].val() == 1.0
+        vs_value = self.value("vs", weightId)
+        unscaled = vs_value.isConst() and vs_value.val() == 1.0
         # The velocity is stored scaled by vs (numerical range); the update divides it out.
         ops.scaled_add_(v, g if unscaled else _scaled(g, vs), a=hyper("mm"), b=_one_minus(hyper("dm")))
         step = v if unscaled else ops.div(v, vs if isinstance(vs, popxl.Tensor) else
@@ -259,14 +289,14 @@ class Adam(Optimizer):
         if (other.mode, other.weight_decay_mode) != (self.mode, self.weight_decay_mode):
             raise popart_exception("updateOptimizerFromHost: the Adam mode and weight decay mode cannot change.")
 
-    def state(self, weight: np.ndarray) -> List[Tuple[str, np.ndarray]]:
+    def state(self, weight: np.ndarray, weightId: Optional[str] = None) -> List[Tuple[str, np.ndarray]]:
         # Each weight counts its own steps: adam_updater increments the counter it is given.
         step = [("step", np.zeros((), np.float32))] if self.mode is AdamMode.Adam else []
         return [("accl1", np.zeros(weight.shape, np.float32)), ("accl2", np.zeros(weight.shape, np.float32))] + step
 
-    def update(self, w, g, hyper, state) -> None:
+    def update(self, w, g, hyper, state, weightId=None) -> None:
         m, v = state[:2]
-        wd_present = not _is_zero(self._values["wd"])
+        wd_present = not _is_zero(self.value("wd", weightId))
         g32 = ops.cast(g, popxl.float32) if g.dtype is not popxl.float32 else g
         w32 = ops.cast(w, popxl.float32) if w.dtype is not popxl.float32 else w
         l2 = self.weight_decay_mode is WeightDecayMode.L2Regularization

@@ -86,7 +86,7 @@ class TrainingSession(InferenceSession):
         self._loss_specs = specs
         self.optimizer = optimizer
         self._pending_optimizer: Optional[Optimizer] = None
-        self._hyper_vars: Dict[str, popxl.Variable] = {}
+        self._hyper_vars: Dict[Tuple[str, Optional[str]], popxl.Variable] = {}
         self._opt_state: Dict[str, List[popxl.Variable]] = {}
         self._trainable: List[str] = []
         self._input_grads: List[str] = []
@@ -233,21 +233,32 @@ class TrainingSession(InferenceSession):
     def _make_optimizer_variables(self, main: popxl.Graph) -> None:
         opt = self.optimizer
         with main:
-            for name in opt.hyper_names():
-                v = opt.value(name)
+            unknown = [w for _, w in opt.hyper_keys() if w is not None and w not in self._variables]
+            if unknown:
+                raise popart_exception(f"TrainingSession: the optimiser has specific values for {sorted(set(unknown))}, "
+                                       f"which are not weights of the model (its weights: {list(self._variables)}).")
+            for name, weight in opt.hyper_keys():
+                v = opt.value(name, weight)
                 if not v.isConst():
-                    self._hyper_vars[name] = popxl.variable(np.asarray(v.val(), np.float32),
-                                                            name=f"optimizer_{name}")
+                    suffix = f"_{_safe(weight)}" if weight is not None else ""
+                    self._hyper_vars[(name, weight)] = popxl.variable(np.asarray(v.val(), np.float32),
+                                                                      name=f"optimizer_{name}{suffix}")
             for n in self._trainable:
                 w = self._variables[n]
                 self._opt_state[n] = [popxl.variable(value, name=f"{_safe(n)}_{suffix}")
-                                      for suffix, value in opt.state(np.zeros(w.shape, w.dtype.as_numpy()))]
+                                      for suffix, value in opt.state(np.zeros(w.shape, w.dtype.as_numpy()), n)]
 
-    def _hyper(self, thread: ByRef, depth: Optional[int]) -> Callable[[str], Union[float, popxl.Tensor]]:
+    def _hyper(self, thread: ByRef, depth: Optional[int],
+               weight: Optional[str] = None) -> Callable[[str], Union[float, popxl.Tensor]]:
+        """Hyper-parameter ``name`` for ``weight`` in the graph ``depth`` levels in: a threaded
+        device variable if it is not constant, else its value."""
+        own = set(self.optimizer.hyper_keys())
+
         def get(name: str) -> Union[float, popxl.Tensor]:
-            if name in self._hyper_vars:
-                return thread(self._hyper_vars[name], f"optimizer_{name}", depth)
-            return self.optimizer.value(name).val()
+            key = (name, weight) if (name, weight) in own else (name, None)
+            if key in self._hyper_vars:
+                return thread(self._hyper_vars[key], self._hyper_vars[key].name, depth)
+            return self.optimizer.value(*key).val()
         return get
 
     def _micro_batch(self, fwd: popxl.Graph, grad: transforms.GradGraphInfo, data_inputs: Dict[str, popxl.Tensor],
@@ -307,20 +318,21 @@ class TrainingSession(InferenceSession):
                 g = ops.mul(g, popxl.constant(np.asarray(scale, g.dtype.as_numpy())))
             w = thread(self._variables[n], _safe(n), 1)
             state = [thread(s, s.name, 1) for s in self._opt_state[n]]
+            hyper = self._hyper(thread, 1, n)
             if w.dtype is dtypes.float32:
-                self.optimizer.update(w, g, hyper, state)
+                self.optimizer.update(w, g, hyper, state, n)
                 continue
             # Lower-precision weights are updated in float32 and rounded back once (stochastically
             # with enableStochasticRounding), so small updates are not lost to float16 steps.
             w32 = ops.cast(w, dtypes.float32)
-            self.optimizer.update(w32, ops.cast(g, dtypes.float32), hyper, state)
+            self.optimizer.update(w32, ops.cast(g, dtypes.float32), hyper, state, n)
             ops.var_updates.copy_var_update_(w, rounder(w32) if rounder is not None else ops.cast(w32, w.dtype))
         self._store_seed(rounder, thread, 1)
 
     # optimiser --------------------------------------------------------------------------------------
     def _write_hyper(self, optimizer: Optimizer) -> None:
-        self._set_host_weights({var: np.asarray(optimizer.value(name).val(), np.float32)
-                                for name, var in self._hyper_vars.items()})
+        self._set_host_weights({var: np.asarray(optimizer.value(*key).val(), np.float32)
+                                for key, var in self._hyper_vars.items()})
 
     def updateOptimizerFromHost(self, optimizer: Optimizer) -> None:
         """Use ``optimizer``'s hyper-parameter values from now on (written to the device at once;

@@ -608,3 +608,33 @@ def test_dropout_drops_when_training_only():
     o = inf.initAnchorArrays()
     inf.run(popart.PyStepIO({x: xs[0]}, o))
     np.testing.assert_array_equal(o[d], xs[0])
+
+
+def test_weight_specific_hyper_parameters():
+    b, ids = linear_model()
+    W, B = ids["W"], ids["b"]
+    opt = popart.SGD({"defaultLearningRate": (0.1, False), "defaultWeightDecay": (0.05, True)})
+    opt.insertSpecific(B, {"learningRate": (0.5, False), "weightDecay": (0.0, True)})
+    s = session(b, ids, opt)
+    x, y = data(2)
+    out = s.initAnchorArrays()
+    w = weights(s, W, B)
+    for k, (lr_w, lr_b) in enumerate([(0.1, 0.5), (0.2, 0.05)]):
+        if k:
+            new = popart.SGD({"defaultLearningRate": (lr_w, False), "defaultWeightDecay": (0.05, True)})
+            new.insertSpecific(B, {"learningRate": (lr_b, False), "weightDecay": (0.0, True)})
+            s.updateOptimizerFromHost(new)
+        s.run(popart.PyStepIO({ids["x"]: x[k], ids["labels"]: y[k]}, out))
+        _, gW, gb = numpy_grads(w[W], w[B], x[k], y[k])
+        w = {W: w[W] - lr_w * (gW + 0.05 * w[W]), B: w[B] - lr_b * gb}
+        got = weights(s, W, B)
+        np.testing.assert_allclose(got[W], w[W], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[B], w[B], rtol=1e-5, atol=1e-6)
+    with pytest.raises(popart.popart_exception, match="weight-specific"):
+        s.updateOptimizerFromHost(popart.SGD({"defaultLearningRate": (0.1, False), "defaultWeightDecay": (0.05, True)}))
+    with pytest.raises(popart.popart_exception, match="unknown hyper-parameter"):
+        opt.insertSpecific(B, {"lossScaling": 2.0})
+    bad = popart.SGD(0.1)
+    bad.insertSpecific("nope", {"learningRate": 0.1})
+    with pytest.raises(popart.popart_exception, match="not weights of the model"):
+        session(b, ids, bad)
