@@ -224,7 +224,8 @@ class SGD(Optimizer):
         # float32 state: float16 weights are updated in float32 (see TrainingSession._update).
         return [("velocity", np.zeros(weight.shape, np.float32))] if self._momentum(weightId) else []
 
-    def update(self, w, g, hyper, state, weightId=None) -> None:
+    def update(self, w: popxl.Tensor, g: popxl.Tensor, hyper: Callable[[str], Union[float, popxl.Tensor]],
+               state: List[popxl.Tensor], weightId: Optional[str] = None) -> None:
         wd_present = not _is_zero(self.value("wd", weightId))
         g = _decayed(g, w, hyper("wd"), wd_present)
         if not self._momentum(weightId):
@@ -294,7 +295,8 @@ class Adam(Optimizer):
         step = [("step", np.zeros((), np.float32))] if self.mode is AdamMode.Adam else []
         return [("accl1", np.zeros(weight.shape, np.float32)), ("accl2", np.zeros(weight.shape, np.float32))] + step
 
-    def update(self, w, g, hyper, state, weightId=None) -> None:
+    def update(self, w: popxl.Tensor, g: popxl.Tensor, hyper: Callable[[str], Union[float, popxl.Tensor]],
+               state: List[popxl.Tensor], weightId: Optional[str] = None) -> None:
         m, v = state[:2]
         wd_present = not _is_zero(self.value("wd", weightId))
         g32 = ops.cast(g, popxl.float32) if g.dtype is not popxl.float32 else g

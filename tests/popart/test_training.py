@@ -367,6 +367,13 @@ def test_builder_model_proto_ops_and_ids(tmp_path):
     s.run(popart.PyStepIO({x: xv}, out))
     np.testing.assert_allclose(out[z], want[0])
     np.testing.assert_array_equal(out[idx], want[1])
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        ort = None
+    if ort is not None:  # the Builder's proto is an ordinary ONNX model
+        got = ort.InferenceSession(b.getModelProto(), providers=["CPUExecutionProvider"]).run(None, {x: xv})
+        np.testing.assert_allclose(got[0], want[0])
     # Every op the importer supports has a Builder method.
     from popart.onnx import supported_ops
     assert all(hasattr(b.aiOnnx, op.lower()) for op in supported_ops() if "." not in op)
