@@ -200,7 +200,10 @@ class Builder:
         self._used = {n for n in self._all_names()}
         self._shapes: Dict[str, onnx.ValueInfoProto] = {}  # value infos of ai.graphcore outputs
         self._inferred: Optional[Dict[str, onnx.ValueInfoProto]] = None
-        self._attributes: Dict[str, Any] = {}
+        # Annotations of nodes (virtual graph, pipeline stage, ...), keyed by the node's first
+        # output; the ones of enclosing context managers apply to every node created inside.
+        self._annotations: Dict[str, Dict[str, Any]] = {}
+        self._context: Dict[str, Any] = {}
         self.aiOnnx = AiOnnx(self)
         self.aiGraphcore = AiGraphcore(self)
 
@@ -298,6 +301,7 @@ class Builder:
         node = helper.make_node(op_type, inputs, outputs, name=self._unique(base + "_node"),
                                 domain=domain, **attrs)
         self._model.graph.node.append(node)
+        self._annotations[outputs[0]] = dict(self._context)
         self._changed()
         return outputs
 
@@ -312,6 +316,75 @@ class Builder:
         self._shapes[out] = helper.make_tensor_value_info(out, elem_type, shape)
         self._changed()
         return out
+
+    # annotations ------------------------------------------------------------------------------------
+    # PopART uses these to place and schedule ops on IPUs; on the CPU there is one device and they
+    # only travel with the Builder (kept out of the ONNX proto, so other runtimes accept it).
+    @contextlib.contextmanager
+    def _annotate(self, name: str, value: Any) -> Iterator[None]:
+        saved = dict(self._context)
+        self._context[name] = value
+        try:
+            yield
+        finally:
+            self._context = saved
+
+    def virtualGraph(self, value: int) -> Any:
+        """``with builder.virtualGraph(1):`` nodes created inside are on virtual graph (IPU) 1."""
+        return self._annotate("__ipu_number", int(value))
+
+    def pipelineStage(self, value: int) -> Any:
+        return self._annotate("__pipeline_stage", int(value))
+
+    def executionPhase(self, value: int) -> Any:
+        return self._annotate("__execution_phase", int(value))
+
+    def schedulePriority(self, value: float) -> Any:
+        return self._annotate("__schedule_priority", float(value))
+
+    def _node_of(self, nodeOutputNames: Union[str, Sequence[str]], what: str) -> str:
+        first = nodeOutputNames if isinstance(nodeOutputNames, str) else list(nodeOutputNames)[0]
+        for node in self._model.graph.node:
+            if first in node.output:
+                return node.output[0]
+        raise popart_exception(f"{what}: {first!r} is not the output of a node of the model.")
+
+    def addNodeAttribute(self, attributeName: str, attributeValue: Any,
+                         nodeOutputNames: Union[str, Sequence[str]]) -> None:
+        """Annotate the node producing ``nodeOutputNames``."""
+        key = self._node_of(nodeOutputNames, "addNodeAttribute")
+        self._annotations.setdefault(key, {})[attributeName] = attributeValue
+
+    def nodeHasAttribute(self, attributeName: str, nodeOutputNames: Union[str, Sequence[str]]) -> bool:
+        return attributeName in self._annotations.get(self._node_of(nodeOutputNames, "nodeHasAttribute"), {})
+
+    def getNodeAttribute(self, attributeName: str, nodeOutputNames: Union[str, Sequence[str]]) -> Any:
+        notes = self._annotations.get(self._node_of(nodeOutputNames, "getNodeAttribute"), {})
+        if attributeName not in notes:
+            raise popart_exception(f"getNodeAttribute: the node of {nodeOutputNames!r} has no attribute "
+                                   f"{attributeName!r}.")
+        return notes[attributeName]
+
+    def getVirtualGraph(self, nodeOutputNames: Union[str, Sequence[str]]) -> int:
+        return int(self.getNodeAttribute("__ipu_number", nodeOutputNames))
+
+    def getPipelineStage(self) -> int:
+        if "__pipeline_stage" not in self._context:
+            raise popart_exception("getPipelineStage: not inside a pipelineStage context.")
+        return int(self._context["__pipeline_stage"])
+
+    def setAvailableMemoryProportion(self, nodeOutputNames: Union[str, Sequence[str]], value: float) -> None:
+        self.addNodeAttribute("__available_memory_proportion", float(value), nodeOutputNames)
+
+    def setPartialsType(self, nodeOutputName: str, partialsType: str) -> None:
+        self.addNodeAttribute("__partials_type", str(partialsType), nodeOutputName)
+
+    def recomputeOutputInBackwardPass(self, nodeOutputNames: Union[str, Sequence[str]], value: Any = True) -> None:
+        self.addNodeAttribute("__recompute_output_in_backward_pass", value, nodeOutputNames)
+
+    def setSerializeMatMul(self, nodeOutputNames: Union[str, Sequence[str]], mode: str, factor: int = 0,
+                           keep_precision: bool = False) -> None:
+        self.addNodeAttribute("__serialize_matmul", (mode, int(factor), bool(keep_precision)), nodeOutputNames)
 
     # shapes -----------------------------------------------------------------------------------------
     def _changed(self) -> None:

@@ -103,7 +103,11 @@ class PopartBackendRep(BackendRep):
         values = []
         for name, dt in zip(self.outputs, self._out_dtypes):
             v = np.asarray(anchors[name])
-            values.append(v.astype(dt) if dt is not None and v.dtype != dt else v)
+            if dt is not None and v.dtype != dt:
+                # popxl returns float8 as raw one-byte codes (a structured dtype, as PopXL does):
+                # reinterpret them; everything else (64-bit types held in 32 bits) is converted.
+                v = v.view(dt) if v.dtype.names and v.dtype.itemsize == dt.itemsize else v.astype(dt)
+            values.append(v)
         return namedtupledict("Outputs", self.outputs)(*values)
 
     def _session(self, fixed: Dict[str, np.ndarray]) -> popart.InferenceSession:

@@ -353,17 +353,39 @@ def _clip(n: Node) -> List[Value]:
     return [ops.clip(x, lo, hi)]
 
 
+# popxl's float8 formats are ONNX's FLOAT8E4M3FNUZ / FLOAT8E5M2FNUZ; their largest magnitudes.
+_FP8_MAX = {dtypes.float8_143: 240.0, dtypes.float8_152: 57344.0}
+
+
+def _cast_to(n: Node, x: popxl.Tensor, to: dtypes.dtype) -> popxl.Tensor:
+    if x.dtype == to:
+        return x
+    zero_scale = popxl.constant(np.asarray(0, np.int32))
+    if to in _FP8_MAX:
+        # float8 is reached only through the pow2scale cast (scale 2**0), from float16/float32.
+        if x.dtype not in (dtypes.float16, dtypes.float32):
+            x = ops.cast(x, dtypes.float32)
+        if n.attr("saturate", 1):
+            # ONNX saturation: values beyond the range, infinities included, clamp to it (NaN
+            # stays NaN); without it they become NaN, the FNUZ formats having no infinity.
+            m = _FP8_MAX[to]
+            x = ops.clip(x, -m, m)
+        return ops.pow2scale_cast_to_fp8(x, zero_scale, to)
+    if x.dtype in _FP8_MAX:
+        mid = to if to in (dtypes.float16, dtypes.float32) else dtypes.float32
+        y = ops.pow2scale_cast_from_fp8(x, zero_scale, mid)
+        return y if mid == to else ops.cast(y, to)
+    return ops.cast(x, to)
+
+
 @onnx_op("Cast")
 def _cast(n: Node) -> List[Value]:
-    x = n.x(0)
-    to = _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(n.attr("to")))
-    return [x if x.dtype == to else ops.cast(x, to)]
+    return [_cast_to(n, n.x(0), _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(n.attr("to"))))]
 
 
 @onnx_op("CastLike")
 def _cast_like(n: Node) -> List[Value]:
-    x, to = n.x(0), n.x(1).dtype
-    return [x if x.dtype == to else ops.cast(x, to)]
+    return [_cast_to(n, n.x(0), n.x(1).dtype)]
 
 
 # matmul / gemm ----------------------------------------------------------------------------------------

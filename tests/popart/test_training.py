@@ -645,3 +645,20 @@ def test_weight_specific_hyper_parameters():
     bad.insertSpecific("nope", {"learningRate": 0.1})
     with pytest.raises(popart.popart_exception, match="not weights of the model"):
         session(b, ids, bad)
+
+
+def test_builder_annotations_travel_with_the_builder():
+    b = popart.Builder()
+    x = b.addInputTensor("FLOAT", [2, 2])
+    with b.virtualGraph(1), b.pipelineStage(0):
+        y = b.aiOnnx.relu([x])
+        assert b.getPipelineStage() == 0
+    z = b.aiOnnx.exp([y])
+    assert b.getVirtualGraph(y) == 1 and not b.nodeHasAttribute("__ipu_number", z)
+    b.setAvailableMemoryProportion(z, 0.3)
+    assert b.getNodeAttribute("__available_memory_proportion", z) == 0.3
+    with pytest.raises(popart.popart_exception, match="no attribute"):
+        b.getNodeAttribute("__pipeline_stage", z)
+    with pytest.raises(popart.popart_exception, match="not the output of a node"):
+        b.getVirtualGraph(x)
+    onnx.checker.check_model(onnx.load_from_string(b.getModelProto()))  # the proto stays plain ONNX
