@@ -617,3 +617,22 @@ def test_groupedgather_grad(axis):
     compare_engines(lambda g, i: create_op("groupedgather_grad", [g, i], {"axis": axis, "size": size,
                                                                           "group_size": 2})[0],
                     [rand(g_shape), idx], native_ops=["groupedgather_grad"])
+
+
+@pytest.mark.parametrize("case", [((4, 5), (4, 5), 0, ()), ((4, 5), (2, 3), 1, ()), ((4, 5), (3,), 1, (3, 5)),
+                                  ((4, 5), (3,), 0, (3, 5)), ((6,), (4,), 0, ())], ids=str)
+def test_gather_elements(case):
+    gshape, ishape, axis, data_shape = case
+    idx = RNG.integers(-gshape[axis] - 1, gshape[axis] + 1, size=ishape).astype(np.int32)
+    compare_engines(lambda g, i: create_op("gather_elements", [g, i], {"axis": axis, "data_shape": data_shape})[0],
+                    [rand(gshape), idx], native_ops=["gather_elements"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+@pytest.mark.parametrize("axis,keepdims", [(None, False), (0, True), (1, False), ((0, 2), False), (-1, True)], ids=str)
+def test_median(axis, keepdims, dtype):
+    x = rand((4, 5, 6), dtype, low=-9, high=9)
+    compare_engines(lambda t: ops.median(t, axis, keepdims), [x], native_ops=["median"])
+    if np.dtype(dtype).kind == "f":
+        x[1, 2, 3] = np.nan  # a NaN makes its slices NaN
+        compare_engines(lambda t: ops.median(t, axis, keepdims), [x], native_ops=["median"])

@@ -28,6 +28,16 @@ bool isnan_any(T v) {
   if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, f16>) return v != v; else return false;
 }
 
+// Element offset of the i-th element (C order) of `shape` laid out with element `strides`.
+inline int64_t offset_of(int64_t i, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  int64_t off = 0;
+  for (size_t d = shape.size(); d-- > 0;) {
+    off += (i % shape[d]) * strides[d];
+    i /= shape[d];
+  }
+  return off;
+}
+
 // The elements of a buffer as a packed vector of T (its own dtype).
 template <class T>
 const T* packed_values(uint8_t* arena, Packed& p) { return reinterpret_cast<const T*>(p.read(arena)); }
@@ -135,6 +145,52 @@ const RegisterKernel topk_op{{"topk"}, [](const OpInstr& ins, const std::vector<
         }
       pv->commit(a);
       pi->commit(a);
+    });
+  });
+  return k;
+}};
+
+// ---- median over axes: the middle value, or the mean of the two middle values (in float32 for
+// float16/32, float64 otherwise, as np.median), NaN when the slice holds a NaN or is empty ----------
+const RegisterKernel median_op{{"median"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+  if (!is_numeric(x.dtype) || x.dtype == DType::Bool) return nullptr;
+  std::vector<bool> reduced(x.shape.size(), false);
+  for (auto ax : ins.attrs.at("axis").ints()) reduced[static_cast<size_t>(ax)] = true;
+  // x as (kept..., reduced...) element strides of the packed input
+  const auto st = packed_strides(x.shape, 1);
+  std::vector<int64_t> kshape, kstr, rshape, rstr;
+  for (size_t d = 0; d < x.shape.size(); ++d) {
+    (reduced[d] ? rshape : kshape).push_back(x.shape[d]);
+    (reduced[d] ? rstr : kstr).push_back(st[d]);
+  }
+  const int64_t outer = prod(kshape), count = prod(rshape);
+  unique_ptr<Kernel> k;
+  with_wide(needs_double({&x}), [&](auto tag) {
+    using W = typename decltype(tag)::type;
+    struct State { Packed x, y; std::vector<W> xv, out, slice; };
+    auto s = std::make_shared<State>();
+    s->x = Packed(x);
+    s->y = Packed(y);
+    k = std::make_unique<FnKernel>([=](uint8_t* a) {
+      read_all(a, s->x, s->xv);
+      s->out.resize(outer);
+      s->slice.resize(count);
+      for (int64_t o = 0; o < outer; ++o) {
+        const int64_t base = offset_of(o, kshape, kstr);
+        bool nan = count == 0;
+        for (int64_t i = 0; i < count; ++i) {
+          s->slice[i] = s->xv[base + offset_of(i, rshape, rstr)];
+          nan = nan || s->slice[i] != s->slice[i];
+        }
+        if (nan) { s->out[o] = W(NAN); continue; }
+        auto mid = s->slice.begin() + (count - 1) / 2;
+        std::nth_element(s->slice.begin(), mid, s->slice.end());
+        W v = *mid;
+        if (count % 2 == 0) v = (v + *std::min_element(mid + 1, s->slice.end())) / W(2);
+        s->out[o] = v;
+      }
+      write_all(a, s->y, s->out);
     });
   });
   return k;

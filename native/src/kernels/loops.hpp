@@ -303,6 +303,12 @@ inline ScalarArg scalar_arg(const OpInstr& ins, const std::vector<Buffer>& bufs,
   return s;
 }
 
+// Calls f(Tag<W>{}) with W = double when `wide`, else float.
+template <class F>
+void with_wide(bool wide, F&& f) {
+  if (wide) f(Tag<double>{}); else f(Tag<float>{});
+}
+
 // A packed buffer read into / written from a vector of W.
 template <class W>
 void read_all(uint8_t* arena, Packed& p, std::vector<W>& out) {

@@ -154,6 +154,52 @@ const RegisterKernel scatter_op{{"scatter"}, [](const OpInstr& ins, const std::v
   });
 }};
 
+// ---- gather_elements: out[c] = g[c with the axis coordinate replaced by idx[c]], 0 out of range ----
+// With data_shape, idx is first expanded to it as scatter_reduce expands indices: a 1-D list of
+// positions along the axis, or trailing dimensions padded with 1 and broadcast.
+const RegisterKernel gather_elements_op{{"gather_elements"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &g = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+  if (!is_int(idx.dtype)) return nullptr;
+  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i()), rank = y.shape.size();
+  std::vector<int64_t> vshape = idx.shape;  // idx's shape, aligned with the output's dims
+  if (idx.shape != y.shape) {
+    if (idx.shape.size() == 1 && rank > 1 && idx.shape[0] == y.shape[axis]) {
+      vshape.assign(rank, 1);
+      vshape[axis] = idx.shape[0];
+    } else {
+      vshape.resize(rank, 1);
+    }
+  }
+  Buffer view;  // element strides of the packed indices, broadcast to the output
+  view.shape = vshape;
+  view.strides = packed_strides(vshape, 1);
+  const auto istr = broadcast_strides(view, y.shape), gstr = packed_strides(g.shape, 1);
+  struct State { Packed g, idx, y; std::vector<int64_t> ids; };
+  auto st = std::make_shared<State>(State{Packed(g), Packed(idx), Packed(y), {}});
+  return std::make_unique<FnKernel>([=](uint8_t* a) {
+    st->idx.read_ints(a, st->ids);
+    const uint8_t* gv = st->g.read(a);
+    uint8_t* out = st->y.write(a);
+    const size_t item = itemsize(y.dtype);
+    std::vector<int64_t> c(rank, 0);
+    for (int64_t e = 0; e < y.nelms; ++e) {
+      int64_t ii = 0, gi = 0;
+      for (size_t d = 0; d < rank; ++d) ii += c[d] * istr[d];
+      int64_t i = st->ids[ii];
+      if (i < 0) i += g.shape[axis];
+      const bool ok = i >= 0 && i < g.shape[axis];
+      for (size_t d = 0; d < rank; ++d) gi += (d == axis ? i : c[d]) * gstr[d];
+      if (ok) std::memcpy(out + e * item, gv + gi * item, item);
+      else std::memset(out + e * item, 0, item);
+      for (size_t d = rank; d-- > 0;) {  // next C-order coordinate
+        if (++c[d] < y.shape[d]) break;
+        c[d] = 0;
+      }
+    }
+    st->y.commit(a);
+  });
+}};
+
 // ---- dynamic_slice / dynamic_update -------------------------------------------------------------
 // The region starts at the run-time offsets, clamped so that it stays inside the tensor.
 struct Region {

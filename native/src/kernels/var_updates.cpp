@@ -12,12 +12,6 @@ namespace {
 
 using std::unique_ptr;
 
-// Calls f(Tag<W>{}) with the compute type of the operands.
-template <class F>
-void with_wide(bool wide, F&& f) {
-  if (wide) f(Tag<double>{}); else f(Tag<float>{});
-}
-
 bool all_numeric(const OpInstr& ins, const std::vector<Buffer>& bufs) {
   for (int i : ins.inputs)
     if (!is_numeric(bufs[i].dtype)) return false;
