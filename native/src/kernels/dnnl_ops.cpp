@@ -3,6 +3,7 @@
 // load; each run only points their memory at the arena. A configuration oneDNN rejects (e.g. a
 // dtype this CPU lacks) makes the factory return nullptr, and the op runs on the fallback.
 #include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
 #include <unordered_map>
 
 #include "loops.hpp"
@@ -267,23 +268,19 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
     using namespace dnnl;
     convolution_forward::primitive_desc fwd(cpu(), prop_kind::forward_training, algorithm::convolution_direct, xd, wd,
                                             gd, win.strides, win.dilates, win.pad_l, win.pad_r);
-    auto data = std::make_unique<DnnlKernel>();
-    convolution_backward_data::primitive_desc bd(cpu(), algorithm::convolution_direct, dxd, wd, gd, win.strides,
-                                                 win.dilates, win.pad_l, win.pad_r, fwd);
-    data->prim = convolution_backward_data(bd);
-    data->add(DNNL_ARG_DIFF_DST, gd, g);
-    data->add(DNNL_ARG_WEIGHTS, wd, w);
-    data->add(DNNL_ARG_DIFF_SRC, dxd, dx, true);
-    auto weights = std::make_unique<DnnlKernel>();
-    convolution_backward_weights::primitive_desc bw(cpu(), algorithm::convolution_direct, xd, dwd, gd, win.strides,
-                                                    win.dilates, win.pad_l, win.pad_r, fwd);
-    weights->prim = convolution_backward_weights(bw);
-    weights->add(DNNL_ARG_SRC, xd, x);
-    weights->add(DNNL_ARG_DIFF_DST, gd, g);
-    weights->add(DNNL_ARG_DIFF_WEIGHTS, dwd, dw, true);
     auto k = std::make_unique<Kernels>();
-    k->parts.push_back(std::move(weights));
-    k->parts.push_back(std::move(data));
+    auto part = [&](dnnl::primitive prim, std::initializer_list<std::tuple<int, memory::desc, const Buffer*>> args) {
+      auto p = std::make_unique<DnnlKernel>();
+      p->prim = std::move(prim);
+      for (auto& [id, d, b] : args) p->add(id, d, *b, b == &dx || b == &dw);
+      k->parts.push_back(std::move(p));
+    };
+    part(convolution_backward_weights(convolution_backward_weights::primitive_desc(
+             cpu(), algorithm::convolution_direct, xd, dwd, gd, win.strides, win.dilates, win.pad_l, win.pad_r, fwd)),
+         {{DNNL_ARG_SRC, xd, &x}, {DNNL_ARG_DIFF_DST, gd, &g}, {DNNL_ARG_DIFF_WEIGHTS, dwd, &dw}});
+    part(convolution_backward_data(convolution_backward_data::primitive_desc(
+             cpu(), algorithm::convolution_direct, dxd, wd, gd, win.strides, win.dilates, win.pad_l, win.pad_r, fwd)),
+         {{DNNL_ARG_DIFF_DST, gd, &g}, {DNNL_ARG_WEIGHTS, wd, &w}, {DNNL_ARG_DIFF_SRC, dxd, &dx}});
     return k;
   } catch (const dnnl::error&) {
     return nullptr;

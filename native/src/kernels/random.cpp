@@ -82,49 +82,46 @@ bool dispatch_f16_f32(DType d, F&& f) {
 }
 
 // ---- random_uniform / random_normal -----------------------------------------------------------
-const RegisterKernel uniform_op{{"random_uniform"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-  const Buffer seed = bufs[ins.inputs[0]], y = bufs[ins.outputs[0]];
-  if (!seed_ok(seed)) return nullptr;
-  const float lo = float(ins.attrs.at("low").f()), hi = float(ins.attrs.at("high").f());
-  unique_ptr<Kernel> k;
-  dispatch_f16_f32(y.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    auto scratch = std::make_shared<std::vector<uint8_t>>();
-    k = std::make_unique<FnKernel>([=](uint8_t* a) {
-      const Key key = read_seed(a, seed);
-      write_packed<T>(a, y, *scratch, [&](T* out) {
-        draw<1>(y.nelms, kUniform, key, [&](int64_t i, const uint32_t* w) {
-          const float u = float(w[0] >> 8) * 0x1p-24f;
-          out[i] = T(lo + (hi - lo) * u);
+// Element i takes `per` words; `make_value(attrs)` gives the function from those words to the
+// value (float32 or float64), which is rounded once to the output dtype.
+template <int per, class MakeValue>
+KernelFactory draw_kernel(uint32_t purpose, MakeValue make_value) {
+  return [=](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer seed = bufs[ins.inputs[0]], y = bufs[ins.outputs[0]];
+    if (!seed_ok(seed)) return nullptr;
+    const auto value = make_value(ins.attrs);
+    unique_ptr<Kernel> k;
+    dispatch_f16_f32(y.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      auto scratch = std::make_shared<std::vector<uint8_t>>();
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        const Key key = read_seed(a, seed);
+        write_packed<T>(a, y, *scratch, [&](T* out) {
+          draw<per>(y.nelms, purpose, key, [&](int64_t i, const uint32_t* w) { out[i] = T(value(w)); });
         });
       });
     });
-  });
-  return k;
-}};
+    return k;
+  };
+}
 
-const RegisterKernel normal_op{{"random_normal"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-  const Buffer seed = bufs[ins.inputs[0]], y = bufs[ins.outputs[0]];
-  if (!seed_ok(seed)) return nullptr;
-  const double mean = ins.attrs.at("mean").f(), stdev = ins.attrs.at("std").f();
-  unique_ptr<Kernel> k;
-  dispatch_f16_f32(y.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    auto scratch = std::make_shared<std::vector<uint8_t>>();
-    k = std::make_unique<FnKernel>([=](uint8_t* a) {
-      const Key key = read_seed(a, seed);
-      write_packed<T>(a, y, *scratch, [&](T* out) {
-        draw<2>(y.nelms, kNormal, key, [&](int64_t i, const uint32_t* w) {
-          const double u1 = (double(w[0] >> 8) + 1.0) * 0x1p-24;  // (0, 1]: log never sees 0
-          const double u2 = double(w[1] >> 8) * 0x1p-24;
-          const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-          out[i] = T(mean + stdev * z);  // one rounding from float64
-        });
-      });
-    });
-  });
-  return k;
-}};
+const RegisterKernel draw_ops[] = {
+    {{"random_uniform"}, draw_kernel<1>(kUniform, [](const Attrs& at) {
+       const float lo = float(at.at("low").f()), hi = float(at.at("high").f());
+       return [lo, hi](const uint32_t* w) {
+         const float u = float(w[0] >> 8) * 0x1p-24f;  // exact, in [0, 1)
+         return lo + (hi - lo) * u;
+       };
+     })},
+    {{"random_normal"}, draw_kernel<2>(kNormal, [](const Attrs& at) {
+       const double mean = at.at("mean").f(), stdev = at.at("std").f();
+       return [mean, stdev](const uint32_t* w) {  // Box-Muller in float64
+         const double u1 = (double(w[0] >> 8) + 1.0) * 0x1p-24;  // (0, 1]: log never sees 0
+         const double u2 = double(w[1] >> 8) * 0x1p-24;
+         return mean + stdev * (std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+       };
+     })},
+};
 
 // ---- dropout / shaped_dropout -----------------------------------------------------------------
 // The keep mask (over the mask shape, C order) is drawn first, then applied to x broadcast.
