@@ -636,3 +636,18 @@ def test_median(axis, keepdims, dtype):
     if np.dtype(dtype).kind == "f":
         x[1, 2, 3] = np.nan  # a NaN makes its slices NaN
         compare_engines(lambda t: ops.median(t, axis, keepdims), [x], native_ops=["median"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+@pytest.mark.parametrize("reduction", ["sum", "max", "min", "none"])
+@pytest.mark.parametrize("case", [((6, 3), (6, 3), 0, 4), ((6, 3), (6,), 0, 5), ((4, 5), (4, 1), 1, 3),
+                                  ((5,), (5,), 0, 2)], ids=str)
+def test_scatter_reduce(case, reduction, dtype):
+    dshape, ishape, axis, size = case
+    data = rand(dshape, dtype)
+    idx = RNG.integers(-size - 1, size + 1, size=ishape).astype(np.int32)  # repeats reduce; out of range drop
+    out_shape = dshape[:axis] + (size,) + dshape[axis + 1:]
+    compare_engines(lambda d, i: ops.scatter_reduce(d, i, reduction, axis=axis, axis_size=size), [data, idx],
+                    native_ops=["scatter_reduce"])
+    compare_engines(lambda d, i, v: ops.scatter_reduce(d, i, reduction, initial_values=v, axis=axis), [
+        data, idx, rand(out_shape, dtype)], native_ops=["scatter_reduce"])

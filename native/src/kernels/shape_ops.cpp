@@ -154,26 +154,60 @@ const RegisterKernel scatter_op{{"scatter"}, [](const OpInstr& ins, const std::v
   });
 }};
 
+// Indices expanded to `shape` as scatter_reduce expands them: the same shape, a 1-D list of
+// positions along the axis, or trailing dimensions padded with 1 and broadcast. Returns element
+// strides into the packed indices (0 on broadcast dims).
+std::vector<int64_t> expanded_index_strides(const std::vector<int64_t>& idx_shape, const std::vector<int64_t>& shape,
+                                            size_t axis) {
+  std::vector<int64_t> vshape = idx_shape;
+  if (idx_shape != shape) {
+    if (idx_shape.size() == 1 && shape.size() > 1 && idx_shape[0] == shape[axis]) {
+      vshape.assign(shape.size(), 1);
+      vshape[axis] = idx_shape[0];
+    } else {
+      vshape.resize(shape.size(), 1);
+    }
+  }
+  Buffer view;
+  view.shape = vshape;
+  view.strides = packed_strides(vshape, 1);
+  return broadcast_strides(view, shape);
+}
+
+// Visit every element (C order) of `shape`: f(flat index, index element offset, coordinates).
+template <class F>
+void each_coordinate(const std::vector<int64_t>& shape, const std::vector<int64_t>& istr, F&& f) {
+  const int64_t n = prod(shape);
+  std::vector<int64_t> c(shape.size(), 0);
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t ii = 0;
+    for (size_t d = 0; d < shape.size(); ++d) ii += c[d] * istr[d];
+    f(e, ii, c);
+    for (size_t d = shape.size(); d-- > 0;) {  // next C-order coordinate
+      if (++c[d] < shape[d]) break;
+      c[d] = 0;
+    }
+  }
+}
+
+// Element offset (packed, element units) of coordinates `c` with the axis coordinate replaced by
+// index i, or -1 when i (negative counting from the end) is outside [0, dim).
+int64_t target(const std::vector<int64_t>& c, size_t axis, int64_t i, const std::vector<int64_t>& shape,
+               const std::vector<int64_t>& strides) {
+  if (i < 0) i += shape[axis];
+  if (i < 0 || i >= shape[axis]) return -1;
+  int64_t off = 0;
+  for (size_t d = 0; d < c.size(); ++d) off += (d == axis ? i : c[d]) * strides[d];
+  return off;
+}
+
 // ---- gather_elements: out[c] = g[c with the axis coordinate replaced by idx[c]], 0 out of range ----
-// With data_shape, idx is first expanded to it as scatter_reduce expands indices: a 1-D list of
-// positions along the axis, or trailing dimensions padded with 1 and broadcast.
+// With data_shape, idx is first expanded to it.
 const RegisterKernel gather_elements_op{{"gather_elements"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &g = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
   if (!is_int(idx.dtype)) return nullptr;
-  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i()), rank = y.shape.size();
-  std::vector<int64_t> vshape = idx.shape;  // idx's shape, aligned with the output's dims
-  if (idx.shape != y.shape) {
-    if (idx.shape.size() == 1 && rank > 1 && idx.shape[0] == y.shape[axis]) {
-      vshape.assign(rank, 1);
-      vshape[axis] = idx.shape[0];
-    } else {
-      vshape.resize(rank, 1);
-    }
-  }
-  Buffer view;  // element strides of the packed indices, broadcast to the output
-  view.shape = vshape;
-  view.strides = packed_strides(vshape, 1);
-  const auto istr = broadcast_strides(view, y.shape), gstr = packed_strides(g.shape, 1);
+  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const auto istr = expanded_index_strides(idx.shape, y.shape, axis), gstr = packed_strides(g.shape, 1);
   struct State { Packed g, idx, y; std::vector<int64_t> ids; };
   auto st = std::make_shared<State>(State{Packed(g), Packed(idx), Packed(y), {}});
   return std::make_unique<FnKernel>([=](uint8_t* a) {
@@ -181,23 +215,66 @@ const RegisterKernel gather_elements_op{{"gather_elements"}, [](const OpInstr& i
     const uint8_t* gv = st->g.read(a);
     uint8_t* out = st->y.write(a);
     const size_t item = itemsize(y.dtype);
-    std::vector<int64_t> c(rank, 0);
-    for (int64_t e = 0; e < y.nelms; ++e) {
-      int64_t ii = 0, gi = 0;
-      for (size_t d = 0; d < rank; ++d) ii += c[d] * istr[d];
-      int64_t i = st->ids[ii];
-      if (i < 0) i += g.shape[axis];
-      const bool ok = i >= 0 && i < g.shape[axis];
-      for (size_t d = 0; d < rank; ++d) gi += (d == axis ? i : c[d]) * gstr[d];
-      if (ok) std::memcpy(out + e * item, gv + gi * item, item);
+    each_coordinate(y.shape, istr, [&](int64_t e, int64_t ii, const std::vector<int64_t>& c) {
+      const int64_t gi = target(c, axis, st->ids[ii], g.shape, gstr);
+      if (gi >= 0) std::memcpy(out + e * item, gv + gi * item, item);
       else std::memset(out + e * item, 0, item);
-      for (size_t d = rank; d-- > 0;) {  // next C-order coordinate
-        if (++c[d] < y.shape[d]) break;
-        c[d] = 0;
-      }
-    }
+    });
     st->y.commit(a);
   });
+}};
+
+// ---- scatter_reduce: data's elements reduced into the places their (expanded) indices name --------
+// In data's C order, as ufunc.at does: with initial values they take part; without, places no
+// index names are 0. "none" writes (the last one wins).
+enum class Scatter { None, Sum, Max, Min };
+
+template <class T>
+T combine(Scatter r, T acc, T v) {
+  if constexpr (std::is_integral_v<T>) {
+    if (r == Scatter::Sum) return static_cast<T>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(v));  // wraps
+  } else {
+    using W = typename Wide<T>::type;
+    if (r == Scatter::Sum) return T(W(acc) + W(v));
+    if (W(acc) != W(acc) || W(v) != W(v)) return T(NAN);  // np.maximum / np.minimum keep NaN
+  }
+  if (r == Scatter::Max) return v > acc ? v : acc;
+  if (r == Scatter::Min) return v < acc ? v : acc;
+  return v;
+}
+
+const RegisterKernel scatter_reduce_op{{"scatter_reduce"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &data = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+  if (!is_int(idx.dtype)) return nullptr;
+  const bool has_init = ins.inputs.size() > 2;
+  const Buffer init = has_init ? bufs[ins.inputs[2]] : Buffer{};
+  const std::string& rn = ins.attrs.at("reduction").s();
+  const Scatter r = rn == "sum" ? Scatter::Sum : rn == "max" ? Scatter::Max : rn == "min" ? Scatter::Min : Scatter::None;
+  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const auto istr = expanded_index_strides(idx.shape, data.shape, axis), ystr = packed_strides(y.shape, 1);
+  unique_ptr<Kernel> k;
+  dispatch_arith(data.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    struct State { Packed data, idx, init, y; std::vector<int64_t> ids; std::vector<uint8_t> hit; };
+    auto st = std::make_shared<State>(State{Packed(data), Packed(idx), Packed(init), Packed(y), {}, {}});
+    k = std::make_unique<FnKernel>([=](uint8_t* a) {
+      st->idx.read_ints(a, st->ids);
+      const T* src = reinterpret_cast<const T*>(st->data.read(a));
+      std::vector<T> acc(y.nelms, T(0));
+      if (has_init) std::memcpy(acc.data(), st->init.read(a), y.nbytes());
+      // max/min without initial values: the first value replaces the 0 (as it beats the identity)
+      st->hit.assign(y.nelms, has_init || r == Scatter::None || r == Scatter::Sum);
+      each_coordinate(data.shape, istr, [&](int64_t e, int64_t ii, const std::vector<int64_t>& c) {
+        const int64_t t = target(c, axis, st->ids[ii], y.shape, ystr);
+        if (t < 0) return;
+        acc[t] = st->hit[t] ? combine(r, acc[t], src[e]) : src[e];
+        st->hit[t] = 1;
+      });
+      std::memcpy(st->y.write(a), acc.data(), y.nbytes());
+      st->y.commit(a);
+    });
+  });
+  return k;
 }};
 
 // ---- dynamic_slice / dynamic_update -------------------------------------------------------------
