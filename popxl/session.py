@@ -275,9 +275,10 @@ class Session:
         if arr.dtype.names:
             arr = arr.view(dtypes.ml_dtype(s.dtype))
         # Engines read and write whole contiguous blocks; a strided user array goes through a copy
-        # (outputs are copied back after the run).
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr) if is_input else np.empty(arr.shape, arr.dtype)
+        # (outputs are copied back after the run). The native engine takes writable buffers only,
+        # so a read-only input (np.frombuffer, a TensorProto's data) is copied too.
+        if not arr.flags.c_contiguous or (is_input and not arr.flags.writeable):
+            arr = np.array(arr, order="C") if is_input else np.empty(arr.shape, arr.dtype)
         return arr.reshape((nht, rf) + tuple(s.shape))
 
     def run_with_outputs(self, inputs: Optional[h2dStreamBufferMaps] = None,

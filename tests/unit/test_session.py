@@ -190,3 +190,20 @@ def test_trace_time_errors_name_op_shapes_and_line():
             ops.slice(a, start=0, stop=2, step=2)
         with pytest.raises(ValueError, match="does not match stream"):
             ops.host_store(popxl.d2h_stream((3,), popxl.float32), a)
+
+
+@pytest.mark.parametrize("engine_name", ["native", "reference"])
+def test_read_only_input_arrays_are_accepted(engine_name):
+    from engine_harness import engine
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream((2,), popxl.float32, "x")
+        out = popxl.d2h_stream((2,), popxl.float32, "y")
+        ops.host_store(out, ops.host_load(s) * 2.0)
+    data = np.frombuffer(np.array([1.5, -2.0], np.float32).tobytes(), np.float32)
+    assert not data.flags.writeable
+    with engine(engine_name):
+        session = popxl.Session(ir, "ipu_model")
+    with session:
+        res = session.run({s: data})
+    np.testing.assert_array_equal(res[out], [3.0, -4.0])
