@@ -651,3 +651,17 @@ def test_scatter_reduce(case, reduction, dtype):
                     native_ops=["scatter_reduce"])
     compare_engines(lambda d, i, v: ops.scatter_reduce(d, i, reduction, initial_values=v, axis=axis), [
         data, idx, rand(out_shape, dtype)], native_ops=["scatter_reduce"])
+
+
+@pytest.mark.parametrize("scale", [0, 3, -5])
+@pytest.mark.parametrize("fmt", [popxl.float8_143, popxl.float8_152])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_pow2scale_fp8_casts_are_bit_identical(dtype, fmt, scale):
+    limit = 240.0 if fmt is popxl.float8_143 else 57344.0
+    x = np.clip(RNG.standard_normal(500) * np.exp(RNG.uniform(-12, 12, 500)), -6e4, 6e4).astype(dtype)
+    x[:6] = [0.0, -0.0, np.nan, limit, -limit * 2, 1e-9]
+    s = np.array(scale, np.int32)
+    compare_engines(lambda t, l: ops.pow2scale_cast_to_fp8(t, l, fmt), [x, s], native_ops=["pow2scale_cast_to_fp8"])
+    compare_engines(lambda t, l: ops.pow2scale_cast_from_fp8(ops.pow2scale_cast_to_fp8(t, l, fmt), l * -1,
+                                                             popxl.dtypes.from_numpy(np.dtype(dtype))),
+                    [x, s], native_ops=["pow2scale_cast_to_fp8", "pow2scale_cast_from_fp8"])
