@@ -773,7 +773,8 @@ def _source_coords(n_in: int, n_out: int, scale: float, mode: str) -> np.ndarray
         return x / scale
     if n_out == 1:  # align_corners / tf_crop_and_resize (whole-input region)
         return np.full(1, 0.0 if mode == "align_corners" else 0.5 * (n_in - 1))
-    return x * (n_in - 1) / (n_out - 1)
+    # ONNX divides by the unrounded resized length, n_in * scale (not the floored n_out)
+    return x * (n_in - 1) / (n_in * scale - 1)
 
 
 def _nearest_taps(x: np.ndarray, nearest_mode: str):

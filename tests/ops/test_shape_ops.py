@@ -278,9 +278,10 @@ def _coord(x_out, n_in, n_out, scale, ctm):
         return (x_out + 0.5) / scale - 0.5 if n_out > 1 else 0.0
     if ctm == "asymmetric":
         return x_out / scale
+    # ONNX: length_resized = n_in * scale, unrounded (the output length n_out is floored)
     if ctm == "align_corners":
-        return 0.0 if n_out == 1 else x_out * (n_in - 1) / (n_out - 1)
-    return 0.5 * (n_in - 1) if n_out == 1 else x_out * (n_in - 1) / (n_out - 1)
+        return 0.0 if n_out == 1 else x_out * (n_in - 1) / (n_in * scale - 1)
+    return 0.5 * (n_in - 1) if n_out == 1 else x_out * (n_in - 1) / (n_in * scale - 1)
 
 
 def _weights_1d(x, n_in, mode, nearest_mode):

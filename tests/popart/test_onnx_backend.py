@@ -97,9 +97,6 @@ NAMED_EXCLUSIONS: Dict[str, str] = {
     r"^test_resize_.*_not_(larger|smaller)$": "Resize keep_aspect_ratio_policy",
     r"^test_resize_.*_cubic_A_n0p5_exclude_outside$": "Resize cubic_coeff_a/exclude_outside",
     r"^test_resize_.*_half_pixel_symmetric$": "Resize half_pixel_symmetric (opset 19)",
-    # popxl bug (reported): interpolate's align_corners maps coordinates with the floored output
-    # length, where ONNX uses length * scale when scales are given and the product is not whole.
-    r"^test_resize_downsample_scales_(cubic|linear)_align_corners$": "popxl interpolate align_corners",
     # float16 rounding: 2 of 192 outputs differ by one float16 ulp from the reference (different
     # rounding order in the composed attention), which exceeds the test's rtol of 1e-3.
     r"^test_attention_4d_causal_fp16_expanded$": "float16 last-ulp differences",
