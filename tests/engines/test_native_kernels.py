@@ -666,3 +666,25 @@ def test_pow2scale_fp8_casts_are_bit_identical(dtype, fmt, scale):
     compare_engines(lambda t, l: ops.pow2scale_cast_from_fp8(ops.pow2scale_cast_to_fp8(t, l, fmt), l * -1,
                                                              popxl.dtypes.from_numpy(np.dtype(dtype))),
                     [x, s], native_ops=["pow2scale_cast_to_fp8", "pow2scale_cast_from_fp8"])
+
+
+@pytest.mark.parametrize("fmts", [(popxl.float8_143, popxl.float8_143), (popxl.float8_152, popxl.float8_143)], ids=str)
+@pytest.mark.parametrize("scale", [0, -3])
+def test_pow2scaled_matmul_and_conv(fmts, scale):
+    tol = dict(rtol=2e-3, atol=2e-3)
+    s = np.array(scale, np.int32)
+    zero = np.array(0, np.int32)
+
+    def to8(t, z, fmt):
+        return ops.pow2scale_cast_to_fp8(t, z, fmt)
+    a, b = rand((3, 5, 4), np.float32, -4, 4), rand((4, 6), np.float32, -4, 4)
+    compare_engines(lambda x, y, l, z: ops.matmul_pow2scaled(to8(x, z, fmts[0]), to8(y, z, fmts[1]), l), [a, b, s, zero],
+                    native_ops=["matmul_pow2scaled"], **tol)
+    x, w = rand((2, 4, 7, 6), np.float32, -4, 4), rand((6, 2, 3, 3), np.float32, -4, 4)
+    compare_engines(lambda t, k, l, z: ops.conv_pow2scaled(to8(t, z, fmts[0]), to8(k, z, fmts[1]), l, (1, 2),
+                                                           (1, 1, 0, 1), (1, 1), 2),
+                    [x, w, s, zero], native_ops=["conv_pow2scaled"], **tol)
+    wt = rand((4, 3, 2, 2), np.float32, -4, 4)
+    compare_engines(lambda t, k, l, z: ops.conv_transpose_pow2scaled(to8(t, z, fmts[0]), to8(k, z, fmts[1]), l,
+                                                                     (2, 2), (0, 0, 0, 0), (1, 1), 1),
+                    [x, wt, s, zero], native_ops=["conv_transpose_pow2scaled"], **tol)

@@ -6,7 +6,7 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "loops.hpp"
+#include "fp8.hpp"
 
 namespace popxl {
 namespace {
@@ -18,16 +18,28 @@ dnnl::engine& cpu() {
   return e;
 }
 
-// Float16 operands run through float32 primitives, staged in packed float32 scratch: the
-// reference computes float16 in float32 and rounds once, and this CPU may lack f16 kernels.
+// Float16 and float8 operands run through float32 primitives, staged in packed float32 scratch:
+// the reference computes them in float32 and rounds once, and this CPU may lack f16 kernels.
 bool dnnl_type(DType d, memory::data_type& out) {
   switch (d) {
-    case DType::F32: case DType::F16: out = memory::data_type::f32; return true;
+    case DType::F32: case DType::F16: case DType::F8_143: case DType::F8_152:
+      out = memory::data_type::f32;
+      return true;
     default: return false;
   }
 }
 
-bool staged(const Buffer& b) { return b.dtype == DType::F16; }
+bool staged(const Buffer& b) { return b.dtype == DType::F16 || is_fp8(b.dtype); }
+
+// A staged input's packed bytes as float32.
+void unstage(const uint8_t* packed, DType d, float* out, int64_t n) {
+  if (!is_fp8(d)) {
+    load_row<float>(packed, static_cast<int64_t>(itemsize(d)), d, out, n);
+    return;
+  }
+  const Fp8Format& f = fp8_format(d);
+  for (int64_t i = 0; i < n; ++i) out[i] = float(f.decode(packed[i]));
+}
 
 // A buffer as a oneDNN memory descriptor of `dims`, with `strides` in elements.
 memory::desc md(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, memory::data_type t) {
@@ -54,12 +66,14 @@ struct DnnlKernel : Kernel {
   dnnl::primitive prim;
   std::vector<Arg> args;
   dnnl::stream strm{cpu()};
+  bool scaled = false;  // pow2scaled ops: staged outputs are multiplied by 2**(scale tensor)
+  Buffer scale;
   void run(uint8_t* arena) override {
     std::unordered_map<int, memory> m;
     for (auto& a : args) {
       if (staged(a.buf)) {
         a.f32.resize(a.buf.nelms);
-        if (!a.output) load_row<float>(f16_bytes(a, arena, true), 2, DType::F16, a.f32.data(), a.buf.nelms);
+        if (!a.output) unstage(packed_bytes(a, arena, true), a.buf.dtype, a.f32.data(), a.buf.nelms);
         a.mem.set_data_handle(a.f32.data());
       } else {
         a.mem.set_data_handle(arena + a.buf.offset);
@@ -70,13 +84,17 @@ struct DnnlKernel : Kernel {
     strm.wait();
     for (auto& a : args) {
       if (!staged(a.buf) || !a.output) continue;
-      store_row<float>(f16_bytes(a, arena, false), 2, DType::F16, a.f32.data(), a.buf.nelms);
+      if (scaled) {  // in float32, as the reference scales its float32 result
+        const float s = float(pow2_scale(arena, scale));
+        for (auto& v : a.f32) v *= s;
+      }
+      store_row<float>(packed_bytes(a, arena, false), 2, DType::F16, a.f32.data(), a.buf.nelms);
       if (!a.buf.contiguous) copy_buffer(arena, a.buf, a.packed.data(), packed_like(a.buf));
     }
   }
-  // Packed float16 bytes of a staged operand: the arena when contiguous, else scratch (filled
-  // from the arena for inputs).
-  static uint8_t* f16_bytes(Arg& a, uint8_t* arena, bool fill) {
+  // Packed bytes of a staged operand: the arena when contiguous, else scratch (filled from the
+  // arena for inputs).
+  static uint8_t* packed_bytes(Arg& a, uint8_t* arena, bool fill) {
     if (a.buf.contiguous) return arena + a.buf.offset;
     a.packed.resize(a.buf.nbytes());
     if (fill) copy_buffer(a.packed.data(), packed_like(a.buf), arena, a.buf);
@@ -103,7 +121,9 @@ MatOperand promote(const Buffer& b, bool is_lhs, size_t rank) {
   return m;
 }
 
-const RegisterKernel matmul_op{{"matmul"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
+// matmul, and matmul_pow2scaled (float8 operands, float16 result times 2**log2_scale).
+KernelFactory matmul(bool pow2) {
+  return [pow2](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
   const Buffer& a = bufs[ins.inputs[0]];
   const Buffer& b = bufs[ins.inputs[1]];
   const Buffer& y = bufs[ins.outputs[0]];
@@ -130,11 +150,22 @@ const RegisterKernel matmul_op{{"matmul"}, [](const OpInstr& ins, const std::vec
     k->add(DNNL_ARG_SRC, ad, a);
     k->add(DNNL_ARG_WEIGHTS, bd, b);
     k->add(DNNL_ARG_DST, yd, y, true);
+    if (pow2) {
+      if (!staged(y)) return nullptr;
+      k->scaled = true;
+      k->scale = bufs[ins.inputs[2]];
+    }
     return k;
   } catch (const dnnl::error&) {
     return nullptr;  // not supported by oneDNN on this CPU: the engine falls back
   }
-}};
+  };
+}
+
+const RegisterKernel matmul_ops[] = {
+    {{"matmul"}, matmul(false)},
+    {{"matmul_pow2scaled"}, matmul(true)},
+};
 
 const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
   const Buffer& x = bufs[ins.inputs[0]];
@@ -208,11 +239,12 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer&
   return {dims, str};
 }
 
-KernelFactory convolution(bool transposed) {
-  return [transposed](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
+KernelFactory convolution(bool transposed, bool pow2 = false) {
+  return [transposed, pow2](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
     const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
     memory::data_type t;
-    if (!dnnl_type(x.dtype, t) || w.dtype != x.dtype || y.dtype != x.dtype) return nullptr;
+    if (!dnnl_type(x.dtype, t) || !dnnl_type(w.dtype, t) || !dnnl_type(y.dtype, t)) return nullptr;
+    if (pow2 != is_fp8(x.dtype) || (!pow2 && (w.dtype != x.dtype || y.dtype != x.dtype))) return nullptr;
     if (x.nelms == 0 || w.nelms == 0 || y.nelms == 0) return nullptr;
     const int64_t g = ins.attrs.at("groups").i();
     Window win = window_of(ins, x.shape.size() - 2);
@@ -235,6 +267,10 @@ KernelFactory convolution(bool transposed) {
       k->add(DNNL_ARG_SRC, xd, x);
       k->add(DNNL_ARG_WEIGHTS, wd, w);
       k->add(DNNL_ARG_DST, yd, y, true);
+      if (pow2) {
+        k->scaled = true;
+        k->scale = bufs[ins.inputs[2]];
+      }
       return k;
     } catch (const dnnl::error&) {
       return nullptr;
@@ -315,6 +351,8 @@ KernelFactory pooling(dnnl::algorithm alg) {
 const RegisterKernel window_ops[] = {
     {{"conv"}, convolution(false)},
     {{"conv_transpose"}, convolution(true)},
+    {{"conv_pow2scaled"}, convolution(false, true)},
+    {{"conv_transpose_pow2scaled"}, convolution(true, true)},
     {{"max_pool"}, pooling(dnnl::algorithm::pooling_max)},
     {{"average_pool"}, pooling(dnnl::algorithm::pooling_avg_exclude_padding)},
 };
