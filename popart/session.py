@@ -550,7 +550,11 @@ class InferenceSession:
     def _to_device_dtype(self, s: InputSpec, arr: np.ndarray) -> np.ndarray:
         if arr.dtype not in (s.dtype, s.device_dtype):
             raise StepIOError(f"PyStepIO: input {s.name!r} has dtype {arr.dtype}, expected {s.dtype}.")
-        return arr.astype(s.device_dtype, copy=False)
+        arr = arr.astype(s.device_dtype, copy=False)
+        host = dtypes.from_numpy(s.device_dtype).as_numpy()
+        if host.names:  # popxl's float8 host form: the raw one-byte codes of the ml_dtypes values
+            return np.ascontiguousarray(arr).view(np.uint8).view(host)
+        return arr
 
     def _device_layout(self, arr: np.ndarray) -> np.ndarray:
         """A user buffer [bps, af, rf, *shape] as popxl's host layout [steps, rf, *shape] (size 1 dropped)."""

@@ -45,7 +45,6 @@ _BY_NAME = {c.name: c for c in NODE_TESTS}
 _UNSUPPORTED_TYPES = {getattr(onnx.TensorProto, t) for t in (
     "STRING", "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E5M2", "FLOAT8E8M0", "FLOAT4E2M1", "INT4", "UINT4", "INT2",
     "UINT2", "COMPLEX64", "COMPLEX128") if hasattr(onnx.TensorProto, t)}
-_FNUZ_TYPES = {onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2FNUZ}
 
 
 def _value_infos(model: onnx.ModelProto) -> Iterable[onnx.ValueInfoProto]:
@@ -55,10 +54,6 @@ def _value_infos(model: onnx.ModelProto) -> Iterable[onnx.ValueInfoProto]:
 def _needs_unsupported_type(model: onnx.ModelProto) -> bool:
     return any(vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in _UNSUPPORTED_TYPES
                for vi in _value_infos(model))
-
-
-def _feeds_fnuz(model: onnx.ModelProto) -> bool:
-    return any(vi.type.tensor_type.elem_type in _FNUZ_TYPES for vi in model.graph.input)
 
 
 def _needs_non_tensor_value(model: onnx.ModelProto) -> bool:
@@ -75,10 +70,6 @@ DERIVED_EXCLUSIONS: Dict[str, List[str]] = {
     f"ai.onnx opset below {MIN_OPSET}": [n for n in IN_SCOPE if _opset(_BY_NAME[n].model) < MIN_OPSET],
     # bfloat16, ONNX float8/float4, int4/int2 and string tensors: dtypes popxl does not have.
     "element type popxl lacks": [n for n in IN_SCOPE if _needs_unsupported_type(_BY_NAME[n].model)],
-    # popart bug (reported): PyStepIO accepts ONNX float8 FNUZ host arrays (ml_dtypes) for float8
-    # inputs but does not convert them to popxl's float8 host form (raw codes), so the run fails.
-    "float8 FNUZ model inputs": [n for n in IN_SCOPE if _feeds_fnuz(_BY_NAME[n].model)
-                                 and not _needs_unsupported_type(_BY_NAME[n].model)],
     # Optional and sequence values: popart moves tensors only.
     "optional/sequence values": [n for n in IN_SCOPE if _needs_non_tensor_value(_BY_NAME[n].model)],
 }
