@@ -489,7 +489,8 @@ def test_logical_not(dtype):
 @pytest.mark.parametrize("name", ["gelu_grad", "geluerf_grad"])
 def test_gelu_gradients(name, dtype):
     g, x = rand((7, 9), dtype), rand((7, 9), dtype, low=-6, high=6)
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=2e-3, atol=2e-3)
+    # float32 terms of size ~1 cancel where the derivative crosses 0: absolute error ~1e-6 there
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=2e-3, atol=2e-3)
     compare_engines(lambda a, b: create_op(name, [a, b])[0], [g, x], native_ops=[name], **tol)
 
 
