@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from popxl import dtypes
 from popxl.graph import Graph
 from popxl.op import Op, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.utils import spec
@@ -439,13 +440,13 @@ def _repeat_grad(ctx):
 
     inv_specs = [op.inputs[p].spec for p in invariant]
     stack_specs = [spec((n, *s.shape), s.dtype) for s in state_specs]
-    counter_spec = spec((1,), _uint32())
+    counter_spec = spec((1,), dtypes.uint32)
     rec_graph = _graph(ir, f"{body.name}_record", [(s, False) for s in state_specs + inv_specs] +
                        [(s, True) for s in stack_specs + [counter_spec]], record)
     states0 = [ctx.input(by_input[i]) for i in range(n_carry)]
     inv_vals = [ctx.input(p) for p in invariant]
     stacks = [ops.init(s.shape, s.dtype, name=f"loop_state{i}_stack") for i, s in enumerate(stack_specs)]
-    counter = ops.init((1,), _uint32(), name="loop_counter")
+    counter = ops.init((1,), dtypes.uint32, name="loop_counter")
     ops.repeat(rec_graph, n, *states0, *inv_vals, *stacks, counter)
 
     # 2. reverse: gradient of one iteration, state gradients carried, invariant gradients summed
@@ -494,11 +495,6 @@ def _repeat_grad(ctx):
     for p, g in zip(wanted_inv, sums):
         grads[p] = g
     return grads
-
-
-def _uint32():
-    from popxl import dtypes
-    return dtypes.uint32
 
 
 def _graph(ir, name: str, inputs: Sequence[Tuple[Any, bool]], body) -> Graph:
