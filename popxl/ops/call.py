@@ -413,16 +413,16 @@ def _repeat_grad(ctx):
     and calls the body's gradient graph, carrying the state gradients and adding up the gradients
     of the loop-invariant inputs."""
     from popxl import ops
+    from popxl.transforms.autodiff import ExpectedConnectionType
     op = ctx.op
     body, index, n = op.attrs["graph"], op.attrs["input_index"], op.attrs["repeat_count"]
     where = f"ops.repeat at {op.location}"
     _check_recomputable(body, where)
     n_carry = len(body._outputs)
-    if n == 0:  # the loop passes its carried inputs straight through
-        return [ctx.grad(index.index(i)) if index[p] < n_carry else None for p, i in enumerate(index)]
+    if n == 0:  # the loop passes its carried inputs straight through (output i is input i)
+        return [ctx.grad(i) if i < n_carry else None for i in index]
     copy = ctx.clone_graph(body)
     ir = op.graph.ir
-    carried = [p for p, i in enumerate(index) if i < n_carry]
     invariant = [p for p, i in enumerate(index) if i >= n_carry]
     by_input = {i: p for p, i in enumerate(index)}
     state_specs = [copy._inputs[i].spec for i in range(n_carry)]
@@ -466,7 +466,6 @@ def _repeat_grad(ctx):
                   for st, s in zip(stacks_in, state_specs)]
         site = call_with_info(copy, *states, inputs_dict={copy._inputs[index[p]]: t for p, t in zip(invariant, inv)})
         seeds = {copy._outputs[i]: g for i, g in zip(float_carry, grads)}
-        from popxl.transforms.autodiff import ExpectedConnectionType
         ins = [seeds[c.fwd_tensor] for c in info.expected_inputs if c.connection_type is ExpectedConnectionType.FwdGrad]
         fwd = {g_in: site.graph_to_parent(c.fwd_tensor) for g_in, c in zip(info.graph.inputs, info.expected_inputs)
                if c.connection_type is ExpectedConnectionType.Fwd}
@@ -476,7 +475,7 @@ def _repeat_grad(ctx):
             g = by_fwd.get(copy._inputs[index[p]])
             if g is not None:
                 ops.add_(acc, g)
-        for i, g_in in zip(float_carry, grads):
+        for i in float_carry:
             t = copy._inputs[i]
             graph_output(by_fwd[t] if t in by_fwd else ops.init(t.shape, t.dtype, name="zero_state_grad"))
 

@@ -302,3 +302,25 @@ def test_repeat_with_stream_io_in_body_is_not_differentiable():
         g = ir.create_graph(f, popxl.TensorSpec((3,), popxl.float32))
         with pytest.raises(NotImplementedError, match="host_load"):
             transforms.autodiff(g)
+
+
+def test_repeat_gradient_with_reordered_inputs_and_int_state():
+    """Carried inputs bound out of order through inputs_dict, plus an int counter carried along."""
+    s0, dy = R.standard_normal(3).astype(np.float32), R.standard_normal(3).astype(np.float32)
+    for count in (0, 3):
+        def f(s):
+            def body(a, k):
+                return a * 0.5 + ops.sin(a), k + popxl.constant(1, popxl.int32)
+            g = popxl.gcg().ir.create_graph(body, s, popxl.TensorSpec((), popxl.int32))
+            a_in, k_in = g.inputs
+            y, _ = ops.repeat(g, count, inputs_dict={k_in: popxl.constant(0, popxl.int32), a_in: s})
+            return y
+
+        dx, _ = _run_nested(f, s0, dy)
+        states = [s0.astype(np.float64)]
+        for _ in range(count):
+            states.append(states[-1] * 0.5 + np.sin(states[-1]))
+        want = dy.astype(np.float64)
+        for st in reversed(states[:-1]):
+            want = want * (0.5 + np.cos(st))
+        np.testing.assert_allclose(dx, want, rtol=1e-4, atol=1e-5)
