@@ -152,12 +152,17 @@ def calibrate(bench: Bench, min_time: float) -> int:
         n *= 4
 
 
-def time_interleaved(benches: Dict[str, Bench], repeats: int, min_time: float) -> Dict[str, List[float]]:
+def time_interleaved(benches: Dict[str, Bench], repeats: int, min_time: float,
+                     call_time: Optional[Dict[str, float]] = None) -> Dict[str, List[float]]:
     """Seconds per item for each bench, ``repeats`` samples each.
 
     Repeats go round-robin over the frameworks, so a burst of machine noise lands on all of them
-    rather than on whichever happened to run then; only ratios from one run are meaningful."""
-    inner = {k: calibrate(b, min_time) for k, b in benches.items()}
+    rather than on whichever happened to run then; only ratios from one run are meaningful.
+    A bench whose warm-up calls (``call_time``, seconds per call) already last ``min_time``
+    runs one call per repeat without calibrating: calibrating would cost another long call."""
+    call_time = call_time or {}
+    inner = {k: 1 if call_time.get(k, 0.0) >= min_time and b.fixed_inner is None else calibrate(b, min_time)
+             for k, b in benches.items()}
     samples: Dict[str, List[float]] = {k: [] for k in benches}
     for _ in range(repeats):
         for k, b in benches.items():
@@ -201,6 +206,7 @@ def run_case(case: Case, frameworks: Sequence[str], repeats: int, min_time: floa
     benches: Dict[str, Bench] = {}
     checks: Dict[str, np.ndarray] = {}
     slow: Dict[str, float] = {}
+    call_time: Dict[str, float] = {}
     try:
         for key in FRAMEWORKS:
             if key not in case.builders:
@@ -212,13 +218,14 @@ def run_case(case: Case, frameworks: Sequence[str], repeats: int, min_time: floa
                 bench = case.builders[key]()
                 benches[key] = bench
                 checks[key], secs = warm_up(bench)
+                call_time[key] = secs * bench.items
                 if secs * bench.items > slow_call:  # one call, not the whole warm-up
                     slow[key] = secs
             except Exception as e:  # a framework that cannot run this case is reported, not fatal
                 row.results[key] = Measurement(na=describe_failure(e))
         _check(case, row, checks)
         timed = {k: b for k, b in benches.items() if k in checks and k not in slow}
-        samples = {**time_interleaved(timed, repeats, min_time), **{k: [s] for k, s in slow.items()}}
+        samples = {**time_interleaved(timed, repeats, min_time, call_time), **{k: [s] for k, s in slow.items()}}
         for key, secs in samples.items():
             m = summarise(case, secs)
             m.check, m.slow = row.results.get(key, Measurement()).check, key in slow
