@@ -1059,7 +1059,23 @@ def _onehot_grad(ctx):
     return [None, None, create_op("concat", [(total - hot).reshape((1,)), hot.reshape((1,))], {"axis": 0})[0]]
 
 
+def _interpolate_grad_kernel(x, g, scale_factor, mode, nearest_mode, coordinate_transformation_mode):
+    """Resizing is linear and separable: along each axis out = M @ in for an (n_out, n_in) matrix
+    M (the resize of the identity), so the gradient applies each M transposed."""
+    out = g.astype(np.float64)
+    for axis, (d, f) in enumerate(zip(x.shape, scale_factor)):
+        n_out = int(np.floor(d * f))
+        if n_out == d and f == 1.0:
+            continue
+        m = _resize_axis(np.eye(d), 0, n_out, f, mode, nearest_mode, coordinate_transformation_mode)
+        out = np.moveaxis(np.tensordot(np.moveaxis(out, axis, -1), m, axes=([-1], [0])), -1, axis)
+    return out.astype(x.dtype)
+
+
+register(OpDef("interpolate_grad", lambda specs, **_: [specs[0]], _interpolate_grad_kernel, grad=Grad.RAISE,
+               family="shape"))
+
+
 @grad_rule("interpolate")
 def _interpolate_grad(ctx):
-    raise NotImplementedError(f"autodiff: the gradient of interpolate is not implemented yet "
-                              f"(created at {ctx.op.location})")
+    return [create_op("interpolate_grad", [ctx.input(0), ctx.grad(0)], ctx.attrs)[0]]

@@ -86,6 +86,11 @@ CASES = {
                       [rnd(2, 4, 3), np.array([[0, 0, 3], [2, 1, 2]], np.int32)], [0]),
     "onehot": (lambda i, v: ops.onehot(i, popxl.constant(4), v, -1),
                [np.array([0, 3, 1], np.int32), np.array([-0.5, 2.0])], [1]),
+    "interpolate_linear": (lambda x: ops.interpolate(x, (1.0, 1.0, 2.5, 0.75), "linear"), [rnd(1, 2, 3, 4)], None),
+    "interpolate_cubic_align": (lambda x: ops.interpolate(x, (1.0, 1.0, 1.5, 2.0), "cubic",
+                                                          coordinate_transformation_mode="align_corners"),
+                                [rnd(1, 1, 4, 3)], None),
+    "interpolate_nearest": (lambda x: ops.interpolate(x, (1.0, 1.0, 2.0, 0.5), "nearest"), [rnd(1, 1, 3, 4)], None),
     # nn
     "matmul": (lambda a, b: a @ b, [rnd(3, 4), rnd(4, 2)], None),
     "matmul_batched_broadcast": (lambda a, b: a @ b, [rnd(2, 3, 4), rnd(4, 5)], None),
