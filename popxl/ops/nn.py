@@ -806,6 +806,18 @@ def _bilinear_weights(pos: np.ndarray, size: int):
     return lo, hi, (1.0 - frac) * inside, frac * inside
 
 
+def _roi_samples(roi: np.ndarray, output_size, spatial_scale: float, sampling_ratio: int):
+    """Sample positions of one box: ys (ph, gh) and xs (pw, gw), gh/gw samples per bin and side."""
+    ph, pw = output_size
+    x1, y1, x2, y2 = (float(v) * spatial_scale for v in roi.astype(np.float64))
+    rh, rw = max(y2 - y1, 1.0), max(x2 - x1, 1.0)
+    gh = sampling_ratio or int(math.ceil(rh / ph))
+    gw = sampling_ratio or int(math.ceil(rw / pw))
+    ys = y1 + (np.arange(ph)[:, None] + (np.arange(gh)[None, :] + 0.5) / gh) * (rh / ph)
+    xs = x1 + (np.arange(pw)[:, None] + (np.arange(gw)[None, :] + 0.5) / gw) * (rw / pw)
+    return ys, xs, gh, gw
+
+
 def _roi_align_kernel(x, rois, batch_index, output_size, spatial_scale, sampling_ratio):
     w = _wide(x.dtype)
     xf = x.astype(w)
@@ -813,13 +825,7 @@ def _roi_align_kernel(x, rois, batch_index, output_size, spatial_scale, sampling
     ph, pw = output_size
     out = np.zeros((rois.shape[0], c, ph, pw), w)
     for r in range(rois.shape[0]):
-        x1, y1, x2, y2 = (float(v) * spatial_scale for v in rois[r].astype(np.float64))
-        rh, rw = max(y2 - y1, 1.0), max(x2 - x1, 1.0)
-        bh, bw = rh / ph, rw / pw
-        gh = sampling_ratio or int(math.ceil(rh / ph))
-        gw = sampling_ratio or int(math.ceil(rw / pw))
-        ys = y1 + (np.arange(ph)[:, None] + (np.arange(gh)[None, :] + 0.5) / gh) * bh  # (ph, gh)
-        xs = x1 + (np.arange(pw)[:, None] + (np.arange(gw)[None, :] + 0.5) / gw) * bw  # (pw, gw)
+        ys, xs, gh, gw = _roi_samples(rois[r], output_size, spatial_scale, sampling_ratio)
         ylo, yhi, wyl, wyh = _bilinear_weights(ys.reshape(-1), height)
         xlo, xhi, wxl, wxh = _bilinear_weights(xs.reshape(-1), width)
         img = xf[int(batch_index[r])]
@@ -1104,7 +1110,34 @@ def _pool_grad(ctx):
     return [create_op(ctx.op.type + "_grad", [ctx.input(0), ctx.grad(0)], ctx.attrs)[0]]
 
 
+def _bin_matrix(pos: np.ndarray, size: int) -> np.ndarray:
+    """(bins, size): row b averages the bilinear samples pos[b, :] of a line of ``size`` pixels."""
+    bins, per_bin = pos.shape
+    lo, hi, w_lo, w_hi = _bilinear_weights(pos.reshape(-1), size)
+    rows = np.repeat(np.arange(bins), per_bin)
+    m = np.zeros((bins, size))
+    np.add.at(m, (rows, lo), w_lo / per_bin)
+    np.add.at(m, (rows, hi), w_hi / per_bin)
+    return m
+
+
+def _roi_align_grad_kernel(x, rois, batch_index, g, output_size, spatial_scale, sampling_ratio):
+    """Each box's output is A_y @ image @ A_x^T per channel (bilinear sampling and bin averaging
+    are separable), so the image gradient adds A_y^T @ g @ A_x to that box's image."""
+    _, _, height, width = x.shape
+    dx = np.zeros(x.shape, np.float64)
+    for r in range(rois.shape[0]):
+        ys, xs, _, _ = _roi_samples(rois[r], output_size, spatial_scale, sampling_ratio)
+        ay, ax = _bin_matrix(ys, height), _bin_matrix(xs, width)
+        dx[int(batch_index[r])] += np.einsum("ph,cpq,qw->chw", ay, g[r].astype(np.float64), ax)
+    return dx.astype(x.dtype)
+
+
+register(OpDef("roi_align_grad", lambda specs, **_: [specs[0]], _roi_align_grad_kernel, grad=Grad.RAISE,
+               family="nn"))
+
+
 @grad_rule("roi_align")
-def _roi_align_grad(ctx):
-    raise NotImplementedError(f"autodiff: the gradient of roi_align is not implemented yet "
-                              f"(created at {ctx.op.location})")
+def _roi_align_grad(ctx):  # the boxes and indices get no gradient
+    return [create_op("roi_align_grad", [ctx.input(0), ctx.input(1), ctx.input(2), ctx.grad(0)], ctx.attrs)[0],
+            None, None]
