@@ -1023,13 +1023,29 @@ def _scatter_grad(ctx):
 
 @grad_rule("scatter_reduce")
 def _scatter_reduce_grad(ctx):
-    a = ctx.attrs
-    if a["reduction"] != "sum":
-        raise NotImplementedError(f"autodiff: the gradient of scatter_reduce with reduction {a['reduction']!r} is "
-                                  f"not implemented (only 'sum' is) (created at {ctx.op.location})")
-    g, data = ctx.grad(0), ctx.op.inputs[0]
-    picked = create_op("gather_elements", [g, ctx.input(1)], {"axis": a["axis"], "data_shape": tuple(data.shape)})[0]
-    return [picked, None] + ([g] if len(ctx.op.inputs) > 2 else [])
+    """sum: each element gets its place's gradient, the initial values get all of it. max/min:
+    the gradient goes to every element (and initial value) equal to its place's result. none:
+    every writer gets its place's gradient and the initial values keep it where nothing wrote."""
+    from popxl.ops.elementwise import cast, equal
+    from popxl.ops.misc import init
+    a, g = ctx.attrs, ctx.grad(0)
+    data, idx = ctx.op.inputs[0], ctx.input(1)
+    has_init = len(ctx.op.inputs) > 2
+
+    def at_places(t: Tensor) -> Tensor:  # t (output-shaped) read at each element's place
+        return create_op("gather_elements", [t, idx], {"axis": a["axis"], "data_shape": tuple(data.shape)})[0]
+
+    d_data, d_init = at_places(g), g
+    if a["reduction"] in ("max", "min"):
+        out = ctx.output(0)
+        d_data = d_data * cast(equal(ctx.input(0), at_places(out)), data.dtype)
+        d_init = g * cast(equal(ctx.input(2), out), data.dtype) if has_init else None
+    elif a["reduction"] == "none" and has_init:
+        ones = init(data.shape, data.dtype, name="ones") + 1.0
+        attrs = {**a, "reduction": "max"}
+        hit = create_op("scatter_reduce", [ones, idx, init(g.shape, g.dtype, name="zeros")], attrs)[0]
+        d_init = g * (1.0 - hit)
+    return [d_data if ctx.needs(0) else None, None] + ([d_init if ctx.needs(2) else None] if has_init else [])
 
 
 def _grouped_gather_grad_kernel(g, idx, axis, size, group_size):
