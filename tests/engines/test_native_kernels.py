@@ -657,6 +657,7 @@ def test_scatter_reduce(case, reduction, dtype):
 
 @pytest.mark.parametrize("scale", [0, 3, -5])
 @pytest.mark.parametrize("fmt", [popxl.float8_143, popxl.float8_152])
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # beyond-range inputs are the point
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_pow2scale_fp8_casts_are_bit_identical(dtype, fmt, scale):
     limit = 240.0 if fmt is popxl.float8_143 else 57344.0
