@@ -351,7 +351,8 @@ const RegisterKernel onehot_op{{"onehot"}, [](const OpInstr& ins, const std::vec
 const RegisterKernel init_op{{"init"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   auto y = std::make_shared<Packed>(bufs[ins.outputs[0]]);
   return std::make_unique<FnKernel>([y](uint8_t* a) {
-    std::memset(y->write(a), 0, y->buf.nbytes());  // "undef" is zeros too, as in the reference
+    // "undef" is zeros too, as in the reference; a size-0 tensor has no storage (null pointer).
+    if (y->buf.nbytes()) std::memset(y->write(a), 0, y->buf.nbytes());
     y->commit(a);
   });
 }};
