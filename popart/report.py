@@ -1,65 +1,35 @@
 """Profiling reports: what ``Session.getReport()`` returns.
 
-HOW THE NUMBERS ARE MEASURED (read this before comparing them with anything): the native engine
-has no per-instruction timers, so when profiling is enabled (``engineOptions={"autoReport.all":
-"true"}``) the session runs its program on the NumPy reference engine, timing every op
-instruction in Python, once per replica ("IPU"). The times are therefore real measurements of
-the program actually run, but of the reference kernels, not of the native ones the session uses
-when profiling is off. Memory figures are exact: they come from the static memory plan of the
-compiled program (one arena per replica, every tensor at a fixed place).
+HOW THE NUMBERS ARE MEASURED: with profiling enabled (``engineOptions={"autoReport.all":
+"true"}``) the session's engine times every op instruction as it runs, once per replica ("IPU"):
+the native engine with C++ steady-clock timers around each kernel (an op that falls back to a
+NumPy kernel is timed there too, callback included), the reference engine (``POPXL_ENGINE=
+reference``) in Python. A collective serves all replicas in one call; its time is shared out
+evenly. Memory figures are exact: they come from the static memory plan of the compiled program
+(one arena per replica, every tensor at a fixed place).
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from popxl import dtypes
 from popxl.compiler.executable import Executable
-from popxl.engines.reference import ReferenceEngine
 
-__all__ = ["TimedEngine", "Report", "OpProfile", "IpuMemory", "MEASUREMENT_NOTE"]
+__all__ = ["Report", "OpProfile", "IpuMemory", "measurement_note"]
 
-MEASUREMENT_NOTE = ("op times measured in Python on the NumPy reference engine (the native engine has no "
-                    "per-op timers); memory from the compiled program's static plan")
+OpTimes = Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]  # what an engine's op_profile() returns
+
+
+def measurement_note(engine_name: str) -> str:
+    return (f"op times measured by the {engine_name} engine around each op instruction, per replica; "
+            "memory from the compiled program's static plan")
 
 
 def _buffer_bytes(exe: Executable, index: int) -> int:
     b = exe.buffers[index]
     return int(np.prod(b["shape"], dtype=np.int64)) * dtypes.ml_dtype(dtypes.dtype.from_name(b["dtype"])).itemsize
-
-
-class TimedEngine(ReferenceEngine):
-    """The reference engine, timing each op instruction per replica (``times[(graph, k)][replica]``)."""
-
-    def __init__(self, exe: Executable) -> None:
-        super().__init__(exe)
-        self.where: Dict[int, Tuple[int, int]] = {}
-        for gi, g in enumerate(exe.graphs):
-            for k, instr in enumerate(g["program"]):
-                if instr["kind"] == "op":
-                    self.where[id(instr)] = (gi, k)
-        self.reset()
-
-    def reset(self) -> None:
-        self.seconds: Dict[Tuple[int, int], np.ndarray] = {}
-        self.calls: Dict[Tuple[int, int], np.ndarray] = {}
-
-    def _op(self, instr: Dict[str, Any], reps: List[int]) -> None:
-        key = self.where[id(instr)]
-        if key not in self.seconds:
-            self.seconds[key] = np.zeros(self.replicas)
-            self.calls[key] = np.zeros(self.replicas, np.int64)
-        # Collective ops need every replica at once: their time is shared out evenly.
-        groups = [reps] if self._prepared[id(instr)][0].collective else [[r] for r in reps]
-        for group in groups:
-            start = time.perf_counter()
-            super()._op(instr, group)
-            spent = time.perf_counter() - start
-            for r in group:
-                self.seconds[key][r] += spent / len(group)
-                self.calls[key][r] += 1
 
 
 class OpProfile:
@@ -95,13 +65,14 @@ class Report:
     IPU; empty when execution profiling is off), ``runSeconds`` (wall-clock time of each run)."""
 
     def __init__(self, memory: List[IpuMemory], ops: List[OpProfile], runSeconds: List[float],
-                 profiling: bool, executionSteps: Optional[List[str]] = None) -> None:
+                 measuredBy: Optional[str], executionSteps: Optional[List[str]] = None) -> None:
         self.memory = memory
         self.executionSteps = list(executionSteps or [])
         self.ops = ops
         self.runSeconds = list(runSeconds)
-        self.executionProfiled = profiling
-        self.header = MEASUREMENT_NOTE if profiling else "execution profiling not enabled; memory only"
+        self.executionProfiled = measuredBy is not None
+        self.measuredBy = measuredBy  # the engine that timed the ops ("native" / "reference")
+        self.header = measurement_note(measuredBy) if measuredBy else "execution profiling not enabled; memory only"
 
     def opsByTime(self) -> List[OpProfile]:
         return sorted(self.ops, key=lambda o: -o.seconds)
@@ -151,21 +122,21 @@ def execution_steps(exe: Executable) -> List[str]:
     return lines
 
 
-def build_report(exe: Executable, engine: Optional[TimedEngine], runSeconds: Sequence[float],
-                 showExecutionSteps: bool = False) -> Report:
-    """The report of a compiled program and, if it ran on a ``TimedEngine``, of its execution."""
+def build_report(exe: Executable, op_times: Optional[OpTimes], runSeconds: Sequence[float],
+                 measuredBy: Optional[str] = None, showExecutionSteps: bool = False) -> Report:
+    """The report of a compiled program and, given an engine's ``op_profile()``, of its execution."""
     var_bufs = {v["buffer"] for v in exe.variables}
     const_bufs = {c["buffer"] for c in exe.constants}
     var_bytes = sum(_buffer_bytes(exe, b) for b in var_bufs)
     const_bytes = sum(_buffer_bytes(exe, b) for b in const_bufs)
     memory = [IpuMemory(r, exe.arena_bytes, var_bytes, const_bytes) for r in range(exe.replication_factor)]
     ops: List[OpProfile] = []
-    if engine is not None:
-        for (gi, k), secs in engine.seconds.items():
-            instr = exe.graphs[gi]["program"][k]
-            in_b = sum(_buffer_bytes(exe, b) for b in instr["inputs"])
-            out_b = sum(_buffer_bytes(exe, b) for b in instr["outputs"])
-            for r in range(exe.replication_factor):
-                ops.append(OpProfile(instr.get("name") or instr["type"], instr["type"], str(exe.graphs[gi]["id"]),
-                                     r, int(engine.calls[(gi, k)][r]), float(secs[r]), in_b, out_b))
-    return Report(memory, ops, runSeconds, engine is not None, execution_steps(exe) if showExecutionSteps else None)
+    for (gi, k), (secs, calls) in (op_times or {}).items():
+        instr = exe.graphs[gi]["program"][k]
+        in_b = sum(_buffer_bytes(exe, b) for b in instr["inputs"])
+        out_b = sum(_buffer_bytes(exe, b) for b in instr["outputs"])
+        for r in range(exe.replication_factor):
+            ops.append(OpProfile(instr.get("name") or instr["type"], instr["type"], str(exe.graphs[gi]["id"]),
+                                 r, int(calls[r]), float(secs[r]), in_b, out_b))
+    return Report(memory, ops, runSeconds, measuredBy if op_times is not None else None,
+                  execution_steps(exe) if showExecutionSteps else None)

@@ -33,7 +33,7 @@ from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_arr
 from popart.losses import GRAPHCORE_DOMAIN, Loss
 from popart.options import Patterns, SessionOptions
 from popart.rounding import StochasticRounder, seed_value
-from popart.report import MEASUREMENT_NOTE, Report, TimedEngine, build_report
+from popart.report import Report, build_report, measurement_note
 
 __all__ = ["InferenceSession"]
 
@@ -146,7 +146,6 @@ class InferenceSession:
         self._px: Optional[popxl.Session] = None
         self._host_outputs: Optional[Dict[Any, np.ndarray]] = None
         self._run_seconds: List[float] = []
-        self._timed: Optional[TimedEngine] = None
         logger.debug("InferenceSession %r: %d ONNX nodes, %d weights, inputs %s, anchors %s", name,
                      len(self._model.graph.node), len(self._variables), self.getInputTensorIds(), list(self._anchors))
 
@@ -354,11 +353,8 @@ class InferenceSession:
                 raise popart_internal_exception(f"prepareDevice: the program of session {self.name!r} could not "
                                                 f"be compiled: {type(e).__name__}: {e}") from e
             if self._profiling():
-                # popxl.Session has no engine parameter and the native engine has no per-op timers:
-                # a profiled session runs on the timed reference engine (see popart.report).
-                self._timed = TimedEngine(self._px._exe)
-                self._px._engine = self._timed
-                logger.info("profiling enabled: running on the timed reference engine (%s).", MEASUREMENT_NOTE)
+                self._engine().profiling = True
+                logger.info("profiling enabled: %s.", measurement_note(self._engine().name))
             self._host_outputs = self._px.create_host_outputs()
         if loadEngine:
             self.loadEngineAndConnectStreams()
@@ -644,18 +640,25 @@ class InferenceSession:
             lines.append(f"Execution: {len(times)} run(s)" + (
                 f", total {sum(times) * 1e3:.3f} ms, mean {np.mean(times) * 1e3:.3f} ms per run, "
                 f"{sum(times) * 1e3 / (len(times) * self.batchesPerStep):.3f} ms per batch." if times else "."))
-            if self._timed is not None and self._timed.seconds:
-                report = build_report(self._px._exe, self._timed, times)
-                lines.append(f"Per-op times ({MEASUREMENT_NOTE}); slowest ops:")
+            op_times = self._op_times()
+            if op_times:
+                report = build_report(self._px._exe, op_times, times, self._engine().name)
+                lines.append(f"Per-op times ({report.header}); slowest ops:")
                 lines += [f"  {o!r}" for o in report.opsByTime()[:10]]
             if resetProfile:
                 self._reset_profile()
         return "\n".join(lines)
 
+    def _engine(self):
+        return self._px._engine  # the popxl Session's engine: native unless POPXL_ENGINE says otherwise
+
+    def _op_times(self):
+        return self._engine().op_profile() if self._px is not None and self._engine().profiling else None
+
     def _reset_profile(self) -> None:
         self._run_seconds = []
-        if self._timed is not None:
-            self._timed.reset()
+        if self._px is not None and self._engine().profiling:
+            self._engine().reset_profile()
 
     def _summary_lines(self) -> List[str]:
         return [f"Engine options: {self.engineOptions()}."]
@@ -675,7 +678,8 @@ class InferenceSession:
         if self._px is None:
             raise popart_exception("getReport: the session is not compiled; call prepareDevice() first.")
         steps = str(self.options.reportOptions.get("showExecutionSteps", "false")).lower() == "true"
-        report = build_report(self._px._exe, self._timed, self._run_seconds, showExecutionSteps=steps)
+        report = build_report(self._px._exe, self._op_times(), self._run_seconds, self._engine().name,
+                              showExecutionSteps=steps)
         if resetProfile:
             self._reset_profile()
         return report

@@ -1,5 +1,6 @@
 #include "engine.hpp"
 
+#include <chrono>
 #include <cstdlib>
 
 namespace popxl {
@@ -155,6 +156,35 @@ void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outpu
   exec(0, reps);
 }
 
+void Engine::set_profiling(bool on) {
+  profiling_ = on;
+  reset_profile();
+}
+
+void Engine::reset_profile() {
+  op_seconds.assign(kernels.size() * replicas, 0.0);
+  op_calls.assign(kernels.size() * replicas, 0);
+}
+
+void Engine::timed_op(int k, const std::vector<int>& reps) {
+  Kernel& kernel = *kernels[k];
+  auto timed = [&](const std::vector<int>& group) {
+    const auto start = std::chrono::steady_clock::now();
+    kernel.run_all(arena_ptrs_, group);
+    const double share = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+                         static_cast<double>(group.size());
+    for (int r : group) {
+      op_seconds[k * replicas + r] += share;
+      op_calls[k * replicas + r] += 1;
+    }
+  };
+  if (kernel.spans_replicas() || reps.size() == 1) {
+    timed(reps);
+    return;
+  }
+  for (int r : reps) timed({r});
+}
+
 void Engine::copies(const std::vector<CopyPair>& pairs, const std::vector<int>& reps) {
   for (int r : reps)
     for (auto& c : pairs)
@@ -187,7 +217,10 @@ void Engine::exec(int graph, const std::vector<int>& reps) {
   for (const Node& n : graphs[graph]) {
     switch (n.kind) {
       case Node::Op:
-        kernels[n.kernel]->run_all(arena_ptrs_, reps);
+        if (profiling_)
+          timed_op(n.kernel, reps);
+        else
+          kernels[n.kernel]->run_all(arena_ptrs_, reps);
         break;
       case Node::Copy:
         for (int r : reps) copy_buffer(arena_ptrs_[r], buffers[n.dst], arena_ptrs_[r], buffers[n.src]);

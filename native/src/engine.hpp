@@ -64,6 +64,9 @@ class Kernel {
   virtual void run_all(const std::vector<uint8_t*>& arenas, const std::vector<int>& replicas) {
     for (int r : replicas) run(arenas[r]);
   }
+  // True when one call serves all replicas together (collectives, Python fallbacks): profiling then
+  // shares the call's time out evenly instead of timing each replica on its own.
+  virtual bool spans_replicas() const { return false; }
 };
 
 using KernelFactory = std::function<std::unique_ptr<Kernel>(const OpInstr&, const std::vector<Buffer>&)>;
@@ -122,6 +125,14 @@ class Engine {
   struct Host { uint8_t* data; int64_t transfers; };
   void run(const std::vector<Host>& inputs, const std::vector<Host>& outputs);
 
+  // Per-op profiling (off by default: it costs two clock reads per op): seconds and calls of each
+  // kernel on each replica since the last reset, indexed [kernel * replicas + replica].
+  void set_profiling(bool on);
+  bool profiling() const { return profiling_; }
+  void reset_profile();
+  std::vector<double> op_seconds;
+  std::vector<int64_t> op_calls;
+
  private:
   struct Free { void operator()(uint8_t* p) const { std::free(p); } };
   std::vector<std::unique_ptr<uint8_t, Free>> arenas_;
@@ -131,6 +142,8 @@ class Engine {
   void exec(int graph, const std::vector<int>& reps);
   void copies(const std::vector<CopyPair>& pairs, const std::vector<int>& reps);
   void transfer(const Node& n, const std::vector<int>& reps, bool load);
+  void timed_op(int kernel, const std::vector<int>& reps);
+  bool profiling_ = false;
 };
 
 }  // namespace popxl

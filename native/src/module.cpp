@@ -1,6 +1,7 @@
 // popxl._native: load an Executable (as plain Python data) into the C++ engine and run it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -55,6 +56,7 @@ struct PyFallback : Kernel {
   int index;
   PyFallback(nb::object cb, int i) : callback(std::move(cb)), index(i) {}
   void run(uint8_t*) override { throw std::logic_error("PyFallback runs through run_all"); }
+  bool spans_replicas() const override { return true; }  // a reference collective needs every replica
   void run_all(const std::vector<uint8_t*>&, const std::vector<int>& replicas) override {
     nb::gil_scoped_acquire gil;
     callback(index, replicas);
@@ -203,6 +205,12 @@ NB_MODULE(_native, m) {
         for (auto& k : e.kernels) v.push_back(dynamic_cast<PyFallback*>(k.get()) == nullptr);
         return v;
       }, "For each op instruction: whether it runs natively.")
+      .def_prop_rw("profiling", &Engine::profiling, &Engine::set_profiling,
+                   "Time every op instruction per replica (setting it resets the profile).")
+      .def("reset_profile", &Engine::reset_profile)
+      .def("op_profile", [](Engine& e) { return std::make_pair(e.op_seconds, e.op_calls); },
+           "(seconds, calls) of each op instruction on each replica since the last reset, flat "
+           "[instruction * replicas + replica].")
       .def("run", [](Engine& e, std::vector<HostArray> inputs, std::vector<HostArray> outputs) {
         std::vector<Engine::Host> ins, outs;
         for (auto& a : inputs) ins.push_back({a.data(), static_cast<int64_t>(a.shape(0))});

@@ -9,6 +9,8 @@ Every engine offers the same small interface, used by the Session:
 - ``write_variable(index, replica, array)`` / ``read_variable(index, replica) -> array``.
 - ``run(inputs, outputs)``: run the main program once. ``inputs[i]`` / ``outputs[i]`` are the
   host buffers of ``executable.h2d[i]`` / ``d2h[i]``, shaped ``(num_host_transfers, replicas, *shape)``.
+- ``profiling`` (settable; setting resets), ``reset_profile()``, ``op_profile()``: per-op timers,
+  ``{(graph, instruction): (seconds per replica, calls per replica)}`` for the ops that ran.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ lists which ops took that path.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import weakref
 
@@ -19,11 +19,13 @@ from popxl.engines.reference import ReferenceEngine
 
 
 class NativeEngine(ReferenceEngine):
+    name = "native"
+
     def __init__(self, exe: Executable, force_fallback: Sequence[str] = ()) -> None:
         super().__init__(exe)  # prepares the reference kernels used as fallbacks
         from popxl import _native
 
-        self._op_instrs = [ins for g in exe.graphs for ins in g["program"] if ins["kind"] == "op"]
+        self._op_instrs = [exe.graphs[gi]["program"][k] for gi, k in self.op_positions]  # kernel order
         # The C++ engine holds the callback; a weak reference avoids an uncollectable cycle through it.
         me = weakref.ref(self)
         fallback = lambda index, replicas: me()._fallback(index, replicas)  # noqa: E731
@@ -33,6 +35,24 @@ class NativeEngine(ReferenceEngine):
 
     def _fallback(self, index: int, replicas: List[int]) -> None:
         self._op(self._op_instrs[index], list(replicas))
+
+    # profiling: the C++ engine's own per-op timers (a fallback op is timed there too, callback included)
+    @property
+    def profiling(self) -> bool:
+        return self._engine.profiling
+
+    @profiling.setter
+    def profiling(self, on: bool) -> None:
+        self._engine.profiling = bool(on)
+
+    def reset_profile(self) -> None:
+        self._engine.reset_profile()
+
+    def op_profile(self) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]:
+        seconds, calls = self._engine.op_profile()
+        seconds = np.asarray(seconds).reshape(-1, self.replicas)
+        calls = np.asarray(calls, np.int64).reshape(-1, self.replicas)
+        return {pos: (seconds[i], calls[i]) for i, pos in enumerate(self.op_positions) if calls[i].any()}
 
     @property
     def attached(self) -> bool:

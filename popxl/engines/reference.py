@@ -6,7 +6,8 @@ Replicas run in lockstep, instruction by instruction; collectives see all replic
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+import time
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -16,6 +17,8 @@ from popxl.op import REGISTRY
 
 
 class ReferenceEngine:
+    name = "reference"
+
     def __init__(self, exe: Executable) -> None:
         self.exe = exe
         self.replicas = exe.replication_factor
@@ -24,8 +27,15 @@ class ReferenceEngine:
         self._prepared: Dict[int, tuple] = {}
         for g in exe.graphs:
             self._prepare(g["program"])
+        # (graph, instruction) of every op instruction, in program order: the kernel numbering
+        # the native engine uses too, and the keys of ``op_profile``.
+        self.op_positions: List[Tuple[int, int]] = [(gi, k) for gi, g in enumerate(exe.graphs)
+                                                    for k, ins in enumerate(g["program"]) if ins["kind"] == "op"]
+        self._position_of = {id(exe.graphs[gi]["program"][k]): i for i, (gi, k) in enumerate(self.op_positions)}
         self._arenas: List[np.ndarray] = []
         self._views: List[List[np.ndarray]] = []
+        self._profiling = False
+        ReferenceEngine.reset_profile(self)  # this class's timers (a subclass may keep its own)
 
     def _prepare(self, program: Sequence[Dict]) -> None:
         for instr in program:
@@ -78,11 +88,42 @@ class ReferenceEngine:
                 if src != dst:
                     v[dst][...] = v[src]
 
+    # profiling ------------------------------------------------------------------------------------
+    @property
+    def profiling(self) -> bool:
+        """Whether every op instruction is timed, per replica; setting it resets the profile."""
+        return self._profiling
+
+    @profiling.setter
+    def profiling(self, on: bool) -> None:
+        self._profiling = bool(on)
+        self.reset_profile()
+
+    def reset_profile(self) -> None:
+        self._seconds = np.zeros((len(self.op_positions), self.replicas))
+        self._calls = np.zeros((len(self.op_positions), self.replicas), np.int64)
+
+    def op_profile(self) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]:
+        """``{(graph, instruction): (seconds per replica, calls per replica)}`` of the op
+        instructions that ran since the last reset."""
+        return {pos: (self._seconds[i], self._calls[i]) for i, pos in enumerate(self.op_positions)
+                if self._calls[i].any()}
+
+    def _timed_op(self, instr: Dict[str, Any], reps: List[int]) -> None:
+        i = self._position_of[id(instr)]
+        # A collective needs every replica at once: its time is shared out evenly.
+        groups = [reps] if self._prepared[id(instr)][0].collective else [[r] for r in reps]
+        for group in groups:
+            start = time.perf_counter()
+            self._op(instr, group)
+            self._seconds[i, group] += (time.perf_counter() - start) / len(group)
+            self._calls[i, group] += 1
+
     def _exec(self, graph: int, reps: List[int]) -> None:
         for instr in self.exe.graphs[graph]["program"]:
             kind = instr["kind"]
             if kind == "op":
-                self._op(instr, reps)
+                (self._timed_op if self._profiling else self._op)(instr, reps)
             elif kind == "copy":
                 self._copy([(instr["src"], instr["dst"])], reps)
             elif kind == "call":

@@ -436,7 +436,9 @@ def test_errors_unknown_option_bad_loss_and_mismatched_ids():
 
 
 # reports ----------------------------------------------------------------------------------------------
-def test_get_report_per_op_time_and_memory_per_ipu():
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_get_report_per_op_time_and_memory_per_ipu(engine, monkeypatch):
+    monkeypatch.setenv("POPXL_ENGINE", engine)
     b, ids = linear_model()
     opts = popart.SessionOptions()
     opts.engineOptions = {"autoReport.all": "true"}
@@ -451,7 +453,7 @@ def test_get_report_per_op_time_and_memory_per_ipu():
     summary = s.getSummaryReport(resetProfile=False)
     assert "Training: loss" in summary and "Per-op times" in summary
     report = s.getReport()
-    assert "reference engine" in report.header
+    assert report.measuredBy == engine and f"by the {engine} engine" in report.header
     assert [m.ipu for m in report.memory] == [0, 1]
     assert report.memory[0].variableBytes >= (FEAT * CLASSES + CLASSES) * 4
     matmuls = [o for o in report.ops if o.type == "matmul"]
@@ -459,6 +461,8 @@ def test_get_report_per_op_time_and_memory_per_ipu():
     fwd = [o for o in matmuls if o.outputBytes == BATCH * CLASSES * 4]
     assert fwd and all(o.calls == 3 and o.seconds > 0 for o in fwd)  # once per step on each IPU
     assert report.totalOpSeconds(0) > 0 and len(report.runSeconds) == 1
+    # The timers sit inside the run: all ops of both IPUs together took less than the run did.
+    assert report.totalOpSeconds() < report.runSeconds[0]
     assert "matmul" in str(report)
     steps = report.executionSteps
     assert steps[0].startswith("repeat popart_step") and any(line.strip().startswith("host_load") for line in steps)

@@ -89,6 +89,7 @@ void reduce_members(RedOp op, const std::vector<const T*>& x, T* out, int64_t n)
 struct Collective : Kernel {
   std::vector<int64_t> assignment;
   void run(uint8_t*) override { throw std::logic_error("collectives run through run_all"); }
+  bool spans_replicas() const override { return true; }
   void run_all(const std::vector<uint8_t*>& arenas, const std::vector<int>& replicas) override {
     std::map<int64_t, std::vector<int>> groups;
     for (int r : replicas) groups[assignment.at(r)].push_back(r);
