@@ -267,20 +267,26 @@ class WeightDecayMode(Enum):
 
 
 class Adam(Optimizer):
-    """Adam: ``Adam({"defaultLearningRate": (1e-3, False), "defaultBeta1": ..., "defaultBeta2": ...,
-    "defaultEps": ..., "defaultWeightDecay": ..., "lossScaling": ...}, mode=AdamMode.Adam,
-    weight_decay_mode=WeightDecayMode.Decay)``. Modes Adam and AdamNoBias are supported."""
+    """Adam and its relatives: ``Adam({"defaultLearningRate": (1e-3, False), "defaultBeta1": ...,
+    "defaultBeta2": ..., "defaultEps": ..., "defaultWeightDecay": ..., "lossScaling": ...,
+    "maxWeightNorm": ...}, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay)``.
+
+    Modes: ``Adam`` / ``AdamNoBias`` (with / without bias correction); ``AdaMax`` (the second
+    moment is the decayed infinity norm ``u = max(b2*u, |g|)``, bias correction of the first
+    moment only); ``Lamb`` / ``LambNoBias`` (the Adam term scaled per weight by the trust ratio
+    ``min(||w||, maxWeightNorm) / ||term||``; ``maxWeightNorm`` defaults to float32's maximum, no clipping)."""
 
     _PARAMS = {"lr": ("defaultLearningRate", 0.01, False), "wd": ("defaultWeightDecay", 0.0, True),
                "b1": ("defaultBeta1", 0.9, True), "b2": ("defaultBeta2", 0.999, True),
-               "eps": ("defaultEps", 1e-6, True), "ls": ("lossScaling", 1.0, True)}
+               "eps": ("defaultEps", 1e-6, True), "ls": ("lossScaling", 1.0, True),
+               "mwn": ("maxWeightNorm", float(np.finfo(np.float32).max), True)}
+    _BIAS_CORRECTED = (AdamMode.Adam, AdamMode.AdaMax, AdamMode.Lamb)
 
     def __init__(self, params: Optional[Mapping[str, ValueLike]] = None, mode: AdamMode = AdamMode.Adam,
                  weight_decay_mode: WeightDecayMode = WeightDecayMode.Decay, **kwargs: Any) -> None:
         super().__init__(dict(params or {}), "Adam")
-        if mode not in (AdamMode.Adam, AdamMode.AdamNoBias):
-            raise popart_exception(f"Adam: mode {mode} is not supported on the CPU; use AdamMode.Adam or "
-                                   f"AdamMode.AdamNoBias.")
+        if not isinstance(mode, AdamMode):
+            raise popart_exception(f"Adam: mode must be a popart.AdamMode, not {mode!r}.")
         self.mode = mode
         self.weight_decay_mode = weight_decay_mode
         if kwargs:
@@ -291,23 +297,34 @@ class Adam(Optimizer):
             raise popart_exception("updateOptimizerFromHost: the Adam mode and weight decay mode cannot change.")
 
     def state(self, weight: np.ndarray, weightId: Optional[str] = None) -> List[Tuple[str, np.ndarray]]:
-        # Each weight counts its own steps: adam_updater increments the counter it is given.
-        step = [("step", np.zeros((), np.float32))] if self.mode is AdamMode.Adam else []
+        # Each weight counts its own steps: the updater increments the counter it is given.
+        step = [("step", np.zeros((), np.float32))] if self.mode in self._BIAS_CORRECTED else []
         return [("accl1", np.zeros(weight.shape, np.float32)), ("accl2", np.zeros(weight.shape, np.float32))] + step
 
     def update(self, w: popxl.Tensor, g: popxl.Tensor, hyper: Callable[[str], Union[float, popxl.Tensor]],
                state: List[popxl.Tensor], weightId: Optional[str] = None) -> None:
         m, v = state[:2]
+        step = state[2] if len(state) > 2 else None
         wd_present = not _is_zero(self.value("wd", weightId))
         g32 = ops.cast(g, popxl.float32) if g.dtype is not popxl.float32 else g
         w32 = ops.cast(w, popxl.float32) if w.dtype is not popxl.float32 else w
         l2 = self.weight_decay_mode is WeightDecayMode.L2Regularization
         g32 = _decayed(g32, w32, hyper("wd"), wd_present and l2)
         ops.var_updates.accumulate_moving_average_(m, g32, hyper("b1"))
-        ops.var_updates.accumulate_moving_average_square_(v, g32, hyper("b2"))
         decoupled = wd_present and not l2
-        term = ops.var_updates.adam_updater(
-            m, v, weight=w32 if decoupled else None, time_step=state[2] if len(state) > 2 else None,
-            weight_decay=hyper("wd") if decoupled else None, beta1=hyper("b1"), beta2=hyper("b2"),
-            epsilon=hyper("eps"))
+        decay = dict(weight=w32 if decoupled else None, weight_decay=hyper("wd") if decoupled else None)
+        if self.mode is AdamMode.AdaMax:
+            ops.var_updates.copy_var_update_(v, ops.maximum(_scaled(v, hyper("b2")), ops.abs(g32)))
+            term = ops.var_updates.adamax_updater(m, v, time_step=step, beta1=hyper("b1"), epsilon=hyper("eps"),
+                                                  **decay)
+        else:
+            ops.var_updates.accumulate_moving_average_square_(v, g32, hyper("b2"))
+            lamb = self.mode in (AdamMode.Lamb, AdamMode.LambNoBias)
+            updater = ops.var_updates.lamb_updater if lamb else ops.var_updates.adam_updater
+            term = updater(m, v, time_step=step, beta1=hyper("b1"), beta2=hyper("b2"), epsilon=hyper("eps"), **decay)
+            if lamb:  # the trust ratio, from the squared norms of the weight and of the term
+                ops.var_updates.adam_var_update(w, term, ops.lamb_square(w32),
+                                                ops.lamb_square(term), learning_rate=hyper("lr"),
+                                                max_weight_norm=hyper("mwn"))
+                return
         ops.scaled_add_(w, ops.cast(term, w.dtype) if term.dtype is not w.dtype else term, b=_neg(hyper("lr")))

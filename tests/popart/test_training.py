@@ -204,28 +204,47 @@ def test_sgd_momentum_weight_decay_dampening_loss_scaling_match_numpy():
         s.updateOptimizerFromHost(popart.Adam({}))
 
 
-def test_adam_matches_numpy():
+@pytest.mark.parametrize("mode", list(popart.AdamMode))
+def test_adam_modes_match_numpy(mode):
     b, ids = linear_model()
     W, B = ids["W"], ids["b"]
-    lr, b1, b2, eps, wd = 0.05, 0.8, 0.95, 1e-6, 0.01
-    s = session(b, ids, popart.Adam({"defaultLearningRate": (lr, False), "defaultBeta1": (b1, True),
-                                     "defaultBeta2": (b2, True), "defaultEps": (eps, True),
-                                     "defaultWeightDecay": (wd, True)}))
+    lr, b1, b2, eps, wd, mwn = 0.05, 0.8, 0.95, 1e-6, 0.01, 0.5
+    params = {"defaultLearningRate": (lr, False), "defaultBeta1": (b1, True), "defaultBeta2": (b2, True),
+              "defaultEps": (eps, True), "defaultWeightDecay": (wd, True)}
+    if mode is popart.AdamMode.Lamb:  # clipping of the weight norm (W's norm is above 0.5, b's below)
+        params["maxWeightNorm"] = (mwn, True)
+    s = session(b, ids, popart.Adam(params, mode=mode))
     x, y = data(3)
     out = s.initAnchorArrays()
     w = weights(s, W, B)
     m = {n: np.zeros_like(w[n]) for n in w}
     v = {n: np.zeros_like(w[n]) for n in w}
+    bias = mode in (popart.AdamMode.Adam, popart.AdamMode.AdaMax, popart.AdamMode.Lamb)
     for k in range(3):
         s.run(popart.PyStepIO({ids["x"]: x[k], ids["labels"]: y[k]}, out))
         _, gW, gb = numpy_grads(w[W], w[B], x[k], y[k])
         for n, g in ((W, gW), (B, gb)):
+            t = k + 1
             m[n] = b1 * m[n] + (1 - b1) * g
-            v[n] = b2 * v[n] + (1 - b2) * g * g
-            mh, vh = m[n] / (1 - b1 ** (k + 1)), v[n] / (1 - b2 ** (k + 1))
-            w[n] = w[n] - lr * (mh / (np.sqrt(vh) + eps) + wd * w[n])
+            mh = m[n] / (1 - b1 ** t) if bias else m[n]
+            if mode is popart.AdamMode.AdaMax:
+                v[n] = np.maximum(b2 * v[n], np.abs(g))
+                term = mh / (v[n] + eps) + wd * w[n]
+            else:
+                v[n] = b2 * v[n] + (1 - b2) * g * g
+                vh = v[n] / (1 - b2 ** t) if bias else v[n]
+                term = mh / (np.sqrt(vh) + eps) + wd * w[n]
+            ratio = 1.0
+            if mode in (popart.AdamMode.Lamb, popart.AdamMode.LambNoBias):
+                wnorm = np.linalg.norm(w[n])
+                if mode is popart.AdamMode.Lamb:
+                    wnorm = min(wnorm, mwn)
+                # a zero weight (the bias at the start) takes the plain Adam step
+                ratio = wnorm / np.linalg.norm(term) if wnorm > 0 else 1.0
+            w[n] = w[n] - lr * ratio * term
         got = weights(s, W, B)
         np.testing.assert_allclose(got[W], w[W], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got[B], w[B], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["accumulation", "replication"])
