@@ -6,12 +6,11 @@ from the matching Python built-in where one fits, so ``except ValueError`` works
 """
 from __future__ import annotations
 
-import datetime
 import logging
-import os
-import sys
 from enum import Enum
 from typing import Optional
+
+from popxl.logs import LEVELS, ROOT, TRACE, get_logger
 
 __all__ = ["popart_exception", "popart_internal_exception", "popart_runtime_error", "poplibs_exception",
            "poplar_exception", "poplar_runtime_error", "poplar_application_runtime_error",
@@ -85,43 +84,9 @@ class StepIOError(popart_exception, ValueError):
 
 
 # logging ----------------------------------------------------------------------------------------------
-_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
-           "ERR": logging.ERROR, "CRITICAL": logging.CRITICAL, "OFF": logging.CRITICAL + 10}
+# The loggers themselves are configured in popxl.logs (popxl logs through them too).
 _MODULES = ("popart", "session", "ir", "devicex", "transform", "pattern", "builder", "op", "opx", "ces",
-            "python", "none")
-TRACE = _LEVELS["TRACE"]
-logging.addLevelName(TRACE, "TRACE")
-_root = logging.getLogger("popart")
-_root.propagate = False  # PopART writes its own log lines, not through the application's handlers
-
-
-class _Formatter(logging.Formatter):
-    """PopART's line format: ``<timestamp> <namespace> <pid>.<tid> <level initial>: <message>``,
-    e.g. ``2022-05-18T12:39:14.459868Z popart:session 90915.90915 T: Session::weightsToHost``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        stamp = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
-        namespace = record.name.replace(".", ":")
-        return (f"{stamp.strftime('%Y-%m-%dT%H:%M:%S.%f')}Z {namespace} {record.process}.{record.thread} "
-                f"{record.levelname[0]}: {record.getMessage()}")
-
-
-def _configure_from_environment() -> None:
-    """POPART_LOG_LEVEL (default OFF) and POPART_LOG_DEST (stdout, stderr (default) or a file path)."""
-    level = os.environ.get("POPART_LOG_LEVEL", "OFF").upper()
-    _root.setLevel(_LEVELS.get(level, _LEVELS["OFF"]))
-    dest = os.environ.get("POPART_LOG_DEST", "stderr")
-    if dest.lower() == "stdout":
-        handler: logging.Handler = logging.StreamHandler(sys.stdout)
-    elif dest.lower() == "stderr":
-        handler = logging.StreamHandler(sys.stderr)
-    else:
-        handler = logging.FileHandler(dest)
-    handler.setFormatter(_Formatter())
-    _root.addHandler(handler)
-
-
-_configure_from_environment()
+            "python", "none", "popxl")
 
 
 class Logger:
@@ -130,22 +95,22 @@ class Logger:
     def __init__(self, module: str) -> None:
         if module not in _MODULES:
             raise popart_exception(f"getLogger: unknown logging module {module!r}; known modules: {list(_MODULES)}.")
-        self._log = _root if module == "popart" else _root.getChild(module)
+        self._log = get_logger(module)
 
     def setLevel(self, level: str) -> None:
         """Set the level: TRACE, DEBUG, INFO, WARN, ERR, CRITICAL or OFF (case-insensitive).
         On ``popart`` (the default logger) it sets every module's level."""
         key = str(level).upper()
-        if key not in _LEVELS:
-            raise popart_exception(f"Logger.setLevel: unknown level {level!r}; use one of {list(_LEVELS)}.")
-        self._log.setLevel(_LEVELS[key])
-        if self._log is _root:
+        if key not in LEVELS:
+            raise popart_exception(f"Logger.setLevel: unknown level {level!r}; use one of {list(LEVELS)}.")
+        self._log.setLevel(LEVELS[key])
+        if self._log is ROOT:
             for m in _MODULES[1:]:
-                _root.getChild(m).setLevel(logging.NOTSET)  # follow the root again
+                ROOT.getChild(m).setLevel(logging.NOTSET)  # follow the root again
 
     def getLevel(self) -> str:
         value = self._log.getEffectiveLevel()
-        return next(k for k, v in _LEVELS.items() if v == value) if value in _LEVELS.values() else str(value)
+        return next(k for k, v in LEVELS.items() if v == value) if value in LEVELS.values() else str(value)
 
 
 def getLogger(module: Optional[str] = "popart") -> Logger:

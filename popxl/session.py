@@ -1,7 +1,6 @@
 """`popxl.Session`: compiles an Ir, attaches to a device, runs it and syncs weights."""
 from __future__ import annotations
 
-import logging
 import os
 from typing import Dict, Iterable, List, Literal, Mapping, Optional, Union
 
@@ -11,6 +10,7 @@ from popxl import dtypes
 from popxl.compiler import lower
 from popxl.engines import create_engine
 from popxl.ir import Ir
+from popxl.logs import get_logger
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Variable
@@ -18,7 +18,7 @@ from popxl.utils import to_numpy
 
 __all__ = ["Session"]
 
-logger = logging.getLogger("popxl")
+logger = get_logger("popxl")
 
 IPU_HW_ENV = "POPXL_IPU_HW"
 _warned_ipu_hw = False

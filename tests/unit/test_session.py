@@ -51,11 +51,21 @@ def test_device_descs(monkeypatch, caplog):
     monkeypatch.setenv("POPXL_IPU_HW", "cpu")
     import popxl.session as sess_mod
     monkeypatch.setattr(sess_mod, "_warned_ipu_hw", False)
-    with caplog.at_level(logging.WARNING, logger="popxl"):
+    # popxl logs through PopART's loggers ("popart.popxl"), which do not propagate to the root
+    # logger: listen on popart's logger itself.
+    from popxl.logs import ROOT
+    caplog.handler.setLevel(logging.WARNING)
+    ROOT.addHandler(caplog.handler)
+    level = ROOT.level
+    ROOT.setLevel(logging.WARNING)
+    try:
         ir, x_s, y_s, _ = _stream_ir()
         s = popxl.Session(ir, "ipu_hw")
         popxl.Session(_stream_ir()[0], "ipu_hw")
-    assert sum("ipu_hw" in r.message for r in caplog.records) == 1
+    finally:
+        ROOT.removeHandler(caplog.handler)
+        ROOT.setLevel(level)
+    assert [r.name for r in caplog.records if "ipu_hw" in r.message] == ["popart.popxl"]
     with s:
         out = s.run({x_s: np.ones((2, 2), np.float32)})
     np.testing.assert_array_equal(out[y_s], np.ones((2, 2)))

@@ -1,0 +1,54 @@
+"""Logging for popxl and popart: PopART's loggers on Python's ``logging``.
+
+PopXL is built on PopART and logs through the same loggers, so one configuration controls both:
+every logger lives under ``popart`` (``popart.session``, ``popart.devicex``, ..., and
+``popart.popxl`` for this package), lines have PopART's format, and ``POPART_LOG_LEVEL`` (default
+OFF) / ``POPART_LOG_DEST`` (stdout, stderr (default) or a file path) set them up at import.
+Handlers added to these loggers work as usual; records do not propagate to the root logger.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+
+LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+          "ERR": logging.ERROR, "CRITICAL": logging.CRITICAL, "OFF": logging.CRITICAL + 10}
+TRACE = LEVELS["TRACE"]
+logging.addLevelName(TRACE, "TRACE")
+ROOT = logging.getLogger("popart")
+ROOT.propagate = False  # PopART writes its own log lines, not through the application's handlers
+
+
+def get_logger(module: str) -> logging.Logger:
+    """The Python logger of one module (``popart`` itself, or a child such as ``session``)."""
+    return ROOT if module == "popart" else ROOT.getChild(module)
+
+
+class _Formatter(logging.Formatter):
+    """PopART's line format: ``<timestamp> <namespace> <pid>.<tid> <level initial>: <message>``,
+    e.g. ``2022-05-18T12:39:14.459868Z popart:session 90915.90915 T: Session::weightsToHost``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        namespace = record.name.replace(".", ":")
+        return (f"{stamp.strftime('%Y-%m-%dT%H:%M:%S.%f')}Z {namespace} {record.process}.{record.thread} "
+                f"{record.levelname[0]}: {record.getMessage()}")
+
+
+def _configure_from_environment() -> None:
+    level = os.environ.get("POPART_LOG_LEVEL", "OFF").upper()
+    ROOT.setLevel(LEVELS.get(level, LEVELS["OFF"]))
+    dest = os.environ.get("POPART_LOG_DEST", "stderr")
+    if dest.lower() == "stdout":
+        handler: logging.Handler = logging.StreamHandler(sys.stdout)
+    elif dest.lower() == "stderr":
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        handler = logging.FileHandler(dest)
+    handler.setFormatter(_Formatter())
+    ROOT.addHandler(handler)
+
+
+_configure_from_environment()
