@@ -1,4 +1,4 @@
-"""PopART's Python error hierarchy and its logger.
+"""PopART's Python error hierarchy (defined in popxl.errors, which popxl raises too) and its logger.
 
 Every error this package raises on purpose is a ``popart_exception`` (or a subclass), so user code
 written against PopART's ``except popart.popart_exception`` keeps working. The classes also derive
@@ -7,9 +7,12 @@ from the matching Python built-in where one fits, so ``except ValueError`` works
 from __future__ import annotations
 
 import logging
-from enum import Enum
 from typing import Optional
 
+from popxl.errors import (RecoveryAction, popart_exception, popart_internal_exception, popart_runtime_error,
+                          poplar_application_runtime_error, poplar_exception, poplar_recoverable_runtime_error,
+                          poplar_runtime_error, poplar_system_runtime_error, poplar_unknown_runtime_error,
+                          poplar_unrecoverable_runtime_error, poplibs_exception)
 from popxl.logs import LEVELS, ROOT, TRACE, get_logger
 
 __all__ = ["popart_exception", "popart_internal_exception", "popart_runtime_error", "poplibs_exception",
@@ -17,62 +20,6 @@ __all__ = ["popart_exception", "popart_internal_exception", "popart_runtime_erro
            "poplar_system_runtime_error", "poplar_recoverable_runtime_error", "poplar_unrecoverable_runtime_error",
            "poplar_unknown_runtime_error", "RecoveryAction", "OnnxImportError", "StepIOError", "getLogger",
            "Logger"]
-
-
-class popart_exception(RuntimeError):
-    """A bug in user code or in the framework (PopART's application error)."""
-
-
-class popart_internal_exception(popart_exception):
-    """An inconsistency inside popart itself."""
-
-
-class popart_runtime_error(popart_exception):
-    """A failure while the program runs."""
-
-
-class poplibs_exception(popart_exception):
-    """Raised by the kernel library (kept for name compatibility)."""
-
-
-class poplar_exception(popart_exception):
-    """Raised by the backend (kept for name compatibility)."""
-
-
-class poplar_runtime_error(poplar_exception):
-    """A backend failure while the program runs."""
-
-
-class poplar_application_runtime_error(poplar_runtime_error):
-    """A backend failure caused by the program."""
-
-
-class poplar_system_runtime_error(poplar_runtime_error):
-    """A failure of the machine (never raised on a CPU, kept for name compatibility)."""
-
-
-class RecoveryAction(Enum):
-    """What to do after a ``poplar_recoverable_runtime_error``."""
-    IPU_RESET = "IPU_RESET"
-    LINK_RESET = "LINK_RESET"
-    PARTITION_RESET = "PARTITION_RESET"
-    POWER_CYCLE = "POWER_CYCLE"
-
-
-class poplar_recoverable_runtime_error(poplar_system_runtime_error):
-    """A system error that ``recoveryAction`` can recover from."""
-
-    def __init__(self, message: str, recoveryAction: RecoveryAction = RecoveryAction.IPU_RESET) -> None:
-        super().__init__(message)
-        self.recoveryAction = recoveryAction
-
-
-class poplar_unrecoverable_runtime_error(poplar_system_runtime_error):
-    """A system error with no recovery action."""
-
-
-class poplar_unknown_runtime_error(poplar_system_runtime_error):
-    """A system error that may or may not be recoverable."""
 
 
 class OnnxImportError(popart_exception, ValueError):

@@ -9,6 +9,7 @@ import numpy as np
 from popxl import dtypes
 from popxl.compiler import lower
 from popxl.engines import create_engine
+from popxl.errors import popart_exception
 from popxl.ir import Ir
 from popxl.logs import get_logger
 from popxl.remote_buffer import RemoteMemory
@@ -33,7 +34,7 @@ def _resolve_device(device_desc: str, ir: Ir) -> str:
         raise TypeError(f"Session: device_desc must be 'ipu_hw', 'ipu_model' or 'cpu', not {device_desc!r}.")
     if device_desc == "ipu_hw":
         if os.environ.get(IPU_HW_ENV, "").lower() != "cpu":
-            raise RuntimeError(
+            raise popart_exception(
                 "Session(device_desc='ipu_hw'): no IPU hardware is available on this machine. Use "
                 "device_desc='cpu' or 'ipu_model' to run on the CPU, or set the environment variable "
                 f"{IPU_HW_ENV}=cpu to run programs that ask for 'ipu_hw' on the CPU engine unchanged.")
@@ -69,10 +70,10 @@ class Session:
         if not isinstance(ir, Ir):
             raise TypeError(f"Session: expected a popxl.Ir, not {type(ir).__name__}.")
         if ir._frozen_by is not None:
-            raise RuntimeError(f"Session: {ir!r} already belongs to another Session ({ir._frozen_by}).")
+            raise popart_exception(f"Session: {ir!r} already belongs to another Session ({ir._frozen_by}).")
         self._device = _resolve_device(device_desc, ir)
         if not any(g._ops for g in ir._all_graphs()):
-            raise RuntimeError(f"Session: {ir!r} has no ops; there is nothing to run.")
+            raise popart_exception(f"Session: {ir!r} has no ops; there is nothing to run.")
         self.ir_ = ir
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._exe = lower(ir)
@@ -118,7 +119,7 @@ class Session:
             try:
                 self._engine.attach()
             except Exception as e:
-                raise RuntimeError(f"Session: could not attach to the {self._device!r} device: {e}") from e
+                raise popart_exception(f"Session: could not attach to the {self._device!r} device: {e}") from e
             self.weights_from_host()
         self._enter_stack.append(attach_here)
         return self

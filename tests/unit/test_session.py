@@ -43,8 +43,10 @@ def test_session_owns_the_ir():
 
 def test_device_descs(monkeypatch, caplog):
     monkeypatch.delenv("POPXL_IPU_HW", raising=False)
-    with pytest.raises(RuntimeError) as e:
+    import popart
+    with pytest.raises(popart.popart_exception) as e:  # PopART's error, as PopXL raises it
         popxl.Session(_stream_ir()[0], "ipu_hw")
+    assert popxl.errors.popart_exception is popart.popart_exception and isinstance(e.value, RuntimeError)
     assert "'cpu'" in str(e.value) and "'ipu_model'" in str(e.value) and "POPXL_IPU_HW=cpu" in str(e.value)
     with pytest.raises(ValueError, match="unknown device_desc"):
         popxl.Session(_stream_ir()[0], "gpu")
