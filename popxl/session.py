@@ -12,6 +12,7 @@ from popxl.engines import create_engine
 from popxl.errors import popart_exception
 from popxl.ir import Ir
 from popxl.logs import get_logger
+from popxl.progress import Progress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Variable
@@ -76,9 +77,12 @@ class Session:
             raise popart_exception(f"Session: {ir!r} has no ops; there is nothing to run.")
         self.ir_ = ir
         self.weights_to_host_on_exit = weights_to_host_on_exit
-        self._exe = lower(ir)
+        progress = Progress("popxl: compiling", 2 * len(list(ir._all_graphs())) + 1)
+        self._exe = lower(ir, progress.step)
         ir._frozen_by = f"Session on {device_desc!r}"
         self._engine = create_engine(self._exe)
+        progress.step("engine loaded")
+        progress.close()
         var_by_id = {t.id: t for t in ir.main_graph.variables}
         # On-chip variables come first in the executable's device state; remote buffer regions
         # and shard mirrors follow (handled by self._remote).

@@ -16,7 +16,7 @@
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -274,11 +274,16 @@ class _Lowering:
                                        for k, v in a.items()}})
         return prog
 
-    def run(self) -> Executable:
+    def run(self, progress: Optional[Callable[[str], None]] = None) -> Executable:
+        step = progress or (lambda label: None)
         self.place_permanent()
         for g in self.graphs:
             self.place_graph(g)
-        graphs = [{"id": g.id, "program": self.program(g)} for g in self.graphs]
+            step(f"memory plan: {g.id}")
+        graphs = []
+        for g in self.graphs:
+            graphs.append({"id": g.id, "program": self.program(g)})
+            step(f"program: {g.id}")
         constants, variables = [], []
         for g in self.graphs:
             for t in g._tensors.values():
@@ -307,9 +312,10 @@ class _Lowering:
                           replication_factor=self.ir.replication_factor)
 
 
-def lower(ir) -> Executable:
-    """Compile ``ir`` into an Executable (deterministic for a given IR)."""
-    return _Lowering(ir).run()
+def lower(ir, progress: Optional[Callable[[str], None]] = None) -> Executable:
+    """Compile ``ir`` into an Executable (deterministic for a given IR). ``progress(label)`` is
+    called after each step of the work: two per graph (its memory plan, its program)."""
+    return _Lowering(ir).run(progress)
 
 
 def stream_order(exe: Executable) -> Tuple[List[str], List[str]]:

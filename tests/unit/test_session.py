@@ -219,3 +219,17 @@ def test_read_only_input_arrays_are_accepted(engine_name):
     with session:
         res = session.run({s: data})
     np.testing.assert_array_equal(res[out], [3.0, -4.0])
+
+
+def test_compile_progress_bar_only_when_slow(capsys, monkeypatch):
+    import popxl.progress
+    popxl.Session(_stream_ir()[0], "cpu")  # a quick compile: silent
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(popxl.progress, "DELAY_SECONDS", 0.0)  # as if every step came late
+    popxl.Session(_stream_ir()[0], "cpu")
+    err = capsys.readouterr().err
+    frames = err.rstrip("\n").split("\r")[1:]
+    # two steps per graph (main + step), then the engine; the last frame is complete, then a newline
+    assert [f.split("]")[1].split("%")[0].strip() for f in frames] == ["20", "40", "60", "80", "100", "100"]
+    assert "program: " in err and "engine loaded" in err and frames[-1].startswith("popxl: compiling [" + "#" * 30)
+    assert err.endswith("\n")
