@@ -1,0 +1,80 @@
+"""Peak resident memory of a popxl training run against what it must hold (issue target: at most
+1.2x the device arena + the weights + the host stream buffers).
+
+    python benchmarks/memory.py              # 784-2048-2048-10 MLP, batch 256, 100 steps per run
+    python benchmarks/memory.py --quick      # a small model (smoke test)
+
+Runs in its own process. The baseline is taken after a small warm-up session, so the interpreter,
+NumPy, oneDNN's code and the OpenMP threads are already resident and not charged to the run; then
+the peak-RSS counter is reset (/proc/self/clear_refs) and the program is built, compiled, attached
+and run. Charged: the growth of the peak over the baseline. Budget: the arena (device memory:
+variables, activations, gradients), one host copy of the weights and the streamed inputs/outputs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks` as a package
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+
+
+def measure(sizes, batch: int) -> Dict[str, float]:
+    import popxl
+    from benchmarks.workloads import mlp
+    from benchmarks.workloads.training import build_popxl_program
+
+    warm = mlp.make_spec((8, 8, 2), 2)  # loads every library a run touches
+    ir = build_popxl_program(warm, mlp.popxl_forward, steps_per_run=mlp.STEPS)[0]
+    with popxl.Session(ir, "cpu") as s:
+        s.run({st: np.zeros((mlp.STEPS, *st.shape), st.dtype.as_numpy()) for st in ir.get_all_h2d_streams()})
+    del ir, s
+
+    spec = mlp.make_spec(sizes, batch)  # the user's data and initial weights: part of the budget below
+    _reset_peak()
+    base = _status_kib("VmRSS")
+    ir, x_stream, y_stream, _ = build_popxl_program(spec, mlp.popxl_forward, steps_per_run=mlp.STEPS)
+    with popxl.Session(ir, "cpu") as session:
+        session.run({x_stream: spec.inputs, y_stream: spec.labels})
+        arena = session._exe.arena_bytes
+    peak = _status_kib("VmHWM")
+    weights = sum(p.nbytes for p in spec.params)
+    host = spec.inputs.nbytes + spec.labels.nbytes + mlp.STEPS * 4  # + the per-step losses
+    budget = arena + weights + host
+    # The spec's arrays existed before the reset and stay resident: charge them too.
+    used = (peak - base) * 1024 + spec.inputs.nbytes + spec.labels.nbytes + weights
+    return {"arena": arena, "weights": weights, "host": host, "budget": budget, "used": used,
+            "ratio": used / budget}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    sizes, batch = ((784, 64, 10), 16) if args.quick else ((784, 2048, 2048, 10), 256)
+    r = measure(sizes, batch)
+    mib = 1 << 20
+    print(f"training MLP {'-'.join(map(str, sizes))}, batch {batch}, 100 steps per run")
+    print(f"| arena MiB | weights MiB | host buffers MiB | budget MiB | peak RSS growth MiB | ratio (target <= 1.2) |")
+    print("|---|---|---|---|---|---|")
+    print(f"| {r['arena'] / mib:.1f} | {r['weights'] / mib:.1f} | {r['host'] / mib:.1f} | {r['budget'] / mib:.1f} "
+          f"| {r['used'] / mib:.1f} | {r['ratio']:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
