@@ -34,8 +34,8 @@ inline std::vector<int64_t> broadcast_strides(const Buffer& b, const std::vector
 // Adjacent dimensions that are contiguous for every operand are merged first, and the outer
 // iterations are spread over OpenMP threads when there is enough work.
 template <size_t N, class F>
-void nd_loop(std::vector<int64_t> shape, std::array<std::vector<int64_t>, N> strides, std::array<uint8_t*, N> base,
-             F&& inner, bool parallel = true) {
+void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int64_t>, N>& strides,
+             std::array<uint8_t*, N> base, F&& inner, bool parallel = true) {
   // drop size-1 dims, then merge mergeable neighbours
   std::vector<int64_t> sh;
   std::array<std::vector<int64_t>, N> st;
@@ -64,8 +64,7 @@ void nd_loop(std::vector<int64_t> shape, std::array<std::vector<int64_t>, N> str
   std::array<int64_t, N> inner_st;
   for (size_t k = 0; k < N; ++k) inner_st[k] = st[k][rank - 1];
   const int64_t outer = total / n_inner;
-#pragma omp parallel for schedule(static) if (parallel && total > 32768 && outer > 1)
-  for (int64_t o = 0; o < outer; ++o) {
+  auto outer_iteration = [&](int64_t o) {
     std::array<uint8_t*, N> p = base;
     int64_t rem = o;
     for (size_t d = rank - 1; d-- > 0;) {
@@ -74,6 +73,14 @@ void nd_loop(std::vector<int64_t> shape, std::array<std::vector<int64_t>, N> str
       for (size_t k = 0; k < N; ++k) p[k] += idx * st[k][d];
     }
     inner(p, inner_st, n_inner);
+  };
+  // A serial loop outside any OpenMP construct: `parallel for if(false)` still sets up a
+  // one-thread team, which costs more than a small kernel's work.
+  if (parallel && total > 32768 && outer > 1) {
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < outer; ++o) outer_iteration(o);
+  } else {
+    for (int64_t o = 0; o < outer; ++o) outer_iteration(o);
   }
 }
 
