@@ -26,6 +26,7 @@ class _Stream:
             name = f"{base}__t{n}"
         ir._stream_ids.add(name)
         s._id = name
+        s._hash = hash((id(ir), name))  # streams key the dicts of every Session.run
         return s
 
     @property
@@ -45,7 +46,7 @@ class _Stream:
         return self._id
 
     def __hash__(self) -> int:
-        return hash((id(self._ir), self._id))
+        return self._hash
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, _Stream) and other._ir is self._ir and other._id == self._id

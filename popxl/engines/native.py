@@ -67,4 +67,4 @@ class NativeEngine(ReferenceEngine):
         self._engine.detach()
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        self._engine.run([a.view(np.uint8) for a in inputs], [a.view(np.uint8) for a in outputs])
+        self._engine.run(inputs, outputs, self.exe.num_host_transfers)

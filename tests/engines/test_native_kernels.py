@@ -690,3 +690,19 @@ def test_pow2scaled_matmul_and_conv(fmts, scale):
     compare_engines(lambda t, k, l, z: ops.conv_transpose_pow2scaled(to8(t, z, fmts[0]), to8(k, z, fmts[1]), l,
                                                                      (2, 2), (0, 0, 0, 0), (1, 1), 1),
                     [x, wt, s, zero], native_ops=["conv_transpose_pow2scaled"], **tol)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the reference's x ** 3 at the ends
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # its inf * 0 at -inf
+@pytest.mark.parametrize("name", ["gelu", "gelu_grad"])
+def test_gelu_over_the_whole_float32_range(name):
+    # the native float32 gelu uses its own vectorised exp: check the tails (underflow, overflow of
+    # exp), the infinities, NaN and a row long enough for the vector loop and its remainder
+    x = np.concatenate([np.linspace(-120, 120, 2001), [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30]])
+    x = x.astype(np.float32)
+    tol = dict(rtol=2e-6, atol=1e-6) if name == "gelu" else dict(rtol=1e-5, atol=1e-5)
+    if name == "gelu":
+        compare_engines(lambda a: ops.gelu(a), [x], native_ops=["gelu"], **tol)
+    else:
+        g = np.ones_like(x)
+        compare_engines(lambda a, b: create_op("gelu_grad", [a, b])[0], [g, x], native_ops=["gelu_grad"], **tol)

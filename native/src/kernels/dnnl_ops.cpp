@@ -2,6 +2,8 @@
 // convolution, transposed convolution and max/average pooling. Primitives are created once at
 // load; each run only points their memory at the arena. A configuration oneDNN rejects (e.g. a
 // dtype this CPU lacks) makes the factory return nullptr, and the op runs on the fallback.
+#include <omp.h>
+
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <unordered_map>
@@ -41,6 +43,29 @@ void unstage(const uint8_t* packed, DType d, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float(f.decode(packed[i]));
 }
 
+// Primitives with less work than this (multiply-adds or similar) run on one thread: for them an
+// OpenMP region costs more than it saves, and under load from other processes a 2-thread region
+// can wait a whole scheduler time slice for its second thread.
+constexpr int64_t kSingleThreadWork = int64_t(1) << 20;
+
+// One OpenMP thread for the lifetime of the guard (when `single`), then the previous count.
+// oneDNN (OpenMP runtime) fixes its work split when a primitive is created, so both creation and
+// every execution of a small primitive run under this guard.
+class SingleThreadScope {
+ public:
+  explicit SingleThreadScope(bool single) : saved_(single ? omp_get_max_threads() : 0) {
+    if (saved_ > 1) omp_set_num_threads(1);
+  }
+  ~SingleThreadScope() {
+    if (saved_ > 1) omp_set_num_threads(saved_);
+  }
+  SingleThreadScope(const SingleThreadScope&) = delete;
+  SingleThreadScope& operator=(const SingleThreadScope&) = delete;
+
+ private:
+  int saved_;
+};
+
 // A buffer as a oneDNN memory descriptor of `dims`, with `strides` in elements.
 memory::desc md(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, memory::data_type t) {
   return memory::desc(memory::dims(dims.begin(), dims.end()), t, memory::dims(strides.begin(), strides.end()));
@@ -65,11 +90,12 @@ struct DnnlKernel : Kernel {
   };
   dnnl::primitive prim;
   std::vector<Arg> args;
+  std::unordered_map<int, memory> arg_map;  // the same memory handles as `args`, built once
+  bool single_thread = false;               // created under SingleThreadScope: run under it too
   dnnl::stream strm{cpu()};
   bool scaled = false;  // pow2scaled ops: staged outputs are multiplied by 2**(scale tensor)
   Buffer scale;
   void run(uint8_t* arena) override {
-    std::unordered_map<int, memory> m;
     for (auto& a : args) {
       if (staged(a.buf)) {
         a.f32.resize(a.buf.nelms);
@@ -78,10 +104,12 @@ struct DnnlKernel : Kernel {
       } else {
         a.mem.set_data_handle(arena + a.buf.offset);
       }
-      m.emplace(a.id, a.mem);
     }
-    prim.execute(strm, m);
-    strm.wait();
+    {
+      SingleThreadScope scope(single_thread);
+      prim.execute(strm, arg_map);
+      strm.wait();
+    }
     for (auto& a : args) {
       if (!staged(a.buf) || !a.output) continue;
       if (scaled) {  // in float32, as the reference scales its float32 result
@@ -102,6 +130,7 @@ struct DnnlKernel : Kernel {
   }
   void add(int arg, const memory::desc& d, const Buffer& b, bool output = false) {
     args.push_back(Arg{arg, memory(d, cpu(), DNNL_MEMORY_NONE), b, output, {}, {}});
+    arg_map[arg] = args.back().mem;  // a handle: later set_data_handle calls are seen through it
   }
 };
 
@@ -144,6 +173,8 @@ KernelFactory matmul(bool pow2) {
   for (size_t i = rank; i-- > 0;) { ystr[i] = acc; acc *= ydims[i]; }
   try {
     auto k = std::make_unique<DnnlKernel>();
+    k->single_thread = prod(ydims) * A.dims[rank - 1] < kSingleThreadWork;
+    SingleThreadScope scope(k->single_thread);
     auto ad = md(A.dims, A.strides, ta), bd = md(B.dims, B.strides, tb), yd = md(ydims, ystr, ty);
     dnnl::matmul::primitive_desc pd(cpu(), ad, bd, yd);
     k->prim = dnnl::matmul(pd);
@@ -175,6 +206,8 @@ const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::v
   const int axis = static_cast<int>(ins.attrs.at("axis").i());
   try {
     auto k = std::make_unique<DnnlKernel>();
+    k->single_thread = x.nelms * 8 < kSingleThreadWork;  // exp, max, sum and scale per element
+    SingleThreadScope scope(k->single_thread);
     auto xd = md(x.shape, elem_strides(x), t), yd = md(y.shape, elem_strides(y), t);
     dnnl::softmax_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference,
                                              dnnl::algorithm::softmax_accurate, xd, yd, axis);
@@ -251,6 +284,10 @@ KernelFactory convolution(bool transposed, bool pow2 = false) {
     fit_right_padding(win, spatial(x.shape), spatial(w.shape), spatial(y.shape), transposed);
     try {
       auto k = std::make_unique<DnnlKernel>();
+      // multiply-adds: every output of a convolution (every input of a transposed one) sums
+      // over (channels / groups) * window elements
+      k->single_thread = (transposed ? x.nelms : y.nelms) * (w.nelms / w.shape[0]) < kSingleThreadWork;
+      SingleThreadScope scope(k->single_thread);
       auto [wdims, wstr] = conv_weights(w, g, transposed);
       auto xd = md(x.shape, elem_strides(x), t), wd = md(wdims, wstr, t), yd = md(y.shape, elem_strides(y), t);
       if (transposed) {
@@ -334,6 +371,8 @@ KernelFactory pooling(dnnl::algorithm alg) {
     fit_right_padding(win, spatial(x.shape), kernel, spatial(y.shape), false);
     try {
       auto k = std::make_unique<DnnlKernel>();
+      k->single_thread = y.nelms * prod(kernel) < kSingleThreadWork;
+      SingleThreadScope scope(k->single_thread);
       auto xd = md(x.shape, elem_strides(x), t), yd = md(y.shape, elem_strides(y), t);
       dnnl::pooling_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference, alg, xd, yd, win.strides,
                                                memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l,

@@ -25,10 +25,17 @@ KernelFactory unary(Op op, bool ints_too = false) {
     auto make = [&](auto tag) {
       using T = typename decltype(tag)::type;
       using W = typename Wide<T>::type;
+      constexpr int64_t kItem = sizeof(T);
       auto xs = broadcast_strides(x, y.shape);
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         nd_loop<2>(y.shape, {y.strides, xs}, {a + y.offset, a + x.offset},
                    [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
+                     if (s[0] == kItem && s[1] == kItem) {  // contiguous: vectorisable
+                       T* y = reinterpret_cast<T*>(p[0]);
+                       const T* x = reinterpret_cast<const T*>(p[1]);
+                       for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(x[i])));
+                       return;
+                     }
                      for (int64_t i = 0; i < n; ++i) at<T>(p[0], i, s[0]) = static_cast<T>(op(W(at<T>(p[1], i, s[1]))));
                    });
       });
@@ -73,7 +80,7 @@ const RegisterKernel unary_ops[] = {
     {{"swish", "swish_"}, unary([](auto x) { return x / (decltype(x)(1) + std::exp(-x)); })},
     {{"gelu", "gelu_"}, unary([](auto x) {
        using W = decltype(x);
-       return W(0.5) * x * (W(1) + std::tanh(W(kSqrt2OverPi) * (x + W(0.044715) * x * x * x)));
+       return x * gelu_gate(W(kSqrt2OverPi) * (x + W(0.044715) * x * x * x));
      })},
     {{"geluerf", "geluerf_"}, unary([](auto x) {
        using W = decltype(x);
@@ -101,6 +108,7 @@ KernelFactory binary(Op op, Result result, bool ints_too) {
     auto make = [&](auto tag) {
       using T = typename decltype(tag)::type;
       using W = typename Wide<T>::type;
+      constexpr int64_t kItem = sizeof(T);
       auto as = broadcast_strides(a_, y.shape), bs = broadcast_strides(b_, y.shape);
       const bool to_bool = result == Result::Bool;
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
@@ -109,6 +117,10 @@ KernelFactory binary(Op op, Result result, bool ints_too) {
                      if (to_bool) {
                        for (int64_t i = 0; i < n; ++i)
                          at<bool>(p[0], i, s[0]) = op(W(at<T>(p[1], i, s[1])), W(at<T>(p[2], i, s[2])));
+                     } else if (s[0] == kItem && s[1] == kItem && s[2] == kItem) {  // contiguous: vectorisable
+                       T* y = reinterpret_cast<T*>(p[0]);
+                       const T *l = reinterpret_cast<const T*>(p[1]), *r = reinterpret_cast<const T*>(p[2]);
+                       for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(l[i]), W(r[i])));
                      } else {
                        for (int64_t i = 0; i < n; ++i)
                          at<T>(p[0], i, s[0]) = static_cast<T>(op(W(at<T>(p[1], i, s[1])), W(at<T>(p[2], i, s[2]))));
@@ -269,6 +281,13 @@ const RegisterKernel scaled_add_op{{"scaled_add", "scaled_add_"},
         const W kb = W(b_t ? read_scalar(a + sb.offset, sb.dtype) : b_c);
         nd_loop<3>(y.shape, {y.strides, x.strides, z.strides}, {a + y.offset, a + x.offset, a + z.offset},
                    [&](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
+                     constexpr int64_t kItem = sizeof(T);
+                     if (s[0] == kItem && s[1] == kItem && s[2] == kItem) {  // contiguous: vectorisable
+                       T* y = reinterpret_cast<T*>(p[0]);
+                       const T *u = reinterpret_cast<const T*>(p[1]), *v = reinterpret_cast<const T*>(p[2]);
+                       for (int64_t i = 0; i < n; ++i) y[i] = T(ka * W(u[i]) + kb * W(v[i]));
+                       return;
+                     }
                      for (int64_t i = 0; i < n; ++i)
                        at<T>(p[0], i, s[0]) = T(ka * W(at<T>(p[1], i, s[1])) + kb * W(at<T>(p[2], i, s[2])));
                    });

@@ -270,8 +270,9 @@ KernelFactory gelu_grad(Form form) {
 const RegisterKernel gelu_grad_ops[] = {
     {{"gelu_grad"}, gelu_grad([](auto x) {
        using W = decltype(x);
-       const W c = W(0.7978845608028654), t = std::tanh(c * (x + W(0.044715) * x * x * x));
-       return W(0.5) * (W(1) + t) + W(0.5) * x * (W(1) - t * t) * c * (W(1) + W(3 * 0.044715) * x * x);
+       // with t = tanh(u) and g = (1 + t) / 2: 0.5 (1 + t) = g and 0.5 (1 - t^2) = 2 g (1 - g)
+       const W c = W(0.7978845608028654), g = gelu_gate(c * (x + W(0.044715) * x * x * x));
+       return g + W(2) * x * g * (W(1) - g) * c * (W(1) + W(3 * 0.044715) * x * x);
      })},
     {{"geluerf_grad"}, gelu_grad([](auto x) {
        using W = decltype(x);

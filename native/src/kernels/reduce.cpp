@@ -12,15 +12,20 @@ namespace {
 
 enum class Red { Sum, Mean, Prod, Max, Min, L1, L2, LogSum, LogSumExp, SumSquare };
 
-template <class Acc>  // double for floats, int64_t for integers
+// Acc: double for floats, int64_t for integers; T: the element type (a template parameter rather
+// than a std::function per element, so the accumulation loops inline and vectorise).
+template <class Acc, class T>
 struct Reduction : Kernel {
   Buffer x, y;
   Red kind;
   std::vector<int64_t> acc_strides;  // byte strides of the accumulator, 0 on reduced axes
   int64_t count = 1;                 // elements reduced into each output
   std::vector<Acc> acc, mx;
-  std::function<Acc(const uint8_t*)> load;
-  std::function<void(uint8_t*, Acc)> store;
+  static Acc load(const uint8_t* p) { return Acc(*reinterpret_cast<const T*>(p)); }
+  static void store(uint8_t* p, Acc v) {  // integers wrap into T, as NumPy's int64 sum + cast
+    if constexpr (std::is_floating_point_v<Acc>) *reinterpret_cast<T*>(p) = T(v);
+    else *reinterpret_cast<T*>(p) = static_cast<T>(static_cast<uint64_t>(v));
+  }
 
   void run(uint8_t* a) override {
     const int64_t m = static_cast<int64_t>(acc.size());
@@ -79,6 +84,12 @@ struct Reduction : Kernel {
   void accumulate(uint8_t* a, Acc* accp, F f) {
     nd_loop<2>(x.shape, {x.strides, acc_strides}, {a + x.offset, reinterpret_cast<uint8_t*>(accp)},
                [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
+                 if (s[0] == int64_t(sizeof(T)) && s[1] == int64_t(sizeof(Acc))) {  // a row into a row of accumulators
+                   const T* x = reinterpret_cast<const T*>(p[0]);
+                   Acc* t = reinterpret_cast<Acc*>(p[1]);
+                   for (int64_t i = 0; i < n; ++i) t[i] = f(t[i], Acc(x[i]));
+                   return;
+                 }
                  for (int64_t i = 0; i < n; ++i) {
                    Acc& t = *reinterpret_cast<Acc*>(p[1] + i * s[1]);
                    t = f(t, load(p[0] + i * s[0]));
@@ -99,13 +110,9 @@ struct Reduction : Kernel {
   }
 };
 
-template <class Acc>
-std::unique_ptr<Kernel> make_reduction(Red kind, const OpInstr& ins, const Buffer& x, const Buffer& y,
-                                       std::function<Acc(const uint8_t*)> load,
-                                       std::function<void(uint8_t*, Acc)> store) {
-  auto k = std::make_unique<Reduction<Acc>>();
-  k->load = std::move(load);
-  k->store = std::move(store);
+template <class Acc, class T>
+std::unique_ptr<Kernel> make_reduction(Red kind, const OpInstr& ins, const Buffer& x, const Buffer& y) {
+  auto k = std::make_unique<Reduction<Acc, T>>();
   std::vector<int64_t> axes = ins.attrs.at("axis").ints();
   std::vector<bool> reduced(x.shape.size(), false);
   for (auto ax : axes) reduced[ax] = true;
@@ -136,17 +143,13 @@ KernelFactory reduction(Red kind) {
       if (kind != Red::Sum && kind != Red::Prod && kind != Red::Max && kind != Red::Min) return nullptr;
       dispatch_arith(x.dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
-        k = make_reduction<int64_t>(
-            kind, ins, x, y, [](const uint8_t* p) { return int64_t(*reinterpret_cast<const T*>(p)); },
-            [](uint8_t* p, int64_t v) { *reinterpret_cast<T*>(p) = static_cast<T>(static_cast<uint64_t>(v)); });
+        k = make_reduction<int64_t, T>(kind, ins, x, y);
       });
       return k;
     }
     dispatch_float(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      k = make_reduction<double>(
-          kind, ins, x, y, [](const uint8_t* p) { return double(*reinterpret_cast<const T*>(p)); },
-          [](uint8_t* p, double v) { *reinterpret_cast<T*>(p) = T(v); });
+      k = make_reduction<double, T>(kind, ins, x, y);
     });
     return k;
   };
