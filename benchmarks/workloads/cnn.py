@@ -4,6 +4,7 @@ One description of the network (`resnet18`, walking `Ops`) drives every framewor
 directly with ops.conv / batch_norm_inference / relu / max_pool / average_pool / matmul, PyTorch
 eager functional ops, a jitted JAX function, and an ONNX model (the same weights as initializers)
 for ONNX Runtime. Only the tensor type behind the `Ops` methods changes.
+The tests import `resnet18_onnx` too.
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def make_params(seed: int = 0) -> Dict[str, np.ndarray]:
     return p
 
 
-def make_input(seed: int = 1) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((BATCH, 3, 224, 224)).astype(np.float32)
+def make_input(seed: int = 1, batch: int = BATCH, image: int = 224) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, 3, image, image)).astype(np.float32)
 
 
 class Ops:
@@ -216,18 +217,20 @@ class OnnxOps(Ops):
         return self._node("Gemm", [flat, "fc.w", "fc.b"])
 
 
-def resnet18_onnx():
-    """The network as an ONNX ModelProto (opset 13), weights included."""
+def resnet18_onnx(batch: int = BATCH, image: int = 224, input_name: str = "x", output_name: str = "logits"):
+    """The network as an ONNX ModelProto (opset 13), weights included, for (batch, 3, image, image)
+    inputs (image a multiple of 32, the network's total stride)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     f = OnnxOps()
-    out = resnet18("x", f)
+    resnet18(input_name, f)
+    f.nodes[-1].output[0] = output_name
     params = make_params()
     graph = helper.make_graph(
         f.nodes, "resnet18",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 3, 224, 224])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [BATCH, CLASSES])],
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [batch, 3, image, image])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [batch, CLASSES])],
         [numpy_helper.from_array(a, k) for k, a in params.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     onnx.checker.check_model(model)
