@@ -4,7 +4,10 @@ One description of the network (`resnet18`, walking `Ops`) drives every framewor
 directly with ops.conv / batch_norm_inference / relu / max_pool / average_pool / matmul, PyTorch
 eager functional ops, a jitted JAX function, and an ONNX model (the same weights as initializers)
 for ONNX Runtime. Only the tensor type behind the `Ops` methods changes.
-The tests import `resnet18_onnx` too.
+
+The primary popxl line is that ONNX model imported through `popart.InferenceSession`
+(`batchesPerStep` batches looped in the engine per run), as the user's documents serve a model;
+the directly built popxl program is a second column. The tests import `resnet18_onnx` too.
 """
 from __future__ import annotations
 
@@ -252,7 +255,29 @@ def build_ort() -> Bench:
     return Bench(lambda: sess.run(None, feed)[0], items=BATCH)
 
 
+# popxl through the PopART front end --------------------------------------------------------------
+BATCHES_PER_STEP = 2  # batches per session.run, looped in the engine
+
+
+def build_popart() -> Bench:
+    import popart
+
+    data_flow = popart.DataFlow(BATCHES_PER_STEP, {"logits": popart.AnchorReturnType("All")})
+    session = popart.InferenceSession(resnet18_onnx().SerializeToString(), data_flow,
+                                      popart.DeviceManager().createCpuDevice())
+    session.prepareDevice()
+    session.weightsFromHost()
+    anchors = session.initAnchorArrays()
+    # The same batch each step, so the logits compare with the other frameworks' single batch.
+    stepio = popart.PyStepIO({"x": np.stack([make_input()] * BATCHES_PER_STEP)}, anchors)
+
+    def call():
+        session.run(stepio)
+        return anchors["logits"]
+    return Bench(call, items=BATCH * BATCHES_PER_STEP, close=session.detach)
+
+
 def cases(quick: bool) -> List[Case]:
     # Convolution algorithms (direct, Winograd, im2col) round differently through 20 layers.
     return [Case("cnn_infer", f"ResNet-18, batch {BATCH}, 3x224x224", "images/s",
-                 {"popxl": build_popxl, "torch": build_torch, "jax": build_jax, "ort": build_ort}, rtol=1e-3)]
+                 {"popxl": build_popart, "popxl_ops": build_popxl, "torch": build_torch, "jax": build_jax, "ort": build_ort}, rtol=1e-3)]
