@@ -1,8 +1,12 @@
 // Kernels backed by oneDNN: matmul (batched, broadcast, strided/transposed operands), softmax,
-// convolution, transposed convolution and max/average pooling. Primitives are created once at
+// convolution (also fused with bias, residual sum and relu), transposed convolution and max/average
+// pooling. Primitives are created once at
 // load; each run only points their memory at the arena. A configuration oneDNN rejects (e.g. a
 // dtype this CPU lacks) makes the factory return nullptr, and the op runs on the fallback.
 #include <oneapi/dnnl/dnnl.hpp>
+#include <cstdlib>
+#include <memory>
+#include <new>
 #include <tuple>
 #include <unordered_map>
 
@@ -239,8 +243,145 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer&
   return {dims, str};
 }
 
+// A float32 convolution with an optional bias and, as oneDNN post-ops, an optional residual (a
+// sum into the destination) and relu: conv and conv_fused (see popxl.transforms.fuse_conv).
+// Operands whose layout the primitive wants different from the arena's are reordered in and out
+// through per-thread scratch.
+class BlockedConvKernel : public Kernel {
+ public:
+  struct Spec {
+    const Buffer *x, *w, *bias, *residual, *y;
+    int64_t groups;
+    Window win;
+    bool relu;
+  };
+
+  explicit BlockedConvKernel(const Spec& s) : x_(*s.x), w_(*s.w), y_(*s.y) {
+    const auto f32 = memory::data_type::f32;
+    auto [wdims, wstr] = conv_weights(w_, s.groups, false);
+    const memory::desc xd = md(x_.shape, elem_strides(x_), f32), wd = md(wdims, wstr, f32),
+                       yd = md(y_.shape, elem_strides(y_), f32);
+    dnnl::post_ops ops;
+    if (s.residual) ops.append_sum(1.f);
+    if (s.relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    const Window& win = s.win;
+    auto pd = s.bias ? dnnl::convolution_forward::primitive_desc(
+                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, xd,
+                           wd, md(s.bias->shape, elem_strides(*s.bias), f32), yd, win.strides, win.dilates,
+                           win.pad_l, win.pad_r, attr)
+                     : dnnl::convolution_forward::primitive_desc(
+                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, xd,
+                           wd, yd, win.strides, win.dilates, win.pad_l, win.pad_r, attr);
+    conv_ = dnnl::convolution_forward(pd);
+    src_ = Operand(xd, pd.src_desc(), kSrcSlot);
+    wei_ = Operand(wd, pd.weights_desc(), kWeightsSlot);
+    dst_ = Operand(yd, pd.dst_desc(), kDstSlot);
+    if (s.bias) { bias_ = *s.bias; bias_mem_ = memory(pd.bias_desc(), cpu(), DNNL_MEMORY_NONE); }
+    if (s.residual) { residual_ = *s.residual; residual_mem_ = memory(yd, cpu(), DNNL_MEMORY_NONE); }
+    if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
+    if (s.residual && dst_.reordered) residual_in_ = dnnl::reorder(residual_mem_, dst_.inner);
+  }
+
+  void run(uint8_t* arena) override {
+    src_.bind(arena + x_.offset);
+    wei_.bind(arena + w_.offset);
+    dst_.bind(arena + y_.offset);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_WEIGHTS, wei_.inner}, {DNNL_ARG_DST, dst_.inner}};
+    if (bias_mem_) {
+      bias_mem_.set_data_handle(arena + bias_.offset);
+      args.emplace(DNNL_ARG_BIAS, bias_mem_);
+    }
+    src_.to_inner(strm_);
+    wei_.to_inner(strm_);
+    if (residual_mem_) {  // the sum post-op adds what the destination holds
+      if (dst_.reordered) {
+        residual_mem_.set_data_handle(arena + residual_.offset);
+        residual_in_.execute(strm_, residual_mem_, dst_.inner);
+      } else {
+        copy_buffer(arena, y_, arena, residual_);
+      }
+    }
+    conv_.execute(strm_, args);
+    if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
+    strm_.wait();
+  }
+
+ private:
+  static constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
+  // One operand: `user` is the arena tensor, `inner` the layout the primitive wants. When they
+  // differ, `inner` lives in per-thread scratch (one slot per operand role), shared by all such
+  // kernels: they run one at a time on a thread, and the arena keeps no copies between ops.
+  struct Operand {
+    memory user, inner;
+    dnnl::reorder in;
+    bool reordered = false;
+    int slot = 0;
+    Operand() = default;
+    Operand(const memory::desc& user_d, const memory::desc& inner_d, int slot_)
+        : user(user_d, cpu(), DNNL_MEMORY_NONE), reordered(user_d != inner_d), slot(slot_) {
+      inner = reordered ? memory(inner_d, cpu(), DNNL_MEMORY_NONE) : user;
+      if (reordered && slot != kDstSlot) in = dnnl::reorder(user, inner);  // dst goes the other way
+    }
+    void bind(uint8_t* data) {
+      user.set_data_handle(data);
+      if (reordered) inner.set_data_handle(scratch(slot, inner.get_desc().get_size()));
+    }
+    void to_inner(dnnl::stream& strm) {
+      if (reordered && slot != kDstSlot) in.execute(strm, user, inner);
+    }
+    // At least `bytes` of 64-byte aligned (cache line, AVX-512 vector) scratch for `slot`.
+    static void* scratch(int slot, size_t bytes) {
+      struct Free { void operator()(void* p) const { std::free(p); } };
+      thread_local std::unique_ptr<void, Free> slots[3];
+      thread_local size_t sizes[3] = {0, 0, 0};
+      if (sizes[slot] < bytes) {
+        slots[slot].reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+        if (!slots[slot]) throw std::bad_alloc();
+        sizes[slot] = bytes;
+      }
+      return slots[slot].get();
+    }
+  };
+
+  Buffer x_, w_, y_, bias_, residual_;
+  dnnl::convolution_forward conv_;
+  Operand src_, wei_, dst_;
+  memory bias_mem_, residual_mem_;
+  dnnl::reorder to_user_, residual_in_;
+  dnnl::stream strm_{cpu()};
+};
+
+bool all_f32(std::initializer_list<const Buffer*> bs) {
+  for (const Buffer* b : bs)
+    if (b && (b->dtype != DType::F32 || b->nelms == 0)) return false;
+  return true;
+}
+
+// conv (float32) and conv_fused: x, w, [bias, [residual]] -> y.
+std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffer>& bufs, bool fused) {
+  const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+  const bool residual = fused && ins.attrs.at("residual").b();
+  const Buffer* bias = fused ? &bufs[ins.inputs[2]] : nullptr;
+  const Buffer* res = residual ? &bufs[ins.inputs[3]] : nullptr;
+  if (!all_f32({&x, &w, &y, bias, res})) return nullptr;
+  BlockedConvKernel::Spec s{&x, &w, bias, res, &y, ins.attrs.at("groups").i(), window_of(ins, x.shape.size() - 2),
+                            fused && ins.attrs.at("relu").b()};
+  fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(y.shape), false);
+  try {
+    return std::make_unique<BlockedConvKernel>(s);
+  } catch (const dnnl::error&) {
+    return nullptr;
+  }
+}
+
 KernelFactory convolution(bool transposed, bool pow2 = false) {
   return [transposed, pow2](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
+    if (!transposed && !pow2) {
+      if (auto k = blocked_conv(ins, bufs, false)) return k;
+    }
     const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
     memory::data_type t;
     if (!dnnl_type(x.dtype, t) || !dnnl_type(w.dtype, t) || !dnnl_type(y.dtype, t)) return nullptr;
@@ -350,6 +491,7 @@ KernelFactory pooling(dnnl::algorithm alg) {
 
 const RegisterKernel window_ops[] = {
     {{"conv"}, convolution(false)},
+    {{"conv_fused"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) { return blocked_conv(ins, bufs, true); }},
     {{"conv_transpose"}, convolution(true)},
     {{"conv_pow2scaled"}, convolution(false, true)},
     {{"conv_transpose_pow2scaled"}, convolution(true, true)},
