@@ -319,7 +319,17 @@ register(OpDef("conv", _conv_infer, _conv_kernel, family="nn"))
 # conv_fused: relu(conv(x, w) + bias[c] + residual), the residual and the relu optional. Not a
 # public op: `popxl.transforms.fuse_conv` makes it from conv / batch_norm_inference / add / relu
 # chains so that the native engine runs the chain as one oneDNN convolution with post-ops.
-def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, relu: bool):
+#
+# ``layouts`` (optional, native engine only) says how x, y and the residual are laid out in memory:
+# "nchw" (the default) or "nhwc" for a 4-D tensor that only conv_fused ops read and write, so
+# consecutive convolutions skip the reorders to and from NCHW (`keep_channels_last`). The values
+# are the same either way, so the reference kernel ignores it.
+_LAYOUTS = ("nchw", "nhwc")
+
+
+def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, relu: bool, layouts=None):
+    if layouts is not None and (len(layouts) != 3 or any(v not in _LAYOUTS for v in layouts)):
+        raise ValueError(f"layouts must be three of {_LAYOUTS} (x, y, residual), got {layouts!r}")
     if len(specs) != 3 + int(residual):
         raise ValueError(f"takes (x, weight, bias{', residual' if residual else ''}), got {len(specs)} inputs")
     (y,) = _conv_infer(specs[:2], strides, pads, dilations, groups)
@@ -330,7 +340,8 @@ def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, r
     return [y]
 
 
-def _conv_fused_kernel(x, w, bias, *rest, strides, pads, dilations, groups, residual: bool, relu: bool):
+def _conv_fused_kernel(x, w, bias, *rest, strides, pads, dilations, groups, residual: bool, relu: bool,
+                       layouts=None):
     """In the accumulation dtype, rounded once at the end (as the oneDNN kernel does)."""
     y = _conv_compute(x, w, strides, pads, dilations, groups) + _channel(bias, x.ndim, _wide(x.dtype))
     if residual:

@@ -11,6 +11,12 @@ with post-ops instead of three or four passes over the activations.
 2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
    ``other`` as its residual; one whose output is read only by ``relu`` takes the relu.
 
+3. (`keep_channels_last`) A 4-D float32 value that a ``conv_fused`` writes and only
+   ``conv_fused`` ops read (as input or residual) is kept channels-last (NHWC) in memory: the
+   layout oneDNN's convolutions use on this CPU, so it is not reordered out and back in between
+   them. Only the native engine's memory layout changes (the ``layouts`` attribute); values and
+   shapes do not.
+
 Intermediate values vanish, so these are for inference: gradients of ``conv_fused`` are not
 defined (autodiff raises). A value that anything else reads (another op, a graph output, a host
 store of an anchor) is never fused away.
@@ -23,12 +29,12 @@ from popxl.graph import Graph
 from popxl.op import Op
 from popxl.tensor import Tensor
 
-__all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops"]
+__all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "keep_channels_last"]
 
 
 def fuse_conv(graph: Graph) -> Graph:
-    """Both rewrites, in place, on ``graph``. Returns ``graph``."""
-    return fuse_conv_post_ops(fold_batch_norm(graph))
+    """All three rewrites, in place, on ``graph``. Returns ``graph``."""
+    return keep_channels_last(fuse_conv_post_ops(fold_batch_norm(graph)))
 
 
 def _only_reader(graph: Graph, t: Tensor) -> Optional[Op]:
@@ -115,4 +121,32 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
             conv_attrs = {k: v for k, v in attrs.items() if k != "relu"}
             op = _replace(graph, [op, reader],
                           lambda: conv_fused(*inputs[:3], residual=residual, relu=attrs["relu"], **conv_attrs))
+    return graph
+
+
+def keep_channels_last(graph: Graph) -> Graph:
+    """Rewrite 3 above, in place. Returns ``graph``."""
+    import popxl
+
+    graph.ir._check_mutable()
+    convs = [op for op in graph._ops if op.type == "conv_fused"]
+    readers = {}
+    for op in graph._ops:
+        for t in op.inputs:
+            readers.setdefault(t.id, []).append(op)
+    outputs = {t.id for t in graph.outputs}
+    layouts = {id(op): list(op.attrs.get("layouts") or ("nchw",) * 3) for op in convs}
+    for op in convs:
+        (y,) = op.outputs
+        reads = readers.get(y.id, [])
+        if y.rank != 4 or y.dtype != popxl.float32 or y.id in outputs or not reads:
+            continue
+        if any(r.type != "conv_fused" or r.inputs.index(y) not in (0, 3) or r.inputs.count(y) != 1 for r in reads):
+            continue
+        layouts[id(op)][1] = "nhwc"
+        for r in reads:
+            layouts[id(r)][0 if r.inputs[0] is y else 2] = "nhwc"
+    for op in convs:
+        if "nhwc" in layouts[id(op)]:
+            op.attrs["layouts"] = tuple(layouts[id(op)])
     return graph

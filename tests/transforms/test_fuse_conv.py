@@ -113,3 +113,17 @@ def test_residual_block_fuses_into_two_ops_with_post_ops():
     # what remains besides them computes the folded weights and biases (var + eps, ...), not activations
     assert not [op for op in ir.main_graph.ops
                 if op.type in ("conv", "batch_norm_inference", "relu") or (op.type == "add" and op.outputs[0].rank == 4)]
+    # the value between the two convolutions stays channels-last; the block's input and output do not
+    assert [op.attrs["layouts"] for op in fused] == [("nchw", "nhwc", "nchw"), ("nhwc", "nchw", "nchw")]
+
+
+def test_fused_residual_blocks_native_match_reference():
+    """Two blocks: channels-last values passed as input and as residual between conv_fused ops."""
+    def build(x):
+        r = np.random.default_rng(9)
+        (y,) = _residual_block(x, r)
+        (z,) = _residual_block(y, r)
+        fuse_conv(x.graph)
+        assert any("nhwc" in (op.attrs.get("layouts") or ()) for op in x.graph.ops if op.type == "conv_fused")
+        return z
+    compare_engines(build, [rand(2, 4, 7, 6)], rtol=1e-4, atol=1e-4, native_ops=["conv_fused"])

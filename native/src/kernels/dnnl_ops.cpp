@@ -243,10 +243,13 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer&
   return {dims, str};
 }
 
-// A float32 convolution with an optional bias and, as oneDNN post-ops, an optional residual (a
-// sum into the destination) and relu: conv and conv_fused (see popxl.transforms.fuse_conv).
-// Operands whose layout the primitive wants different from the arena's are reordered in and out
-// through per-thread scratch.
+// A float32 convolution in the layouts oneDNN's JIT kernels want. The primitive chooses the
+// activation and weight formats (format_tag::any, usually channel-blocked); the arena holds plain
+// NCHW/OIHW tensors, which would send oneDNN to its slower im2col+GEMM implementation, so each
+// run reorders the operands in and the result out. The weights are reordered on every run: in an
+// inference session they are computed on the device (batch norm folded in, see
+// popxl.transforms.fuse_conv), so there is no unchanged variable to pack once.
+// `bias`, and the post-ops `residual` (a sum into the destination) and `relu`, serve conv_fused.
 class BlockedConvKernel : public Kernel {
  public:
   struct Spec {
@@ -254,13 +257,20 @@ class BlockedConvKernel : public Kernel {
     int64_t groups;
     Window win;
     bool relu;
+    bool nhwc_x = false, nhwc_y = false, nhwc_residual = false;  // conv_fused's `layouts`
   };
 
   explicit BlockedConvKernel(const Spec& s) : x_(*s.x), w_(*s.w), y_(*s.y) {
     const auto f32 = memory::data_type::f32;
     auto [wdims, wstr] = conv_weights(w_, s.groups, false);
-    const memory::desc xd = md(x_.shape, elem_strides(x_), f32), wd = md(wdims, wstr, f32),
-                       yd = md(y_.shape, elem_strides(y_), f32);
+    // A tensor kept channels-last between convolutions (popxl.transforms.keep_channels_last) is
+    // contiguous NHWC in the arena; any other is the strided NCHW view the buffer describes.
+    auto user = [f32](const Buffer& b, bool nhwc) {
+      return nhwc ? memory::desc(memory::dims(b.shape.begin(), b.shape.end()), f32, memory::format_tag::nhwc)
+                  : md(b.shape, elem_strides(b), f32);
+    };
+    const memory::desc xd = user(x_, s.nhwc_x), wd = md(wdims, wstr, f32), yd = user(y_, s.nhwc_y);
+    auto any = [](const memory::desc& d) { return memory::desc(d.get_dims(), d.get_data_type(), memory::format_tag::any); };
     dnnl::post_ops ops;
     if (s.residual) ops.append_sum(1.f);
     if (s.relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
@@ -268,20 +278,23 @@ class BlockedConvKernel : public Kernel {
     attr.set_post_ops(ops);
     const Window& win = s.win;
     auto pd = s.bias ? dnnl::convolution_forward::primitive_desc(
-                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, xd,
-                           wd, md(s.bias->shape, elem_strides(*s.bias), f32), yd, win.strides, win.dilates,
+                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(xd),
+                           any(wd), md(s.bias->shape, elem_strides(*s.bias), f32), any(yd), win.strides, win.dilates,
                            win.pad_l, win.pad_r, attr)
                      : dnnl::convolution_forward::primitive_desc(
-                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, xd,
-                           wd, yd, win.strides, win.dilates, win.pad_l, win.pad_r, attr);
+                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(xd),
+                           any(wd), any(yd), win.strides, win.dilates, win.pad_l, win.pad_r, attr);
     conv_ = dnnl::convolution_forward(pd);
     src_ = Operand(xd, pd.src_desc(), kSrcSlot);
     wei_ = Operand(wd, pd.weights_desc(), kWeightsSlot);
     dst_ = Operand(yd, pd.dst_desc(), kDstSlot);
     if (s.bias) { bias_ = *s.bias; bias_mem_ = memory(pd.bias_desc(), cpu(), DNNL_MEMORY_NONE); }
-    if (s.residual) { residual_ = *s.residual; residual_mem_ = memory(yd, cpu(), DNNL_MEMORY_NONE); }
+    if (s.residual) {
+      residual_ = *s.residual;
+      residual_mem_ = memory(user(residual_, s.nhwc_residual), cpu(), DNNL_MEMORY_NONE);
+      residual_in_ = dnnl::reorder(residual_mem_, dst_.inner);  // a plain copy when the layouts agree
+    }
     if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
-    if (s.residual && dst_.reordered) residual_in_ = dnnl::reorder(residual_mem_, dst_.inner);
   }
 
   void run(uint8_t* arena) override {
@@ -297,12 +310,8 @@ class BlockedConvKernel : public Kernel {
     src_.to_inner(strm_);
     wei_.to_inner(strm_);
     if (residual_mem_) {  // the sum post-op adds what the destination holds
-      if (dst_.reordered) {
-        residual_mem_.set_data_handle(arena + residual_.offset);
-        residual_in_.execute(strm_, residual_mem_, dst_.inner);
-      } else {
-        copy_buffer(arena, y_, arena, residual_);
-      }
+      residual_mem_.set_data_handle(arena + residual_.offset);
+      residual_in_.execute(strm_, residual_mem_, dst_.inner);
     }
     conv_.execute(strm_, args);
     if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
@@ -369,6 +378,13 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
   if (!all_f32({&x, &w, &y, bias, res})) return nullptr;
   BlockedConvKernel::Spec s{&x, &w, bias, res, &y, ins.attrs.at("groups").i(), window_of(ins, x.shape.size() - 2),
                             fused && ins.attrs.at("relu").b()};
+  auto layouts = ins.attrs.find("layouts");
+  if (layouts != ins.attrs.end() && !layouts->second.is_none()) {
+    const AttrList& l = layouts->second.list();
+    s.nhwc_x = l.at(0).s() == "nhwc";
+    s.nhwc_y = l.at(1).s() == "nhwc";
+    s.nhwc_residual = l.at(2).s() == "nhwc";
+  }
   fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(y.shape), false);
   try {
     return std::make_unique<BlockedConvKernel>(s);
