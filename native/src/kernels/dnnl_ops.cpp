@@ -5,6 +5,7 @@
 // dtype this CPU lacks) makes the factory return nullptr, and the op runs on the fallback.
 #include <oneapi/dnnl/dnnl.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <tuple>
@@ -243,12 +244,71 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer&
   return {dims, str};
 }
 
+constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
+// One operand: `user` is the arena tensor, `inner` the layout the primitive wants. When they
+// differ, `inner` lives in per-thread scratch (one slot per operand role), shared by all such
+// kernels (convolutions, pooling): they run one at a time on a thread, and the arena keeps no
+// copies between ops.
+//
+// With `keep` (weights), `inner` is the operand's own and is reordered again only when the bytes
+// of `user` differ from those it was last reordered from: weights, even when an inference
+// session computes them on the device each step (batch norm folded in), rarely change, and a
+// byte comparison is far cheaper than a reorder. `user` must then be contiguous.
+struct ReorderedOperand {
+  struct Free { void operator()(void* p) const { std::free(p); } };
+  memory user, inner;
+  dnnl::reorder in;
+  bool reordered = false;
+  int slot = 0;
+  bool keep = false;
+  std::unique_ptr<void, Free> own;  // `inner`'s storage when kept
+  std::vector<uint8_t> last;        // the user bytes `inner` was reordered from
+  ReorderedOperand() = default;
+  ReorderedOperand(const memory::desc& user_d, const memory::desc& inner_d, int slot_, bool keep_ = false)
+      : user(user_d, cpu(), DNNL_MEMORY_NONE), reordered(user_d != inner_d), slot(slot_), keep(keep_) {
+    inner = reordered ? memory(inner_d, cpu(), DNNL_MEMORY_NONE) : user;
+    if (reordered && slot != kDstSlot) in = dnnl::reorder(user, inner);  // dst goes the other way
+    if (reordered && keep) {
+      own.reset(aligned(inner_d.get_size()));
+      inner.set_data_handle(own.get());
+    }
+  }
+  void bind(uint8_t* data) {
+    user.set_data_handle(data);
+    if (reordered && !keep) inner.set_data_handle(scratch(slot, inner.get_desc().get_size()));
+  }
+  void to_inner(dnnl::stream& strm) {
+    if (!reordered || slot == kDstSlot) return;
+    if (keep) {
+      const auto* bytes = static_cast<const uint8_t*>(user.get_data_handle());
+      const size_t n = user.get_desc().get_size();
+      if (last.size() == n && std::memcmp(last.data(), bytes, n) == 0) return;
+      last.assign(bytes, bytes + n);
+    }
+    in.execute(strm, user, inner);
+  }
+  static void* aligned(size_t bytes) {  // 64-byte aligned: cache line, AVX-512 vector
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  // At least `bytes` of aligned scratch for `slot`.
+  static void* scratch(int slot, size_t bytes) {
+    thread_local std::unique_ptr<void, Free> slots[3];
+    thread_local size_t sizes[3] = {0, 0, 0};
+    if (sizes[slot] < bytes) {
+      slots[slot].reset(aligned(bytes));
+      sizes[slot] = bytes;
+    }
+    return slots[slot].get();
+  }
+};
+
 // A float32 convolution in the layouts oneDNN's JIT kernels want. The primitive chooses the
 // activation and weight formats (format_tag::any, usually channel-blocked); the arena holds plain
 // NCHW/OIHW tensors, which would send oneDNN to its slower im2col+GEMM implementation, so each
-// run reorders the operands in and the result out. The weights are reordered on every run: in an
-// inference session they are computed on the device (batch norm folded in, see
-// popxl.transforms.fuse_conv), so there is no unchanged variable to pack once.
+// run reorders the operands in and the result out; contiguous weights only when their bytes
+// changed. Values that popxl.transforms.keep_channels_last keeps NHWC skip most of these.
 // `bias`, and the post-ops `residual` (a sum into the destination) and `relu`, serve conv_fused.
 class BlockedConvKernel : public Kernel {
  public:
@@ -285,14 +345,15 @@ class BlockedConvKernel : public Kernel {
                            cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(xd),
                            any(wd), any(yd), win.strides, win.dilates, win.pad_l, win.pad_r, attr);
     conv_ = dnnl::convolution_forward(pd);
-    src_ = Operand(xd, pd.src_desc(), kSrcSlot);
-    wei_ = Operand(wd, pd.weights_desc(), kWeightsSlot);
-    dst_ = Operand(yd, pd.dst_desc(), kDstSlot);
+    src_ = ReorderedOperand(xd, pd.src_desc(), kSrcSlot);
+    wei_ = ReorderedOperand(wd, pd.weights_desc(), kWeightsSlot, w_.contiguous);
+    dst_ = ReorderedOperand(yd, pd.dst_desc(), kDstSlot);
     if (s.bias) { bias_ = *s.bias; bias_mem_ = memory(pd.bias_desc(), cpu(), DNNL_MEMORY_NONE); }
     if (s.residual) {
       residual_ = *s.residual;
       residual_mem_ = memory(user(residual_, s.nhwc_residual), cpu(), DNNL_MEMORY_NONE);
-      residual_in_ = dnnl::reorder(residual_mem_, dst_.inner);  // a plain copy when the layouts agree
+      residual_copied_ = residual_.contiguous && residual_mem_.get_desc() == pd.dst_desc();
+      if (!residual_copied_) residual_in_ = dnnl::reorder(residual_mem_, dst_.inner);
     }
     if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
   }
@@ -310,8 +371,12 @@ class BlockedConvKernel : public Kernel {
     src_.to_inner(strm_);
     wei_.to_inner(strm_);
     if (residual_mem_) {  // the sum post-op adds what the destination holds
-      residual_mem_.set_data_handle(arena + residual_.offset);
-      residual_in_.execute(strm_, residual_mem_, dst_.inner);
+      if (residual_copied_) {  // the same dense layout: a memcpy beats oneDNN's generic reorder
+        std::memcpy(dst_.inner.get_data_handle(), arena + residual_.offset, residual_.nbytes());
+      } else {
+        residual_mem_.set_data_handle(arena + residual_.offset);
+        residual_in_.execute(strm_, residual_mem_, dst_.inner);
+      }
     }
     conv_.execute(strm_, args);
     if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
@@ -319,47 +384,12 @@ class BlockedConvKernel : public Kernel {
   }
 
  private:
-  static constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
-  // One operand: `user` is the arena tensor, `inner` the layout the primitive wants. When they
-  // differ, `inner` lives in per-thread scratch (one slot per operand role), shared by all such
-  // kernels: they run one at a time on a thread, and the arena keeps no copies between ops.
-  struct Operand {
-    memory user, inner;
-    dnnl::reorder in;
-    bool reordered = false;
-    int slot = 0;
-    Operand() = default;
-    Operand(const memory::desc& user_d, const memory::desc& inner_d, int slot_)
-        : user(user_d, cpu(), DNNL_MEMORY_NONE), reordered(user_d != inner_d), slot(slot_) {
-      inner = reordered ? memory(inner_d, cpu(), DNNL_MEMORY_NONE) : user;
-      if (reordered && slot != kDstSlot) in = dnnl::reorder(user, inner);  // dst goes the other way
-    }
-    void bind(uint8_t* data) {
-      user.set_data_handle(data);
-      if (reordered) inner.set_data_handle(scratch(slot, inner.get_desc().get_size()));
-    }
-    void to_inner(dnnl::stream& strm) {
-      if (reordered && slot != kDstSlot) in.execute(strm, user, inner);
-    }
-    // At least `bytes` of 64-byte aligned (cache line, AVX-512 vector) scratch for `slot`.
-    static void* scratch(int slot, size_t bytes) {
-      struct Free { void operator()(void* p) const { std::free(p); } };
-      thread_local std::unique_ptr<void, Free> slots[3];
-      thread_local size_t sizes[3] = {0, 0, 0};
-      if (sizes[slot] < bytes) {
-        slots[slot].reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
-        if (!slots[slot]) throw std::bad_alloc();
-        sizes[slot] = bytes;
-      }
-      return slots[slot].get();
-    }
-  };
-
   Buffer x_, w_, y_, bias_, residual_;
   dnnl::convolution_forward conv_;
-  Operand src_, wei_, dst_;
+  ReorderedOperand src_, wei_, dst_;
   memory bias_mem_, residual_mem_;
   dnnl::reorder to_user_, residual_in_;
+  bool residual_copied_ = false;
   dnnl::stream strm_{cpu()};
 };
 
@@ -480,6 +510,42 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
   }
 }};
 
+// 2-D float32 pooling in channels-last: oneDNN has only a slow reference kernel for NCHW pooling,
+// and the reorders in and out cost less than it does.
+class ChannelsLastPoolKernel : public Kernel {
+ public:
+  ChannelsLastPoolKernel(dnnl::algorithm alg, const Buffer& x, const Buffer& y, const std::vector<int64_t>& kernel,
+                         const Window& win)
+      : x_(x), y_(y) {
+    const auto f32 = memory::data_type::f32;
+    const memory::desc xd = md(x.shape, elem_strides(x), f32), yd = md(y.shape, elem_strides(y), f32);
+    const memory::desc nhwc(xd.get_dims(), f32, memory::format_tag::nhwc);
+    dnnl::pooling_forward::primitive_desc pd(
+        cpu(), dnnl::prop_kind::forward_inference, alg, nhwc,
+        memory::desc(yd.get_dims(), f32, memory::format_tag::any), win.strides,
+        memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l, win.pad_r);
+    pool_ = dnnl::pooling_forward(pd);
+    src_ = ReorderedOperand(xd, pd.src_desc(), kSrcSlot);
+    dst_ = ReorderedOperand(yd, pd.dst_desc(), kDstSlot);
+    if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
+  }
+  void run(uint8_t* arena) override {
+    src_.bind(arena + x_.offset);
+    dst_.bind(arena + y_.offset);
+    src_.to_inner(strm_);
+    pool_.execute(strm_, {{DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_DST, dst_.inner}});
+    if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
+    strm_.wait();
+  }
+
+ private:
+  Buffer x_, y_;
+  dnnl::pooling_forward pool_;
+  ReorderedOperand src_, dst_;
+  dnnl::reorder to_user_;
+  dnnl::stream strm_{cpu()};
+};
+
 // Max pooling: padding never wins. Average pooling: padded positions are not counted.
 KernelFactory pooling(dnnl::algorithm alg) {
   return [alg](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
@@ -489,6 +555,13 @@ KernelFactory pooling(dnnl::algorithm alg) {
     const auto kernel = ins.attrs.at("kernel").ints();
     Window win = window_of(ins, kernel.size());
     fit_right_padding(win, spatial(x.shape), kernel, spatial(y.shape), false);
+    if (kernel.size() == 2 && all_f32({&x, &y})) {
+      try {
+        return std::make_unique<ChannelsLastPoolKernel>(alg, x, y, kernel, win);
+      } catch (const dnnl::error&) {
+        // fall through to the plain-layout primitive
+      }
+    }
     try {
       auto k = std::make_unique<DnnlKernel>();
       auto xd = md(x.shape, elem_strides(x), t), yd = md(y.shape, elem_strides(y), t);
