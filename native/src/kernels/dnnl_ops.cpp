@@ -8,6 +8,8 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 
@@ -405,7 +407,6 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
   const bool residual = fused && ins.attrs.at("residual").b();
   const Buffer* bias = fused ? &bufs[ins.inputs[2]] : nullptr;
   const Buffer* res = residual ? &bufs[ins.inputs[3]] : nullptr;
-  if (!all_f32({&x, &w, &y, bias, res})) return nullptr;
   BlockedConvKernel::Spec s{&x, &w, bias, res, &y, ins.attrs.at("groups").i(), window_of(ins, x.shape.size() - 2),
                             fused && ins.attrs.at("relu").b()};
   auto layouts = ins.attrs.find("layouts");
@@ -415,11 +416,19 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
     s.nhwc_y = l.at(1).s() == "nhwc";
     s.nhwc_residual = l.at(2).s() == "nhwc";
   }
+  // The NumPy fallback reads and writes NCHW: a channels-last operand must run here or nowhere.
+  const bool channels_last = s.nhwc_x || s.nhwc_y || s.nhwc_residual;
+  auto unsupported = [&](const char* why) -> std::unique_ptr<Kernel> {
+    if (!channels_last) return nullptr;
+    throw std::runtime_error("conv_fused '" + ins.name + "' has channels-last operands (layouts attribute) but " +
+                             why);
+  };
+  if (!all_f32({&x, &w, &y, bias, res})) return unsupported("is not all float32");
   fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(y.shape), false);
   try {
     return std::make_unique<BlockedConvKernel>(s);
-  } catch (const dnnl::error&) {
-    return nullptr;
+  } catch (const dnnl::error& e) {
+    return unsupported((std::string("oneDNN rejected it: ") + e.what()).c_str());
   }
 }
 
