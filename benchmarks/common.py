@@ -19,11 +19,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 # Framework keys, in table order. "popxl" is the primary popxl variant of a case (for training:
-# 100 steps per session.run); "popxl_1" is 1 step per run. "jax_scan" is 100 steps in one jitted
+# 100 steps per session.run); "popxl_1" is 1 step per run; "popxl_ops" is a program built directly
+# with popxl ops where the primary variant goes through the PopART front end. "jax_scan" is 100 steps in one jitted
 # lax.scan. Each key belongs to an installable family that --frameworks selects.
 FRAMEWORKS: Dict[str, str] = {
     "popxl": "popxl",
     "popxl_1": "popxl",
+    "popxl_ops": "popxl",
     "torch": "torch",
     "jax": "jax",
     "jax_scan": "jax",
@@ -32,6 +34,7 @@ FRAMEWORKS: Dict[str, str] = {
 LABELS: Dict[str, str] = {
     "popxl": "popxl",
     "popxl_1": "popxl 1 step/run",
+    "popxl_ops": "popxl ops (direct)",
     "torch": "PyTorch eager",
     "jax": "JAX jit",
     "jax_scan": "JAX scan(100)",

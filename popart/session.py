@@ -24,6 +24,7 @@ from onnx import numpy_helper
 import popxl
 import popxl.ops as ops
 from popxl import dtypes
+from popxl.transforms import fuse_conv
 from popart.dataflow import (AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO, PyStepIOCallback,
                              PyWeightsIO, TensorInfo)
 from popart.devices import DeviceInfo, DeviceType
@@ -206,6 +207,9 @@ class InferenceSession:
             self._check_anchors(set(self._importer.names()))
             for name in self.dataFlow.anchors():
                 self._sink_anchor(name, self._importer.tensor(name), main, thread, accumulators)
+        # Inference only (TrainingSession builds its own program): batch norms folded into the
+        # convolutions, computed on the device from the weights, and relu / residual adds fused in.
+        fuse_conv(body)
         self._finish_main(main, body, self._steps, thread, accumulators)
         self._ir = ir
 

@@ -4,6 +4,10 @@ One description of the network (`resnet18`, walking `Ops`) drives every framewor
 directly with ops.conv / batch_norm_inference / relu / max_pool / average_pool / matmul, PyTorch
 eager functional ops, a jitted JAX function, and an ONNX model (the same weights as initializers)
 for ONNX Runtime. Only the tensor type behind the `Ops` methods changes.
+
+The primary popxl line is that ONNX model imported through `popart.InferenceSession`
+(`batchesPerStep` batches looped in the engine per run), as the user's documents serve a model;
+the directly built popxl program is a second column. The tests import `resnet18_onnx` too.
 """
 from __future__ import annotations
 
@@ -46,8 +50,8 @@ def make_params(seed: int = 0) -> Dict[str, np.ndarray]:
     return p
 
 
-def make_input(seed: int = 1) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((BATCH, 3, 224, 224)).astype(np.float32)
+def make_input(seed: int = 1, batch: int = BATCH, image: int = 224) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, 3, image, image)).astype(np.float32)
 
 
 class Ops:
@@ -216,18 +220,20 @@ class OnnxOps(Ops):
         return self._node("Gemm", [flat, "fc.w", "fc.b"])
 
 
-def resnet18_onnx():
-    """The network as an ONNX ModelProto (opset 13), weights included."""
+def resnet18_onnx(batch: int = BATCH, image: int = 224, input_name: str = "x", output_name: str = "logits"):
+    """The network as an ONNX ModelProto (opset 13), weights included, for (batch, 3, image, image)
+    inputs (image a multiple of 32, the network's total stride)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     f = OnnxOps()
-    out = resnet18("x", f)
+    resnet18(input_name, f)
+    f.nodes[-1].output[0] = output_name
     params = make_params()
     graph = helper.make_graph(
         f.nodes, "resnet18",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 3, 224, 224])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [BATCH, CLASSES])],
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [batch, 3, image, image])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [batch, CLASSES])],
         [numpy_helper.from_array(a, k) for k, a in params.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     onnx.checker.check_model(model)
@@ -249,7 +255,29 @@ def build_ort() -> Bench:
     return Bench(lambda: sess.run(None, feed)[0], items=BATCH)
 
 
+# popxl through the PopART front end --------------------------------------------------------------
+BATCHES_PER_STEP = 2  # batches per session.run, looped in the engine
+
+
+def build_popart() -> Bench:
+    import popart
+
+    data_flow = popart.DataFlow(BATCHES_PER_STEP, {"logits": popart.AnchorReturnType("All")})
+    session = popart.InferenceSession(resnet18_onnx().SerializeToString(), data_flow,
+                                      popart.DeviceManager().createCpuDevice())
+    session.prepareDevice()
+    session.weightsFromHost()
+    anchors = session.initAnchorArrays()
+    # The same batch each step, so the logits compare with the other frameworks' single batch.
+    stepio = popart.PyStepIO({"x": np.stack([make_input()] * BATCHES_PER_STEP)}, anchors)
+
+    def call():
+        session.run(stepio)
+        return anchors["logits"]
+    return Bench(call, items=BATCH * BATCHES_PER_STEP, close=session.detach)
+
+
 def cases(quick: bool) -> List[Case]:
     # Convolution algorithms (direct, Winograd, im2col) round differently through 20 layers.
     return [Case("cnn_infer", f"ResNet-18, batch {BATCH}, 3x224x224", "images/s",
-                 {"popxl": build_popxl, "torch": build_torch, "jax": build_jax, "ort": build_ort}, rtol=1e-3)]
+                 {"popxl": build_popart, "popxl_ops": build_popxl, "torch": build_torch, "jax": build_jax, "ort": build_ort}, rtol=1e-3)]

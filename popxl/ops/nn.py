@@ -314,6 +314,52 @@ def _conv_pow2_kernel(x, w, s, strides, pads, dilations, groups):
 
 
 register(OpDef("conv", _conv_infer, _conv_kernel, family="nn"))
+
+
+# conv_fused: relu(conv(x, w) + bias[c] + residual), the residual and the relu optional. Not a
+# public op: `popxl.transforms.fuse_conv` makes it from conv / batch_norm_inference / add / relu
+# chains so that the native engine runs the chain as one oneDNN convolution with post-ops.
+#
+# ``layouts`` (optional, native engine only) says how x, y and the residual are laid out in memory:
+# "nchw" (the default) or "nhwc" for a 4-D tensor that only conv_fused ops read and write, so
+# consecutive convolutions skip the reorders to and from NCHW (`keep_channels_last`). The values
+# are the same either way, so the reference kernel ignores it.
+_LAYOUTS = ("nchw", "nhwc")
+
+
+def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, relu: bool, layouts=None):
+    if layouts is not None and (len(layouts) != 3 or any(v not in _LAYOUTS for v in layouts)):
+        raise ValueError(f"layouts must be three of {_LAYOUTS} (x, y, residual), got {layouts!r}")
+    if len(specs) != 3 + int(residual):
+        raise ValueError(f"takes (x, weight, bias{', residual' if residual else ''}), got {len(specs)} inputs")
+    (y,) = _conv_infer(specs[:2], strides, pads, dilations, groups)
+    _per_channel_check(y, specs[2:3], ("bias",))
+    if residual and (specs[3].shape != y.shape or specs[3].dtype is not y.dtype):
+        raise ValueError(f"residual must be {y.shape} {y.dtype.name} like the convolution's output, "
+                         f"got {specs[3].shape} {specs[3].dtype.name}")
+    return [y]
+
+
+def _conv_fused_kernel(x, w, bias, *rest, strides, pads, dilations, groups, residual: bool, relu: bool,
+                       layouts=None):
+    """In the accumulation dtype, rounded once at the end (as the oneDNN kernel does)."""
+    y = _conv_compute(x, w, strides, pads, dilations, groups) + _channel(bias, x.ndim, _wide(x.dtype))
+    if residual:
+        y = y + rest[0].astype(y.dtype)
+    return (np.maximum(y, 0) if relu else y).astype(x.dtype)
+
+
+register(OpDef("conv_fused", _conv_fused_infer, _conv_fused_kernel, grad=Grad.RAISE, family="nn"))
+
+
+def conv_fused(t: Tensor, weight: Tensor, bias: Tensor, residual: Optional[Tensor] = None, relu: bool = False,
+               **conv_attrs: Any) -> Tensor:
+    """relu(conv(t, weight) + bias + residual) as one op; ``conv_attrs`` are the explicit
+    attributes of a `conv` op (strides, pads, dilations, groups)."""
+    inputs = [t, weight, bias] + ([residual] if residual is not None else [])
+    return create_op("conv_fused", inputs, {**conv_attrs, "residual": residual is not None, "relu": relu})[0]
+
+
 register(OpDef("conv_pow2scaled", lambda specs, **a: _conv_infer(specs, fp8=True, **a), _conv_pow2_kernel,
                grad=Grad.RAISE, family="nn"))
 

@@ -1,6 +1,6 @@
 """The inference code of the user's PopART documents (shared/seeds 000, 001, 002, 004), run as
-written except that the AlexNet exported with torch is replaced by a small CNN saved under the
-same file name."""
+written except that the AlexNet exported with torch is replaced by a small CNN, or by the
+benchmark's ResNet-18 at a small image size, saved under the same file name."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +9,7 @@ import pytest
 from onnx import helper
 
 import popart
+from benchmarks.workloads.cnn import resnet18_onnx
 from popart_helpers import make_model, small_cnn
 
 
@@ -105,9 +106,17 @@ def test_error_hierarchy():
     assert {a.name for a in popart.RecoveryAction} == {"IPU_RESET", "LINK_RESET", "PARTITION_RESET", "POWER_CYCLE"}
 
 
-def test_importing_graphs_example(in_tmp):
-    # torch.onnx.export(model, input_, "alexnet.onnx", output_names=[output_name]) -> a small CNN
-    onnx.save(small_cnn(batch=4), "alexnet.onnx")
+# (model, image size, classes, whether the output is a softmax)
+CNNS = {"small_cnn": (lambda: small_cnn(batch=4), 8, 10, True),
+        "resnet18": (lambda: resnet18_onnx(batch=4, image=32, input_name="input.1", output_name="output"), 32, 1000,
+                     False)}
+
+
+@pytest.mark.parametrize("cnn", CNNS)
+def test_importing_graphs_example(in_tmp, cnn):
+    make, image, classes, softmax = CNNS[cnn]
+    # torch.onnx.export(model, input_, "alexnet.onnx", output_names=[output_name]) -> a CNN
+    onnx.save(make(), "alexnet.onnx")
     output_name = "output"
 
     # Obtain inputs/outputs name of loaded model
@@ -124,19 +133,23 @@ def test_importing_graphs_example(in_tmp):
     session = popart.InferenceSession("alexnet.onnx", dataFlow, device)
     session.prepareDevice()
 
-    input_1 = np.random.randn(4, 3, 8, 8).astype(np.float32)
+    input_1 = np.random.randn(4, 3, image, image).astype(np.float32)
     stepio = popart.PyStepIO({'input.1': input_1}, session.initAnchorArrays())
     # As written, the input holds one batch while batchesPerStep is 100: running it says so.
-    with pytest.raises(popart.StepIOError, match=r"expected \(100, 4, 3, 8, 8\)"):
+    with pytest.raises(popart.StepIOError, match=rf"expected \(100, 4, 3, {image}, {image}\)"):
         session.run(stepio)
     anchors = session.initAnchorArrays()
-    batches = np.random.randn(100, 4, 3, 8, 8).astype(np.float32)
+    batches = np.random.randn(100, 4, 3, image, image).astype(np.float32)
     session.run(popart.PyStepIO({'input.1': batches}, anchors))
-    assert anchors[output_name].shape == (100, 4, 10)
-    np.testing.assert_allclose(anchors[output_name].sum(-1), 1, rtol=1e-5)
+    assert anchors[output_name].shape == (100, 4, classes)
+    if softmax:
+        np.testing.assert_allclose(anchors[output_name].sum(-1), 1, rtol=1e-5)
+    else:  # logits: finite, and distinct batches give distinct ones
+        assert np.isfinite(anchors[output_name]).all()
+        assert not np.allclose(anchors[output_name][0], anchors[output_name][1])
 
     # The older form of the same example (seed 002): a dataFeed positional argument.
     dataFeed = popart.DataFlow(100, {"output": popart.AnchorReturnType("ALL")})
     session = popart.InferenceSession("alexnet.onnx", dataFeed, device)
     session.prepareDevice()
-    assert session.initAnchorArrays()["output"].shape == (100, 4, 10)
+    assert session.initAnchorArrays()["output"].shape == (100, 4, classes)

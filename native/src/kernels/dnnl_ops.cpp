@@ -1,10 +1,17 @@
 // Kernels backed by oneDNN: matmul (batched, broadcast, strided/transposed operands), softmax,
-// convolution, transposed convolution and max/average pooling. Primitives are created once at
+// convolution (also fused with bias, residual sum and relu), transposed convolution and max/average
+// pooling. Primitives are created once at
 // load; each run only points their memory at the arena. A configuration oneDNN rejects (e.g. a
 // dtype this CPU lacks) makes the factory return nullptr, and the op runs on the fallback.
 #include <omp.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 
@@ -272,8 +279,197 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer&
   return {dims, str};
 }
 
+constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
+// One operand: `user` is the arena tensor, `inner` the layout the primitive wants. When they
+// differ, `inner` lives in per-thread scratch (one slot per operand role), shared by all such
+// kernels (convolutions, pooling): they run one at a time on a thread, and the arena keeps no
+// copies between ops.
+//
+// With `keep` (weights), `inner` is the operand's own and is reordered again only when the bytes
+// of `user` differ from those it was last reordered from: weights, even when an inference
+// session computes them on the device each step (batch norm folded in), rarely change, and a
+// byte comparison is far cheaper than a reorder. `user` must then be contiguous.
+struct ReorderedOperand {
+  struct Free { void operator()(void* p) const { std::free(p); } };
+  memory user, inner;
+  dnnl::reorder in;
+  bool reordered = false;
+  int slot = 0;
+  bool keep = false;
+  std::unique_ptr<void, Free> own;  // `inner`'s storage when kept
+  std::vector<uint8_t> last;        // the user bytes `inner` was reordered from
+  ReorderedOperand() = default;
+  ReorderedOperand(const memory::desc& user_d, const memory::desc& inner_d, int slot_, bool keep_ = false)
+      : user(user_d, cpu(), DNNL_MEMORY_NONE), reordered(user_d != inner_d), slot(slot_), keep(keep_) {
+    inner = reordered ? memory(inner_d, cpu(), DNNL_MEMORY_NONE) : user;
+    if (reordered && slot != kDstSlot) in = dnnl::reorder(user, inner);  // dst goes the other way
+    if (reordered && keep) {
+      own.reset(aligned(inner_d.get_size()));
+      inner.set_data_handle(own.get());
+    }
+  }
+  void bind(uint8_t* data) {
+    user.set_data_handle(data);
+    if (reordered && !keep) inner.set_data_handle(scratch(slot, inner.get_desc().get_size()));
+  }
+  void to_inner(dnnl::stream& strm) {
+    if (!reordered || slot == kDstSlot) return;
+    if (keep) {
+      const auto* bytes = static_cast<const uint8_t*>(user.get_data_handle());
+      const size_t n = user.get_desc().get_size();
+      if (last.size() == n && std::memcmp(last.data(), bytes, n) == 0) return;
+      last.assign(bytes, bytes + n);
+    }
+    in.execute(strm, user, inner);
+  }
+  static void* aligned(size_t bytes) {  // 64-byte aligned: cache line, AVX-512 vector
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  // At least `bytes` of aligned scratch for `slot`.
+  static void* scratch(int slot, size_t bytes) {
+    thread_local std::unique_ptr<void, Free> slots[3];
+    thread_local size_t sizes[3] = {0, 0, 0};
+    if (sizes[slot] < bytes) {
+      slots[slot].reset(aligned(bytes));
+      sizes[slot] = bytes;
+    }
+    return slots[slot].get();
+  }
+};
+
+// A float32 convolution in the layouts oneDNN's JIT kernels want. The primitive chooses the
+// activation and weight formats (format_tag::any, usually channel-blocked); the arena holds plain
+// NCHW/OIHW tensors, which would send oneDNN to its slower im2col+GEMM implementation, so each
+// run reorders the operands in and the result out; contiguous weights only when their bytes
+// changed. Values that popxl.transforms.keep_channels_last keeps NHWC skip most of these.
+// `bias`, and the post-ops `residual` (a sum into the destination) and `relu`, serve conv_fused.
+class BlockedConvKernel : public Kernel {
+ public:
+  struct Spec {
+    const Buffer *x, *w, *bias, *residual, *y;
+    int64_t groups;
+    Window win;
+    bool relu;
+    bool nhwc_x = false, nhwc_y = false, nhwc_residual = false;  // conv_fused's `layouts`
+  };
+
+  explicit BlockedConvKernel(const Spec& s) : x_(*s.x), w_(*s.w), y_(*s.y) {
+    const auto f32 = memory::data_type::f32;
+    auto [wdims, wstr] = conv_weights(w_, s.groups, false);
+    // A tensor kept channels-last between convolutions (popxl.transforms.keep_channels_last) is
+    // contiguous NHWC in the arena; any other is the strided NCHW view the buffer describes.
+    auto user = [f32](const Buffer& b, bool nhwc) {
+      return nhwc ? memory::desc(memory::dims(b.shape.begin(), b.shape.end()), f32, memory::format_tag::nhwc)
+                  : md(b.shape, elem_strides(b), f32);
+    };
+    const memory::desc xd = user(x_, s.nhwc_x), wd = md(wdims, wstr, f32), yd = user(y_, s.nhwc_y);
+    auto any = [](const memory::desc& d) { return memory::desc(d.get_dims(), d.get_data_type(), memory::format_tag::any); };
+    dnnl::post_ops ops;
+    if (s.residual) ops.append_sum(1.f);
+    if (s.relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    const Window& win = s.win;
+    auto pd = s.bias ? dnnl::convolution_forward::primitive_desc(
+                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(xd),
+                           any(wd), md(s.bias->shape, elem_strides(*s.bias), f32), any(yd), win.strides, win.dilates,
+                           win.pad_l, win.pad_r, attr)
+                     : dnnl::convolution_forward::primitive_desc(
+                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(xd),
+                           any(wd), any(yd), win.strides, win.dilates, win.pad_l, win.pad_r, attr);
+    conv_ = dnnl::convolution_forward(pd);
+    src_ = ReorderedOperand(xd, pd.src_desc(), kSrcSlot);
+    wei_ = ReorderedOperand(wd, pd.weights_desc(), kWeightsSlot, w_.contiguous);
+    dst_ = ReorderedOperand(yd, pd.dst_desc(), kDstSlot);
+    if (s.bias) { bias_ = *s.bias; bias_mem_ = memory(pd.bias_desc(), cpu(), DNNL_MEMORY_NONE); }
+    if (s.residual) {
+      residual_ = *s.residual;
+      residual_mem_ = memory(user(residual_, s.nhwc_residual), cpu(), DNNL_MEMORY_NONE);
+      residual_copied_ = residual_.contiguous && residual_mem_.get_desc() == pd.dst_desc();
+      if (!residual_copied_) residual_in_ = dnnl::reorder(residual_mem_, dst_.inner);
+    }
+    if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
+  }
+
+  void run(uint8_t* arena) override {
+    src_.bind(arena + x_.offset);
+    wei_.bind(arena + w_.offset);
+    dst_.bind(arena + y_.offset);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_WEIGHTS, wei_.inner}, {DNNL_ARG_DST, dst_.inner}};
+    if (bias_mem_) {
+      bias_mem_.set_data_handle(arena + bias_.offset);
+      args.emplace(DNNL_ARG_BIAS, bias_mem_);
+    }
+    src_.to_inner(strm_);
+    wei_.to_inner(strm_);
+    if (residual_mem_) {  // the sum post-op adds what the destination holds
+      if (residual_copied_) {  // the same dense layout: a memcpy beats oneDNN's generic reorder
+        std::memcpy(dst_.inner.get_data_handle(), arena + residual_.offset, residual_.nbytes());
+      } else {
+        residual_mem_.set_data_handle(arena + residual_.offset);
+        residual_in_.execute(strm_, residual_mem_, dst_.inner);
+      }
+    }
+    conv_.execute(strm_, args);
+    if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
+    strm_.wait();
+  }
+
+ private:
+  Buffer x_, w_, y_, bias_, residual_;
+  dnnl::convolution_forward conv_;
+  ReorderedOperand src_, wei_, dst_;
+  memory bias_mem_, residual_mem_;
+  dnnl::reorder to_user_, residual_in_;
+  bool residual_copied_ = false;
+  dnnl::stream strm_{cpu()};
+};
+
+bool all_f32(std::initializer_list<const Buffer*> bs) {
+  for (const Buffer* b : bs)
+    if (b && (b->dtype != DType::F32 || b->nelms == 0)) return false;
+  return true;
+}
+
+// conv (float32) and conv_fused: x, w, [bias, [residual]] -> y.
+std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffer>& bufs, bool fused) {
+  const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+  const bool residual = fused && ins.attrs.at("residual").b();
+  const Buffer* bias = fused ? &bufs[ins.inputs[2]] : nullptr;
+  const Buffer* res = residual ? &bufs[ins.inputs[3]] : nullptr;
+  BlockedConvKernel::Spec s{&x, &w, bias, res, &y, ins.attrs.at("groups").i(), window_of(ins, x.shape.size() - 2),
+                            fused && ins.attrs.at("relu").b()};
+  auto layouts = ins.attrs.find("layouts");
+  if (layouts != ins.attrs.end() && !layouts->second.is_none()) {
+    const AttrList& l = layouts->second.list();
+    s.nhwc_x = l.at(0).s() == "nhwc";
+    s.nhwc_y = l.at(1).s() == "nhwc";
+    s.nhwc_residual = l.at(2).s() == "nhwc";
+  }
+  // The NumPy fallback reads and writes NCHW: a channels-last operand must run here or nowhere.
+  const bool channels_last = s.nhwc_x || s.nhwc_y || s.nhwc_residual;
+  auto unsupported = [&](const char* why) -> std::unique_ptr<Kernel> {
+    if (!channels_last) return nullptr;
+    throw std::runtime_error("conv_fused '" + ins.name + "' has channels-last operands (layouts attribute) but " +
+                             why);
+  };
+  if (!all_f32({&x, &w, &y, bias, res})) return unsupported("is not all float32");
+  fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(y.shape), false);
+  try {
+    return std::make_unique<BlockedConvKernel>(s);
+  } catch (const dnnl::error& e) {
+    return unsupported((std::string("oneDNN rejected it: ") + e.what()).c_str());
+  }
+}
+
 KernelFactory convolution(bool transposed, bool pow2 = false) {
   return [transposed, pow2](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
+    if (!transposed && !pow2) {
+      if (auto k = blocked_conv(ins, bufs, false)) return k;
+    }
     const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
     memory::data_type t;
     if (!dnnl_type(x.dtype, t) || !dnnl_type(w.dtype, t) || !dnnl_type(y.dtype, t)) return nullptr;
@@ -360,6 +556,42 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
   }
 }};
 
+// 2-D float32 pooling in channels-last: oneDNN has only a slow reference kernel for NCHW pooling,
+// and the reorders in and out cost less than it does.
+class ChannelsLastPoolKernel : public Kernel {
+ public:
+  ChannelsLastPoolKernel(dnnl::algorithm alg, const Buffer& x, const Buffer& y, const std::vector<int64_t>& kernel,
+                         const Window& win)
+      : x_(x), y_(y) {
+    const auto f32 = memory::data_type::f32;
+    const memory::desc xd = md(x.shape, elem_strides(x), f32), yd = md(y.shape, elem_strides(y), f32);
+    const memory::desc nhwc(xd.get_dims(), f32, memory::format_tag::nhwc);
+    dnnl::pooling_forward::primitive_desc pd(
+        cpu(), dnnl::prop_kind::forward_inference, alg, nhwc,
+        memory::desc(yd.get_dims(), f32, memory::format_tag::any), win.strides,
+        memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l, win.pad_r);
+    pool_ = dnnl::pooling_forward(pd);
+    src_ = ReorderedOperand(xd, pd.src_desc(), kSrcSlot);
+    dst_ = ReorderedOperand(yd, pd.dst_desc(), kDstSlot);
+    if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
+  }
+  void run(uint8_t* arena) override {
+    src_.bind(arena + x_.offset);
+    dst_.bind(arena + y_.offset);
+    src_.to_inner(strm_);
+    pool_.execute(strm_, {{DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_DST, dst_.inner}});
+    if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
+    strm_.wait();
+  }
+
+ private:
+  Buffer x_, y_;
+  dnnl::pooling_forward pool_;
+  ReorderedOperand src_, dst_;
+  dnnl::reorder to_user_;
+  dnnl::stream strm_{cpu()};
+};
+
 // Max pooling: padding never wins. Average pooling: padded positions are not counted.
 KernelFactory pooling(dnnl::algorithm alg) {
   return [alg](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
@@ -369,6 +601,13 @@ KernelFactory pooling(dnnl::algorithm alg) {
     const auto kernel = ins.attrs.at("kernel").ints();
     Window win = window_of(ins, kernel.size());
     fit_right_padding(win, spatial(x.shape), kernel, spatial(y.shape), false);
+    if (kernel.size() == 2 && all_f32({&x, &y})) {
+      try {
+        return std::make_unique<ChannelsLastPoolKernel>(alg, x, y, kernel, win);
+      } catch (const dnnl::error&) {
+        // fall through to the plain-layout primitive
+      }
+    }
     try {
       auto k = std::make_unique<DnnlKernel>();
       k->single_thread = y.nelms * prod(kernel) < kSingleThreadWork;
@@ -389,6 +628,7 @@ KernelFactory pooling(dnnl::algorithm alg) {
 
 const RegisterKernel window_ops[] = {
     {{"conv"}, convolution(false)},
+    {{"conv_fused"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) { return blocked_conv(ins, bufs, true); }},
     {{"conv_transpose"}, convolution(true)},
     {{"conv_pow2scaled"}, convolution(false, true)},
     {{"conv_transpose_pow2scaled"}, convolution(true, true)},

@@ -1,0 +1,152 @@
+"""fuse_conv: inference rewrites that turn convolution chains into single ``conv_fused`` ops
+(relu(conv(x, w) + bias + residual)), which the native engine runs as one oneDNN convolution
+with post-ops instead of three or four passes over the activations.
+
+1. ``batch_norm_inference(conv(x, w), scale, bias, mean, var)`` becomes
+   ``conv_fused(x, w * s, bias - mean * s)`` with ``s = scale / sqrt(var + eps)`` per output
+   channel. The folded weights and bias are computed *on the device from the variables*, by
+   ordinary ops in the graph, each time the graph runs: a user who later writes new weights
+   (``weightsFromHost``, ``writeWeights``, ``resetHostWeights``) gets them folded with no
+   refolding step, and the variables (what ``modelToHost`` saves) stay the user's.
+2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
+   ``other`` as its residual; one whose output is read only by ``relu`` takes the relu.
+
+3. (`keep_channels_last`) A 4-D float32 value that a ``conv_fused`` writes and only
+   ``conv_fused`` ops read (as input or residual) is kept channels-last (NHWC) in memory: the
+   layout oneDNN's convolutions use on this CPU, so it is not reordered out and back in between
+   them. Only the native engine's memory layout changes (the ``layouts`` attribute); values and
+   shapes do not.
+
+Intermediate values vanish, so these are for inference: gradients of ``conv_fused`` are not
+defined (autodiff raises). A value that anything else reads (another op, a graph output, a host
+store of an anchor) is never fused away.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+from popxl.graph import Graph
+from popxl.op import Op
+from popxl.tensor import Tensor
+
+__all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "keep_channels_last"]
+
+
+def fuse_conv(graph: Graph) -> Graph:
+    """All three rewrites, in place, on ``graph``. Returns ``graph``."""
+    return keep_channels_last(fuse_conv_post_ops(fold_batch_norm(graph)))
+
+
+def _only_reader(graph: Graph, t: Tensor) -> Optional[Op]:
+    """The one op of ``graph`` that reads ``t``, if exactly one does and ``t`` is not a graph output."""
+    if any(o is t for o in graph.outputs):
+        return None
+    readers = [op for op in graph._ops if any(i is t for i in op.inputs)]
+    return readers[0] if len(readers) == 1 and readers[0].inputs.count(t) == 1 else None
+
+
+def _replace(graph: Graph, old: Sequence[Op], build: Callable[[], Tensor]) -> Op:
+    """Replace the chain ``old`` (in graph order; its last op's output is the chain's result) with
+    the ops ``build`` traces. The new ops go where the last old op was (every input of the chain is
+    available there), and the last new op takes over the result tensor, so readers are unchanged."""
+    before = len(graph._ops)
+    with graph:
+        new_out = build()
+    made = graph._ops[before:]
+    del graph._ops[before:]
+    last = new_out.producer
+    (result,) = old[-1].outputs
+    graph._tensors.pop(new_out.id, None)
+    result._producer = last
+    last.outputs = (result,)
+    for op in old[:-1]:
+        for t in op.outputs:
+            graph._tensors.pop(t.id, None)
+        graph._ops.remove(op)
+    at = graph._ops.index(old[-1])
+    graph._ops[at:at + 1] = made
+    return last
+
+
+def _per_channel(t: Tensor, rank: int) -> Tensor:
+    import popxl.ops as ops
+    return ops.reshape(t, (t.shape[0],) + (1,) * (rank - 1))
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    """Rewrite 1 above, in place. Returns ``graph``."""
+    import popxl.ops as ops
+    from popxl.ops.nn import conv_fused
+
+    graph.ir._check_mutable()
+    for bn in [op for op in graph._ops if op.type == "batch_norm_inference"]:
+        conv = bn.inputs[0].producer
+        if conv is None or conv.graph is not graph or conv.type != "conv" or _only_reader(graph, conv.outputs[0]) is not bn:
+            continue
+        x, w = conv.inputs
+        scale, bias, mean, var = bn.inputs[1:]
+        if len({t.dtype for t in (x, w, scale, bias, mean, var)}) != 1:
+            continue
+
+        def build(x=x, w=w, scale=scale, bias=bias, mean=mean, var=var, eps=bn.attrs["epsilon"], attrs=conv.attrs):
+            s = scale / ops.sqrt(var + eps)
+            return conv_fused(x, w * _per_channel(s, w.rank), bias - mean * s, **attrs)
+        _replace(graph, [conv, bn], build)
+    return graph
+
+
+def fuse_conv_post_ops(graph: Graph) -> Graph:
+    """Rewrite 2 above, in place. Returns ``graph``."""
+    from popxl.ops.nn import conv_fused
+
+    graph.ir._check_mutable()
+    for op in [op for op in graph._ops if op.type == "conv_fused"]:
+        while True:
+            reader = _only_reader(graph, op.outputs[0])
+            if reader is None:
+                break
+            inputs: List[Tensor] = list(op.inputs)
+            attrs = dict(op.attrs)
+            if reader.type == "add" and not attrs["residual"] and not attrs["relu"]:
+                other = [t for t in reader.inputs if t is not op.outputs[0]]
+                if len(other) != 1 or other[0].shape != op.outputs[0].shape or other[0].dtype != op.outputs[0].dtype:
+                    break
+                inputs.append(other[0])
+                attrs["residual"] = True
+            elif reader.type == "relu" and not attrs["relu"]:
+                attrs["relu"] = True
+            else:
+                break
+            residual = inputs[3] if attrs.pop("residual") else None
+            conv_attrs = {k: v for k, v in attrs.items() if k != "relu"}
+            op = _replace(graph, [op, reader],
+                          lambda: conv_fused(*inputs[:3], residual=residual, relu=attrs["relu"], **conv_attrs))
+    return graph
+
+
+def keep_channels_last(graph: Graph) -> Graph:
+    """Rewrite 3 above, in place. Returns ``graph``."""
+    import popxl
+
+    graph.ir._check_mutable()
+    convs = [op for op in graph._ops if op.type == "conv_fused"]
+    readers = {}
+    for op in graph._ops:
+        for t in op.inputs:
+            readers.setdefault(t.id, []).append(op)
+    outputs = {t.id for t in graph.outputs}
+    layouts = {id(op): list(op.attrs.get("layouts") or ("nchw",) * 3) for op in convs}
+    for op in convs:
+        (y,) = op.outputs
+        reads = readers.get(y.id, [])
+        if y.rank != 4 or y.dtype != popxl.float32 or y.id in outputs or not reads:
+            continue
+        if any(r.type != "conv_fused" or r.inputs.index(y) not in (0, 3) or r.inputs.count(y) != 1 for r in reads):
+            continue
+        layouts[id(op)][1] = "nhwc"
+        for r in reads:
+            layouts[id(r)][0 if r.inputs[0] is y else 2] = "nhwc"
+    for op in convs:
+        if "nhwc" in layouts[id(op)]:
+            op.attrs["layouts"] = tuple(layouts[id(op)])
+    return graph

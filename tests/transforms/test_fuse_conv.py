@@ -1,0 +1,129 @@
+"""conv_fused (relu(conv + bias + residual)) on both engines, and the fuse_conv transform that
+makes it from conv / batch_norm_inference / add / relu chains: same values, fewer ops, and
+nothing fused away that something else reads."""
+from __future__ import annotations
+
+from typing import Callable, List
+
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+from popxl.ops.nn import conv_fused
+from popxl.transforms import fuse_conv
+
+from engine_harness import compare_engines
+
+rng = np.random.default_rng(0)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+CONV_ATTRS = [
+    dict(strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), groups=1),
+    dict(strides=(2, 2), pads=(0, 1, 1, 0), dilations=(1, 1), groups=2),
+    dict(strides=(1, 2), pads=(2, 2, 2, 2), dilations=(2, 1), groups=1),
+]
+
+
+@pytest.mark.parametrize("attrs", CONV_ATTRS)
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+def test_conv_fused_native_matches_reference(attrs, residual, relu):
+    x, w, b = rand(2, 4, 9, 8), rand(6, 4 // attrs["groups"], 3, 3), rand(6)
+    with popxl.Ir().main_graph:  # the output shape, for the residual
+        shape = conv_fused(popxl.constant(x), popxl.constant(w), popxl.constant(b), **attrs).shape
+    inputs = [x, w, b] + ([rand(*shape)] if residual else [])
+    compare_engines(lambda *t: conv_fused(*t[:3], residual=t[3] if residual else None, relu=relu, **attrs),
+                    inputs, rtol=1e-5, atol=1e-5, native_ops=["conv_fused"])
+
+
+def test_conv_fused_checks_its_inputs():
+    with popxl.Ir().main_graph:
+        x, w = popxl.constant(rand(1, 2, 4, 4)), popxl.constant(rand(3, 2, 3, 3))
+        with pytest.raises(ValueError, match="bias must have shape"):
+            conv_fused(x, w, popxl.constant(rand(2)), **CONV_ATTRS[0])
+        with pytest.raises(ValueError, match="residual must be"):
+            conv_fused(x, w, popxl.constant(rand(3)), popxl.constant(rand(1, 3, 2, 2)), **CONV_ATTRS[0])
+
+
+def _conv_bn(x: popxl.Tensor, r: np.random.Generator) -> popxl.Tensor:
+    """conv 3x3 (4 -> 4 channels, padding 1) then batch norm, with weights drawn from ``r``."""
+    w = r.standard_normal((4, 4, 3, 3)) * 0.3
+    stats = (1 + 0.1 * r.standard_normal(4), r.standard_normal(4), r.standard_normal(4), r.uniform(0.5, 1.5, 4))
+    params = [popxl.variable(a.astype(np.float32)) for a in stats]
+    return ops.batch_norm_inference(ops.conv(x, popxl.variable(w.astype(np.float32)), padding=(1, 1, 1, 1)), *params)
+
+
+def _residual_block(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.Tensor]:
+    """conv-bn-relu, conv-bn, + x, relu: the ResNet basic block."""
+    return [ops.relu(_conv_bn(ops.relu(_conv_bn(x, r)), r) + x)]
+
+
+def _shared_intermediate(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.Tensor]:
+    """The conv output is also an output, the bn output is read twice: only what is safe fuses."""
+    c = ops.conv(x, popxl.variable(r.standard_normal((4, 4, 3, 3)).astype(np.float32)), padding=(1, 1, 1, 1))
+    y = ops.batch_norm_inference(c, *[popxl.variable(np.ones(4, np.float32)) for _ in range(4)])
+    z = _conv_bn(x, r)
+    return [c, y, ops.relu(z) + ops.tanh(z)]
+
+
+def _run(build: Callable, x: np.ndarray, fuse: bool):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream(x.shape, popxl.float32)
+        outs = build(ops.host_load(s), np.random.default_rng(5))
+        d2h = [popxl.d2h_stream(t.shape, t.dtype) for t in outs]
+        for d, t in zip(d2h, outs):
+            ops.host_store(d, t)
+    if fuse:
+        fuse_conv(ir.main_graph)
+    types = [op.type for op in ir.main_graph.ops]
+    with popxl.Session(ir, "cpu") as session:
+        res = session.run({s: x})
+    return [res[d] for d in d2h], types
+
+
+@pytest.mark.parametrize("build,fused_types", [
+    (_residual_block, {"conv_fused": 2}),
+    (_shared_intermediate, {"conv": 1, "batch_norm_inference": 1, "conv_fused": 1, "relu": 1}),
+])
+def test_fuse_conv_keeps_values(build, fused_types):
+    x = rand(2, 4, 6, 6)
+    want, plain = _run(build, x, fuse=False)
+    got, types = _run(build, x, fuse=True)
+    for t, n in fused_types.items():
+        assert types.count(t) == n, types
+    assert "batch_norm_inference" not in types or "conv" in types
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_residual_block_fuses_into_two_ops_with_post_ops():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        (out,) = _residual_block(popxl.variable(rand(1, 4, 5, 5)), np.random.default_rng(5))
+    fuse_conv(ir.main_graph)
+    fused = [op for op in ir.main_graph.ops if op.type == "conv_fused"]
+    assert [(op.attrs["residual"], op.attrs["relu"]) for op in fused] == [(False, True), (True, True)]
+    assert out.producer is fused[1]
+    # what remains besides them computes the folded weights and biases (var + eps, ...), not activations
+    assert not [op for op in ir.main_graph.ops
+                if op.type in ("conv", "batch_norm_inference", "relu") or (op.type == "add" and op.outputs[0].rank == 4)]
+    # the value between the two convolutions stays channels-last; the block's input and output do not
+    assert [op.attrs["layouts"] for op in fused] == [("nchw", "nhwc", "nchw"), ("nhwc", "nchw", "nchw")]
+
+
+def test_fused_residual_blocks_native_match_reference():
+    """Two blocks: channels-last values passed as input and as residual between conv_fused ops."""
+    def build(x):
+        r = np.random.default_rng(9)
+        (y,) = _residual_block(x, r)
+        (z,) = _residual_block(y, r)
+        fuse_conv(x.graph)
+        assert any("nhwc" in (op.attrs.get("layouts") or ()) for op in x.graph.ops if op.type == "conv_fused")
+        return z
+    compare_engines(build, [rand(2, 4, 7, 6)], rtol=1e-4, atol=1e-4, native_ops=["conv_fused"])
