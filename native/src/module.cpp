@@ -63,6 +63,15 @@ struct PyFallback : Kernel {
   }
 };
 
+// Whether an op's "layouts" attribute (popxl.transforms.keep_channels_last) puts an operand in NHWC.
+bool keeps_channels_last(const OpInstr& op) {
+  auto it = op.attrs.find("layouts");
+  if (it == op.attrs.end() || it->second.is_none()) return false;
+  for (auto& l : it->second.list())
+    if (l.s() == "nhwc") return true;
+  return false;
+}
+
 std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force_fallback) {
   auto e = std::make_unique<Engine>();
   e->arena_bytes = nb::cast<int64_t>(exe["arena_bytes"]);
@@ -114,6 +123,9 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
         std::unique_ptr<Kernel> k;
         auto it = registry.find(op.type);
         bool force = std::find(forced.begin(), forced.end(), op.type) != forced.end();
+        if (force && keeps_channels_last(op))  // the NumPy kernel would read NHWC memory as NCHW
+          throw std::invalid_argument("force_fallback: op '" + op.name + "' (" + op.type +
+                                      ") has channels-last operands, which only its native kernel reads");
         if (it != registry.end() && !force) k = it->second(op, e->buffers);
         const int index = static_cast<int>(e->kernels.size());
         if (!k) k = std::make_unique<PyFallback>(fallback, index);

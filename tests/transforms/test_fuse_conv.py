@@ -127,3 +127,18 @@ def test_fused_residual_blocks_native_match_reference():
         assert any("nhwc" in (op.attrs.get("layouts") or ()) for op in x.graph.ops if op.type == "conv_fused")
         return z
     compare_engines(build, [rand(2, 4, 7, 6)], rtol=1e-4, atol=1e-4, native_ops=["conv_fused"])
+
+
+def test_channels_last_ops_refuse_the_numpy_fallback():
+    from popxl.compiler import lower
+    from popxl.engines.native import NativeEngine
+    ir = popxl.Ir()
+    with ir.main_graph:
+        r = np.random.default_rng(9)
+        (y,) = _residual_block(popxl.variable(rand(1, 4, 5, 5)), r)
+        _residual_block(y, r)
+        fuse_conv(ir.main_graph)
+    exe = lower(ir)
+    NativeEngine(exe)  # fine: the native kernel reads the channels-last operands
+    with pytest.raises(ValueError, match="channels-last operands, which only its native kernel reads"):
+        NativeEngine(exe, force_fallback=["conv_fused"])
