@@ -123,10 +123,12 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
         std::unique_ptr<Kernel> k;
         auto it = registry.find(op.type);
         bool force = std::find(forced.begin(), forced.end(), op.type) != forced.end();
-        if (force && keeps_channels_last(op))  // the NumPy kernel would read NHWC memory as NCHW
-          throw std::invalid_argument("force_fallback: op '" + op.name + "' (" + op.type +
-                                      ") has channels-last operands, which only its native kernel reads");
         if (it != registry.end() && !force) k = it->second(op, e->buffers);
+        if (!k && keeps_channels_last(op))  // the NumPy kernel would read NHWC memory as NCHW
+          throw std::invalid_argument("op '" + op.name + "' (" + op.type + ") has channels-last operands, which "
+                                      "only its native kernel reads, but " +
+                                      (force ? std::string("force_fallback names it")
+                                             : std::string("that kernel cannot run it (dtypes or oneDNN)")));
         const int index = static_cast<int>(e->kernels.size());
         if (!k) k = std::make_unique<PyFallback>(fallback, index);
         n.kernel = index;

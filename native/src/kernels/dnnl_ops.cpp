@@ -10,8 +10,6 @@
 #include <cstring>
 #include <memory>
 #include <new>
-#include <stdexcept>
-#include <string>
 #include <tuple>
 #include <unordered_map>
 
@@ -391,18 +389,16 @@ class BlockedConvKernel : public Kernel {
       if (!residual_copied_) residual_in_ = dnnl::reorder(residual_mem_, dst_.inner);
     }
     if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
+    // memory objects are handles: the data pointers bound each run are seen through these copies
+    args_ = {{DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_WEIGHTS, wei_.inner}, {DNNL_ARG_DST, dst_.inner}};
+    if (bias_mem_) args_.emplace(DNNL_ARG_BIAS, bias_mem_);
   }
 
   void run(uint8_t* arena) override {
     src_.bind(arena + x_.offset);
     wei_.bind(arena + w_.offset);
     dst_.bind(arena + y_.offset);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_WEIGHTS, wei_.inner}, {DNNL_ARG_DST, dst_.inner}};
-    if (bias_mem_) {
-      bias_mem_.set_data_handle(arena + bias_.offset);
-      args.emplace(DNNL_ARG_BIAS, bias_mem_);
-    }
+    if (bias_mem_) bias_mem_.set_data_handle(arena + bias_.offset);
     src_.to_inner(strm_);
     wei_.to_inner(strm_);
     if (residual_mem_) {  // the sum post-op adds what the destination holds
@@ -413,7 +409,7 @@ class BlockedConvKernel : public Kernel {
         residual_in_.execute(strm_, residual_mem_, dst_.inner);
       }
     }
-    conv_.execute(strm_, args);
+    conv_.execute(strm_, args_);
     if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
     strm_.wait();
   }
@@ -421,6 +417,7 @@ class BlockedConvKernel : public Kernel {
  private:
   Buffer x_, w_, y_, bias_, residual_;
   dnnl::convolution_forward conv_;
+  std::unordered_map<int, memory> args_;
   ReorderedOperand src_, wei_, dst_;
   memory bias_mem_, residual_mem_;
   dnnl::reorder to_user_, residual_in_;
@@ -449,19 +446,13 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
     s.nhwc_y = l.at(1).s() == "nhwc";
     s.nhwc_residual = l.at(2).s() == "nhwc";
   }
-  // The NumPy fallback reads and writes NCHW: a channels-last operand must run here or nowhere.
-  const bool channels_last = s.nhwc_x || s.nhwc_y || s.nhwc_residual;
-  auto unsupported = [&](const char* why) -> std::unique_ptr<Kernel> {
-    if (!channels_last) return nullptr;
-    throw std::runtime_error("conv_fused '" + ins.name + "' has channels-last operands (layouts attribute) but " +
-                             why);
-  };
-  if (!all_f32({&x, &w, &y, bias, res})) return unsupported("is not all float32");
+  // nullptr: the op falls back (the loader refuses that for channels-last operands).
+  if (!all_f32({&x, &w, &y, bias, res})) return nullptr;
   fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(y.shape), false);
   try {
     return std::make_unique<BlockedConvKernel>(s);
-  } catch (const dnnl::error& e) {
-    return unsupported((std::string("oneDNN rejected it: ") + e.what()).c_str());
+  } catch (const dnnl::error&) {
+    return nullptr;
   }
 }
 
@@ -574,12 +565,13 @@ class ChannelsLastPoolKernel : public Kernel {
     src_ = ReorderedOperand(xd, pd.src_desc(), kSrcSlot);
     dst_ = ReorderedOperand(yd, pd.dst_desc(), kDstSlot);
     if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
+    args_ = {{DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_DST, dst_.inner}};
   }
   void run(uint8_t* arena) override {
     src_.bind(arena + x_.offset);
     dst_.bind(arena + y_.offset);
     src_.to_inner(strm_);
-    pool_.execute(strm_, {{DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_DST, dst_.inner}});
+    pool_.execute(strm_, args_);
     if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
     strm_.wait();
   }
@@ -587,6 +579,7 @@ class ChannelsLastPoolKernel : public Kernel {
  private:
   Buffer x_, y_;
   dnnl::pooling_forward pool_;
+  std::unordered_map<int, memory> args_;
   ReorderedOperand src_, dst_;
   dnnl::reorder to_user_;
   dnnl::stream strm_{cpu()};

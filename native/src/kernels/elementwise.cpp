@@ -25,12 +25,11 @@ KernelFactory unary(Op op, bool ints_too = false) {
     auto make = [&](auto tag) {
       using T = typename decltype(tag)::type;
       using W = typename Wide<T>::type;
-      constexpr int64_t kItem = sizeof(T);
       auto xs = broadcast_strides(x, y.shape);
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         nd_loop<2>(y.shape, {y.strides, xs}, {a + y.offset, a + x.offset},
                    [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
-                     if (s[0] == kItem && s[1] == kItem) {  // contiguous: vectorisable
+                     if (dense_rows<T>(s)) {
                        T* y = reinterpret_cast<T*>(p[0]);
                        const T* x = reinterpret_cast<const T*>(p[1]);
                        for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(x[i])));
@@ -108,7 +107,6 @@ KernelFactory binary(Op op, Result result, bool ints_too) {
     auto make = [&](auto tag) {
       using T = typename decltype(tag)::type;
       using W = typename Wide<T>::type;
-      constexpr int64_t kItem = sizeof(T);
       auto as = broadcast_strides(a_, y.shape), bs = broadcast_strides(b_, y.shape);
       const bool to_bool = result == Result::Bool;
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
@@ -117,7 +115,7 @@ KernelFactory binary(Op op, Result result, bool ints_too) {
                      if (to_bool) {
                        for (int64_t i = 0; i < n; ++i)
                          at<bool>(p[0], i, s[0]) = op(W(at<T>(p[1], i, s[1])), W(at<T>(p[2], i, s[2])));
-                     } else if (s[0] == kItem && s[1] == kItem && s[2] == kItem) {  // contiguous: vectorisable
+                     } else if (dense_rows<T>(s)) {
                        T* y = reinterpret_cast<T*>(p[0]);
                        const T *l = reinterpret_cast<const T*>(p[1]), *r = reinterpret_cast<const T*>(p[2]);
                        for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(l[i]), W(r[i])));
@@ -281,8 +279,7 @@ const RegisterKernel scaled_add_op{{"scaled_add", "scaled_add_"},
         const W kb = W(b_t ? read_scalar(a + sb.offset, sb.dtype) : b_c);
         nd_loop<3>(y.shape, {y.strides, x.strides, z.strides}, {a + y.offset, a + x.offset, a + z.offset},
                    [&](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
-                     constexpr int64_t kItem = sizeof(T);
-                     if (s[0] == kItem && s[1] == kItem && s[2] == kItem) {  // contiguous: vectorisable
+                     if (dense_rows<T>(s)) {
                        T* y = reinterpret_cast<T*>(p[0]);
                        const T *u = reinterpret_cast<const T*>(p[1]), *v = reinterpret_cast<const T*>(p[2]);
                        for (int64_t i = 0; i < n; ++i) y[i] = T(ka * W(u[i]) + kb * W(v[i]));

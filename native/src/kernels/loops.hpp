@@ -86,6 +86,15 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
 
 template <class T> struct Tag { using type = T; };
 
+// Whether every operand of an nd_loop inner row steps by sizeof(T): dense rows, for which a plain
+// indexed loop (one the compiler vectorises) can replace the strided one.
+template <class T, size_t N>
+bool dense_rows(const std::array<int64_t, N>& strides) {
+  for (int64_t s : strides)
+    if (s != static_cast<int64_t>(sizeof(T))) return false;
+  return true;
+}
+
 // ---- vectorisable float32 exp, and the gate of tanh-form gelu -------------------------------------
 // libm's expf/tanhf are scalar calls, which made gelu and its gradient the slowest kernels of an MLP
 // step. exp_vec is branch-free (selects of values computed unconditionally), so loops over
