@@ -69,7 +69,9 @@ class Loss:
         return list(self._inputs)
 
     def node(self) -> onnx.NodeProto:
-        raise NotImplementedError  # each subclass says which node it is
+        # each subclass says which node it is
+        raise popart_exception(f"{type(self).__name__} is not a loss popart can build: use NllLoss, L1Loss or "
+                               f"IdentityLoss (or builder.aiGraphcore losses).")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._inputs} -> {self._output!r}, {self.reduction.name})"

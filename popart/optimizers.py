@@ -154,7 +154,8 @@ class Optimizer:
 
     def update(self, w: popxl.Tensor, g: popxl.Tensor, hyper: Callable[[str], Union[float, popxl.Tensor]],
                state: List[popxl.Tensor], weightId: Optional[str] = None) -> None:
-        raise NotImplementedError  # each optimiser traces its own rule
+        # each optimiser traces its own rule
+        raise popart_exception(f"{type(self).__name__} has no update rule: use popart.SGD, ConstSGD or Adam.")
 
     def __repr__(self) -> str:
         vals = ", ".join(f"{self._PARAMS[n][0]}={v.val()}{'' if v.isConst() else ' (variable)'}"

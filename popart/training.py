@@ -70,7 +70,7 @@ class TrainingSession(InferenceSession):
                  inputShapeInfo: Optional[InputShapeInfo] = None, patterns: Optional[Patterns] = None,
                  userOptions: Optional[SessionOptions] = None, name: str = "training",
                  dataFeed: Optional[DataFlow] = None, losses: Optional[Sequence[Loss]] = None) -> None:
-        if not isinstance(optimizer, Optimizer):
+        if not isinstance(optimizer, Optimizer) or type(optimizer) is Optimizer:  # the base class has no rule
             raise popart_exception(f"TrainingSession: optimizer must be a popart optimiser (ConstSGD, SGD, Adam), "
                                    f"not {optimizer!r}.")
         if (loss is None) == (losses is None):
@@ -338,7 +338,7 @@ class TrainingSession(InferenceSession):
         """Use ``optimizer``'s hyper-parameter values from now on (written to the device at once;
         no recompilation). Its kind and constant values must match the compiled optimiser."""
         logger.log(TRACE, "Session::updateOptimizerFromHost")
-        if not isinstance(optimizer, Optimizer):
+        if not isinstance(optimizer, Optimizer) or type(optimizer) is Optimizer:  # the base class has no rule
             raise popart_exception(f"updateOptimizerFromHost: expected a popart optimiser, not {optimizer!r}.")
         self.optimizer.compatible(optimizer)
         self.optimizer = optimizer
@@ -347,7 +347,7 @@ class TrainingSession(InferenceSession):
 
     def updateOptimizer(self, optimizer: Optimizer) -> None:
         """Set new hyper-parameter values on the host; ``optimizerFromHost()`` sends them."""
-        if not isinstance(optimizer, Optimizer):
+        if not isinstance(optimizer, Optimizer) or type(optimizer) is Optimizer:  # the base class has no rule
             raise popart_exception(f"updateOptimizer: expected a popart optimiser, not {optimizer!r}.")
         self.optimizer.compatible(optimizer)
         self._pending_optimizer = optimizer

@@ -434,6 +434,8 @@ def test_errors_unknown_option_bad_loss_and_mismatched_ids():
         popart.TrainingSession(proto, df, 3.0, popart.SGD(0.1), dev)
     with pytest.raises(popart.popart_exception, match="optimizer must be"):
         popart.TrainingSession(proto, df, ids["loss"], 0.1, dev)
+    with pytest.raises(popart.popart_exception, match="optimizer must be"):  # the base class
+        popart.TrainingSession(proto, df, ids["loss"], popart.Optimizer({}, "mine"), dev)
     with pytest.raises(popart.popart_exception, match="not gradients of trainable weights"):
         popart.TrainingSession(proto, popart.DataFlow(1, ["Gradient___labels"]), ids["loss"], popart.SGD(0.1), dev)
     with pytest.raises(popart.popart_exception, match="anchors \\['missing'\\] are not tensors"):
