@@ -667,10 +667,15 @@ def _group_norm_infer(specs, num_groups, eps):
     return [spec(x.shape, x.dtype)]
 
 
+def _grouped(x: np.ndarray, num_groups: int, dt) -> np.ndarray:
+    """``x`` (N, C, ...) as (N, groups, values per group) in ``dt``; explicit sizes, as -1 cannot
+    be inferred when N is 0."""
+    return x.astype(dt).reshape(x.shape[0], num_groups, x.size // max(x.shape[0] * num_groups, 1))
+
+
 def _group_norm_kernel(x, weight, bias, num_groups, eps):
     w = _wide(x.dtype)
-    n = x.shape[0]
-    g = x.astype(w).reshape(n, num_groups, -1)
+    g = _grouped(x, num_groups, w)
     mean = g.mean(axis=-1, keepdims=True)
     var = ((g - mean) ** 2).mean(axis=-1, keepdims=True)
     y = ((g - mean) / np.sqrt(var + w.type(eps))).reshape(x.shape)
@@ -1023,16 +1028,15 @@ def _group_norm_grad_infer(specs, num_groups, eps):
 def _group_norm_grad_kernel(x, weight, g, num_groups, eps):
     """(dx, dweight, dbias) of group_norm, with the statistics recomputed from x."""
     w = _wide(x.dtype)
-    n, c = x.shape[:2]
-    grouped = x.astype(w).reshape(n, num_groups, -1)
+    grouped = _grouped(x, num_groups, w)
     mean = grouped.mean(axis=-1, keepdims=True)
     inv_std = 1.0 / np.sqrt(((grouped - mean) ** 2).mean(axis=-1, keepdims=True) + w.type(eps))
     xhat = ((grouped - mean) * inv_std).reshape(x.shape)
     gw = g.astype(w)
     per_channel = (0,) + tuple(range(2, x.ndim))
     dweight, dbias = (gw * xhat).sum(axis=per_channel), gw.sum(axis=per_channel)
-    dxhat = (gw * _channel(weight, x.ndim, w)).reshape(n, num_groups, -1)
-    xh = xhat.reshape(n, num_groups, -1)
+    dxhat = _grouped(gw * _channel(weight, x.ndim, w), num_groups, w)
+    xh = _grouped(xhat, num_groups, w)
     dx = (dxhat - dxhat.mean(axis=-1, keepdims=True) - xh * (dxhat * xh).mean(axis=-1, keepdims=True)) * inv_std
     return dx.reshape(x.shape).astype(x.dtype), dweight.astype(weight.dtype), dbias.astype(weight.dtype)
 
