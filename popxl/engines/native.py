@@ -7,6 +7,8 @@ lists which ops took that path.
 """
 from __future__ import annotations
 
+import os
+import sys
 from typing import Dict, List, Sequence, Tuple
 
 import weakref
@@ -18,12 +20,31 @@ from popxl.compiler.executable import Executable
 from popxl.engines.reference import ReferenceEngine
 
 
+def _import_native():
+    """``popxl._native``, its OpenBLAS (which it links) loaded with OPENBLAS_NUM_THREADS=1: the
+    kernels split GEMMs over OpenMP threads themselves, and a BLAS thread pool started at load
+    would spin on a core for a while. The variable is restored at once, so a BLAS loaded later
+    (SciPy's, say) still sees the user's setting."""
+    if "popxl._native" in sys.modules:
+        return sys.modules["popxl._native"]
+    saved = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        from popxl import _native
+    finally:
+        if saved is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = saved
+    return _native
+
+
 class NativeEngine(ReferenceEngine):
     name = "native"
 
     def __init__(self, exe: Executable, force_fallback: Sequence[str] = ()) -> None:
         super().__init__(exe)  # prepares the reference kernels used as fallbacks
-        from popxl import _native
+        _native = _import_native()
 
         self._op_instrs = [exe.graphs[gi]["program"][k] for gi, k in self.op_positions]  # kernel order
         # The C++ engine holds the callback; a weak reference avoids an uncollectable cycle through it.

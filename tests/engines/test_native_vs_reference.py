@@ -115,6 +115,29 @@ def test_matmul(shapes):
                     rtol=1e-5, atol=1e-5)
 
 
+# Big enough for the float32 GEMM kernel to split the work over threads: bands of rows, bands of
+# columns, whole matrices of a broadcast batch; operands transposed or sliced views; a big product
+# with a thin side (oneDNN's). A view with a negative stride is beyond both sgemm and oneDNN: it runs
+# on the fallback, still correct.
+SPLIT_MATMULS = [
+    (((256, 100), (100, 64)), lambda a, b: a @ b),
+    (((40, 200), (200, 300)), lambda a, b: a @ b),
+    (((100, 256), (64, 100)), lambda a, b: ops.matmul(ops.transpose_(a), ops.transpose_(b))),
+    (((3, 1, 64, 50), (4, 50, 70)), lambda a, b: a @ b),
+    (((1, 300, 60), (70, 80)), lambda a, b: a @ ops.slice_(b, 5, 65, axis=0)),
+    (((300, 61), (60, 90)), lambda a, b: ops.slice_(a, 1, 61, axis=1) @ b),
+    (((512, 8), (8, 600)), lambda a, b: a @ b),
+    (((300, 60), (60, 90)), lambda a, b: ops.slice_(a, None, None, -1, axis=1) @ b),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SPLIT_MATMULS)))
+def test_large_float32_matmuls(case):
+    shapes, build = SPLIT_MATMULS[case]
+    native = ["matmul"] if case < len(SPLIT_MATMULS) - 1 else []
+    compare_engines(build, [rand(shapes[0]), rand(shapes[1])], native_ops=native, rtol=1e-5, atol=1e-4)
+
+
 def test_matmul_of_transposed_views_and_float16():
     build = lambda a, b: ops.matmul(ops.transpose_(a), ops.transpose_(b))  # noqa: E731
     compare_engines(build, [rand((6, 4)), rand((5, 6))], native_ops=["matmul"], rtol=1e-5, atol=1e-5)

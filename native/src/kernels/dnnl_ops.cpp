@@ -1,4 +1,5 @@
-// Kernels backed by oneDNN: matmul (batched, broadcast, strided/transposed operands), softmax,
+// Kernels backed by oneDNN: matmul (batched, broadcast, strided/transposed operands; float32 ones
+// that sgemm can read go to OpenBLAS, see gemm.cpp), softmax,
 // convolution (also fused with bias, residual sum and relu), transposed convolution and max/average
 // pooling. Primitives are created once at
 // load; each run only points their memory at the arena. A configuration oneDNN rejects (e.g. a
@@ -14,6 +15,7 @@
 #include <unordered_map>
 
 #include "fp8.hpp"
+#include "gemm.hpp"
 
 namespace popxl {
 namespace {
@@ -140,7 +142,6 @@ struct DnnlKernel : Kernel {
 };
 
 // numpy.matmul shapes -> equal-rank dims/strides with 1-D operands promoted.
-struct MatOperand { std::vector<int64_t> dims, strides; };
 
 MatOperand promote(const Buffer& b, bool is_lhs, size_t rank) {
   MatOperand m{b.shape, elem_strides(b)};
@@ -177,6 +178,8 @@ KernelFactory matmul(bool pow2) {
   int64_t acc = 1;  // output buffers are contiguous
   for (size_t i = rank; i-- > 0;) { ystr[i] = acc; acc *= ydims[i]; }
   try {
+    if (!pow2 && a.dtype == DType::F32 && b.dtype == DType::F32 && y.dtype == DType::F32)
+      if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset)) return gemm;
     auto k = std::make_unique<DnnlKernel>();
     k->single_thread = prod(ydims) * A.dims[rank - 1] < kSingleThreadWork;
     SingleThreadScope scope(k->single_thread);

@@ -1,0 +1,23 @@
+// The float32 GEMM backend of matmul (OpenBLAS sgemm), used by the matmul kernel in dnnl_ops.cpp.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "../engine.hpp"
+
+namespace popxl {
+
+// A matmul operand promoted to the output's rank: dims and element strides (numpy.matmul rules,
+// 1-D operands already given their unit dim).
+struct MatOperand {
+  std::vector<int64_t> dims, strides;
+};
+
+// A kernel computing y = a @ b for float32 operands at the given arena byte offsets (y packed,
+// dims `ydims`), or nullptr when sgemm cannot read an operand's strides or oneDNN is the faster
+// of the two for the shape (the caller then uses oneDNN).
+std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
+                                     int64_t a_base, int64_t b_base, int64_t y_base);
+
+}  // namespace popxl
