@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <omp.h>
 #include <type_traits>
 #include <vector>
 
@@ -29,6 +30,9 @@ inline std::vector<int64_t> broadcast_strides(const Buffer& b, const std::vector
   for (size_t i = 0; i < b.shape.size(); ++i) s[off + i] = b.shape[i] == 1 ? 0 : b.strides[i];
   return s;
 }
+
+// Elementwise loops with more elements than this are spread over the OpenMP threads.
+constexpr int64_t kParallelElements = 32768;
 
 // Loop over `shape` with N operands; `inner(ptrs, strides, n)` handles the innermost dimension.
 // Adjacent dimensions that are contiguous for every operand are merged first, and the outer
@@ -64,7 +68,8 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
   std::array<int64_t, N> inner_st;
   for (size_t k = 0; k < N; ++k) inner_st[k] = st[k][rank - 1];
   const int64_t outer = total / n_inner;
-  auto outer_iteration = [&](int64_t o) {
+  // Elements [lo, lo + len) of row o.
+  auto run_piece = [&](int64_t o, int64_t lo, int64_t len) {
     std::array<uint8_t*, N> p = base;
     int64_t rem = o;
     for (size_t d = rank - 1; d-- > 0;) {
@@ -72,15 +77,25 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
       rem /= sh[d];
       for (size_t k = 0; k < N; ++k) p[k] += idx * st[k][d];
     }
-    inner(p, inner_st, n_inner);
+    for (size_t k = 0; k < N; ++k) p[k] += lo * inner_st[k];
+    inner(p, inner_st, len);
   };
   // A serial loop outside any OpenMP construct: `parallel for if(false)` still sets up a
   // one-thread team, which costs more than a small kernel's work.
-  if (parallel && total > 32768 && outer > 1) {
+  if (!parallel || total <= kParallelElements) {
+    for (int64_t o = 0; o < outer; ++o) run_piece(o, 0, n_inner);
+    return;
+  }
+  // Rows are cut into pieces when there are too few of them to share out (a contiguous tensor
+  // merges into one row); a piece is a multiple of 64 elements, so threads never share a cache line
+  // of a dense float32 output.
+  const int64_t want = 4 * static_cast<int64_t>(omp_get_max_threads());
+  const int64_t pieces = outer >= want ? 1 : std::min((want + outer - 1) / outer, (n_inner + 63) / 64);
+  const int64_t piece = ((n_inner + pieces - 1) / pieces + 63) / 64 * 64;
 #pragma omp parallel for schedule(static)
-    for (int64_t o = 0; o < outer; ++o) outer_iteration(o);
-  } else {
-    for (int64_t o = 0; o < outer; ++o) outer_iteration(o);
+  for (int64_t w = 0; w < outer * pieces; ++w) {
+    const int64_t lo = (w % pieces) * piece;
+    if (lo < n_inner) run_piece(w / pieces, lo, std::min(piece, n_inner - lo));
   }
 }
 
@@ -100,6 +115,16 @@ bool dense_rows(const std::array<int64_t, N>& strides) {
 // step. exp_vec is branch-free (selects of values computed unconditionally), so loops over
 // contiguous rows vectorise.
 
+// a * b + c, one fused instruction where the CPU has FMA (the build otherwise keeps products and
+// sums apart, -ffp-contract=off, for kernels that must round as the NumPy reference does).
+__attribute__((always_inline)) inline float madd(float a, float b, float c) {
+#ifdef __FMA__
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // exp(x) for float32 within ~2 ulp; 0 below -86.9 (no subnormal results), +inf above 88.7.
 __attribute__((always_inline)) inline float exp_vec(float x) {
   const float hi = 88.7f, lo = -86.9f;
@@ -111,12 +136,12 @@ __attribute__((always_inline)) inline float exp_vec(float x) {
   n = n == n ? n : 0.0f;  // NaN: keeps the int conversion below defined; r carries the NaN
   const float r = (c - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;  // Cephes expf polynomial
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
+  p = madd(p, r, 1.3981999507e-3f);
+  p = madd(p, r, 8.3334519073e-3f);
+  p = madd(p, r, 4.1665795894e-2f);
+  p = madd(p, r, 1.6666665459e-1f);
+  p = madd(p, r, 5.0000001201e-1f);
+  p = madd(p, r * r, r + 1.0f);
   // 2**n as 2 * 2**(n-1): n is in [-125, 128], so the biased exponent n + 126 stays in [1, 254]
   const int32_t bits = (static_cast<int32_t>(n) + 126) << 23;
   float half_scale;
