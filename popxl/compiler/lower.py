@@ -11,7 +11,8 @@
    graph gets its own region in which root storages are packed first-fit by liveness (a storage
    is live from the op that defines it to the last op that reads any view of it; graph inputs
    and outputs for the whole graph). Regions of different graphs never overlap, so a graph may
-   call another freely.
+   call another freely. A graph with a single call site reads inputs from, and writes outputs
+   into, its caller's storage where that is legal, so the call copies nothing.
 4. Program tree: one instruction list per graph; see executable.py for the instruction set.
 """
 from __future__ import annotations
@@ -168,11 +169,35 @@ class _Lowering:
             aliases[t] = d
         return aliases
 
+    def _output_aliases(self, g: Graph, root: Dict[Tensor, Tensor]) -> Dict[Tensor, Desc]:
+        """Outputs of ``g`` that can be computed straight into their caller's storage instead of
+        being copied there after the call.
+
+        Legal when ``g`` has exactly one site and it is a ``call`` (a repeat carries outputs into
+        inputs), the output owns its storage (not an input, a variable or a view) and is output
+        once. The caller's output storage is live from the call on, so the caller's planner kept
+        it apart from everything live during the call; other graphs have their own regions."""
+        sites = [op for h in self.graphs for op in h._ops if any(v is g for v in op_called_graphs(op))]
+        if len(sites) != 1 or sites[0].type != "call":
+            return {}
+        inputs = set(g._inputs)
+        aliases = {}
+        for t, parent in zip(g._outputs, sites[0].outputs):
+            d = self.desc.get(parent)
+            if (d is None or root[t] is not t or t in inputs or isinstance(t, (Variable, Constant))
+                    or t._remote_slot is not None or sum(o is t for o in g._outputs) > 1
+                    or d != _contiguous_desc(d[0], parent)):
+                continue
+            aliases[t] = d
+        return aliases
+
     def place_graph(self, g: Graph) -> None:
         ops = g._ops
         root = self._roots(g)
         aliases = self._input_aliases(g, root)
+        out_aliases = self._output_aliases(g, root)
         self.desc.update(aliases)
+        self.desc.update(out_aliases)
         end = len(ops)
         live: Dict[Tensor, List[int]] = {}
         for t in g._inputs:
@@ -194,6 +219,8 @@ class _Lowering:
         for t in g._outputs:
             if root[t] in live:
                 live[root[t]][1] = end
+        for t in out_aliases:
+            del live[t]
         # first-fit packing of root storages within this graph's region
         placed: List[Tuple[int, int, int, int]] = []  # offset, size, start, end
         region = 0

@@ -140,3 +140,42 @@ def test_graph_called_twice_keeps_its_own_inputs():
         ops.call(g, a + 1.0)
     calls = _instr(lower(ir), "call")
     assert all(len(c["copy_in"]) == 1 for c in calls)
+
+
+def test_single_site_call_outputs_are_computed_in_the_callers_storage():
+    """Outputs a called graph computes itself land where the caller wants them: no copy out.
+    An output that is one of the graph's inputs, or a graph called from two sites, still copies."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.arange(6, dtype=np.float32), name="a")
+
+        def f(t):
+            y = ops.relu(t - 2.0)
+            return y, y * 3.0, t  # two outputs it owns, one passed-through input
+
+        y, z, t = ops.call(ir.create_graph(f, a), a)
+        w = y + z  # the outputs stay usable, and the caller's later tensors do not clobber them
+        streams = [popxl.d2h_stream((6,), popxl.float32, n) for n in "yztw"]
+        for s_, v in zip(streams, (y, z, t, w)):
+            ops.host_store(s_, v)
+    exe = lower(ir)
+    (call,) = _instr(exe, "call")
+    assert len(call["copy_out"]) == 1  # only the passed-through input
+    with popxl.Session(ir, "ipu_model") as s:
+        res = s.run()
+    want_y = np.maximum(np.arange(6, dtype=np.float32) - 2, 0)
+    for stream, want in zip(streams, (want_y, 3 * want_y, np.arange(6), 4 * want_y)):
+        np.testing.assert_array_equal(res[stream], want)
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.constant(np.ones(3, np.float32))
+        g = ir.create_graph(lambda t: t * 2.0, a)
+        (b,) = ops.call(g, a)
+        (c,) = ops.call(g, b)
+        out = popxl.d2h_stream((3,), popxl.float32, "c")
+        ops.host_store(out, c)
+    calls = _instr(lower(ir), "call")
+    assert all(len(c_["copy_out"]) == 1 for c_ in calls)  # two sites: one output storage inside g
+    with popxl.Session(ir, "ipu_model") as s:
+        np.testing.assert_array_equal(s.run()[out], [4, 4, 4])
