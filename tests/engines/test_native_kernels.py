@@ -580,6 +580,8 @@ def test_add_n(dtype):
     xs = [rand((3, 4), dtype), rand((4,), dtype), rand((3, 1), dtype), rand((3, 4), dtype)]
     compare_engines(lambda *ts: create_op("add_n", list(ts))[0], xs, native_ops=["add_n"])
     compare_engines(lambda t: create_op("add_n", [t])[0], xs[:1], native_ops=["add_n"])
+    big = [rand((300, 257), dtype), rand((257,), dtype), rand((300, 257), dtype)]  # spread over threads
+    compare_engines(lambda *ts: create_op("add_n", list(ts))[0], big, native_ops=["add_n"])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

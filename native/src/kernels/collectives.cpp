@@ -243,6 +243,37 @@ const RegisterKernel collective_ops[] = {
      }},
 };
 
+// add_n of float operands (seen with the output's shape), summed left to right as the general
+// path does, straight from the arena and on all threads: y = x0 + x1, then y += x2, ... The memory
+// plan never places an op's output over an input it reads, so y can serve as the accumulator.
+unique_ptr<Kernel> add_n_in_place(const std::vector<Buffer>& xs, const Buffer& y) {
+  for (const Buffer& x : xs)
+    if (x.dtype != y.dtype) return nullptr;
+  unique_ptr<Kernel> k;
+  dispatch_float(y.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using W = typename Wide<T>::type;
+    k = std::make_unique<FnKernel>([=](uint8_t* a) {
+      if (xs.size() == 1) copy_buffer(a, y, a, xs[0]);
+      for (size_t i = 1; i < xs.size(); ++i) {
+        const Buffer& acc = i == 1 ? xs[0] : y;
+        nd_loop<3>(y.shape, {y.strides, acc.strides, xs[i].strides}, {a + y.offset, a + acc.offset, a + xs[i].offset},
+                   [](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
+                     if (dense_rows<T>(s)) {
+                       T* out = reinterpret_cast<T*>(p[0]);
+                       const T *u = reinterpret_cast<const T*>(p[1]), *v = reinterpret_cast<const T*>(p[2]);
+                       for (int64_t e = 0; e < n; ++e) out[e] = T(W(u[e]) + W(v[e]));
+                       return;
+                     }
+                     for (int64_t e = 0; e < n; ++e)
+                       at<T>(p[0], e, s[0]) = T(W(at<T>(p[1], e, s[1])) + W(at<T>(p[2], e, s[2])));
+                   });
+      }
+    });
+  });
+  return k;
+}
+
 // Reductions over the operands of one op: all_reduce across the IPUs of one replica (every output
 // gets the reduction, or its own input with `identity`) and add_n (one output; operands broadcast).
 KernelFactory operand_reduce(bool add_n) {
@@ -261,6 +292,9 @@ KernelFactory operand_reduce(bool add_n) {
       xs.push_back(v);
     }
     for (int o : ins.outputs) ys.push_back(bufs[o]);
+    if (add_n) {
+      if (auto k = add_n_in_place(xs, ys[0])) return k;
+    }
     auto scratch = std::make_shared<std::vector<std::vector<uint8_t>>>(xs.size() + 1);
     return std::make_unique<FnKernel>([=](uint8_t* a) {
       auto& s = *scratch;
