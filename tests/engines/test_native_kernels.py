@@ -311,6 +311,15 @@ def test_group_and_layer_norm(groups, shape, dtype):
                     atol=1e-4 if dtype == np.float32 else 2e-2)
 
 
+@pytest.mark.parametrize("groups", [1, 3])
+def test_group_norm_grad_over_threads(groups):
+    """Big enough for the gradient to split its groups over threads (dweight/dbias summed per thread)."""
+    shape = (64, 6, 100)
+    x, w, g = rand(shape, np.float32) + np.float32(1.5), rand((6,), np.float32), rand(shape, np.float32)
+    compare_engines(lambda t, ww, gg: create_op("group_norm_grad", [t, ww, gg], {"num_groups": groups, "eps": 1e-4}),
+                    [x, w, g], native_ops=["group_norm_grad"], rtol=1e-4, atol=1e-4)
+
+
 def _probs(shape, dtype):
     z = np.exp(rand(shape, np.float32))
     return (z / z.sum(-1, keepdims=True)).astype(dtype)

@@ -94,6 +94,15 @@ def test_reductions(name, axis, keepdims):
     compare_engines(lambda t: getattr(ops, name)(t, axis, keepdims), [x], native_ops=[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("axis", [0, (0, 2), -1, 1])
+@pytest.mark.parametrize("name,dtype", [("sum", np.float32), ("max", np.float32), ("logsumexp", np.float32),
+                                        ("sum", np.int32), ("max", np.int32)])
+def test_big_reductions_split_over_threads(name, dtype, axis):
+    """Big enough to be cut into slabs along a kept axis, one per thread."""
+    x = rand((40, 33, 30), dtype, -3 if dtype == np.int32 else 0.5, 3 if dtype == np.int32 else 1.5)
+    compare_engines(lambda t: getattr(ops, name)(t, axis), [x], native_ops=[name], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["sum", "max", "min", "prod"])
 def test_integer_reductions_are_exact(name):
     x = rand((6, 7), np.int32, -3, 3)

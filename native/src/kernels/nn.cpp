@@ -7,6 +7,8 @@
 // The normalisations are hand loops rather than oneDNN primitives: oneDNN's layer norm works on
 // the last axis (ours normalises everything but the batch axis with per-channel affine) and its
 // batch norm folds scale/sqrt(var) into one factor, which rounds differently from the reference.
+#include <omp.h>
+
 #include <array>
 #include <cmath>
 #include <stdexcept>
@@ -130,7 +132,7 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
   const double eps = ins.attrs.at("eps").f();
   struct State {
     Packed x, w, gy, dx, dw, db;
-    std::vector<double> xv, wv, gv, mean, var, dwv, dbv;
+    std::vector<double> xv, wv, gv, mean, var, dwv, dbv, part;
   };
   auto st = std::make_shared<State>();
   st->x = Packed(x);
@@ -146,11 +148,18 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
     group_stats(g, st->xv.data(), st->mean, st->var);
     const int64_t M = g.per_group(), CS = g.C * g.S, cpg = g.C / g.G;
     std::vector<double>& xs = st->xv;  // becomes xhat, then dx
-    st->dwv.assign(g.C, 0);
-    st->dbv.assign(g.C, 0);
-    for (int64_t n = 0; n < g.N; ++n)
-      for (int64_t gi = 0; gi < g.G; ++gi) {
-        const int64_t j = n * g.G + gi;
+    // Groups are independent except for dweight/dbias, which sum over the batch: each thread sums
+    // its own share, and the shares are added in thread order afterwards (deterministic).
+    const bool parallel = g.N * g.G > 1 && g.N * CS > 32768;
+    const int threads = parallel ? omp_get_max_threads() : 1;
+    st->part.assign(size_t(threads) * 2 * g.C, 0.0);
+#pragma omp parallel num_threads(threads) if (parallel)
+    {
+      double* dw = st->part.data() + size_t(omp_get_thread_num()) * 2 * g.C;
+      double* db = dw + g.C;
+#pragma omp for schedule(static)
+      for (int64_t j = 0; j < g.N * g.G; ++j) {
+        const int64_t n = j / g.G, gi = j % g.G;
         const double m = st->mean[j], r = 1.0 / std::sqrt(st->var[j] + eps);
         double sum_d = 0, sum_dx = 0;  // sums of dxhat and dxhat * xhat over the group
         for (int64_t c = gi * cpg; c < (gi + 1) * cpg; ++c) {
@@ -158,8 +167,8 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
           const double* gr = st->gv.data() + n * CS + c * g.S;
           for (int64_t i = 0; i < g.S; ++i) {
             xr[i] = (xr[i] - m) * r;
-            st->dwv[c] += gr[i] * xr[i];
-            st->dbv[c] += gr[i];
+            dw[c] += gr[i] * xr[i];
+            db[c] += gr[i];
             const double d = gr[i] * st->wv[c];
             sum_d += d;
             sum_dx += d * xr[i];
@@ -171,6 +180,14 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
           const double* gr = st->gv.data() + n * CS + c * g.S;
           for (int64_t i = 0; i < g.S; ++i) xr[i] = (gr[i] * st->wv[c] - md - xr[i] * mdx) * r;
         }
+      }
+    }
+    st->dwv.assign(g.C, 0);
+    st->dbv.assign(g.C, 0);
+    for (int t = 0; t < threads; ++t)
+      for (int64_t c = 0; c < g.C; ++c) {
+        st->dwv[c] += st->part[size_t(t) * 2 * g.C + c];
+        st->dbv[c] += st->part[size_t(t) * 2 * g.C + g.C + c];
       }
     write_all(a, st->dx, xs);
     write_all(a, st->dw, st->dwv);

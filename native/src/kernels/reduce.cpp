@@ -80,33 +80,60 @@ struct Reduction : Kernel {
     }
   }
 
+  // body(shape, x byte offset, accumulator byte offset) over slabs of x cut along its longest kept
+  // axis, in parallel when x is big: each accumulator entry then lives in one slab and sums its
+  // values in the serial order, so results do not depend on the thread count.
+  template <class F>
+  void over_slabs(F&& body) {
+    int ax = -1;
+    for (size_t d = 0; d < x.shape.size(); ++d)
+      if (acc_strides[d] != 0 && x.shape[d] > 1 && (ax < 0 || x.shape[d] > x.shape[ax])) ax = static_cast<int>(d);
+    const int64_t threads = omp_get_max_threads();
+    if (ax < 0 || threads < 2 || x.nelms <= kParallelElements) {
+      body(x.shape, int64_t{0}, int64_t{0});
+      return;
+    }
+    const int64_t len = x.shape[ax], pieces = std::min(len, threads);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t lo = len * p / pieces, hi = len * (p + 1) / pieces;
+      std::vector<int64_t> sh = x.shape;
+      sh[ax] = hi - lo;
+      body(sh, lo * x.strides[ax], lo * acc_strides[ax]);
+    }
+  }
+
   template <class F>
   void accumulate(uint8_t* a, Acc* accp, F f) {
-    nd_loop<2>(x.shape, {x.strides, acc_strides}, {a + x.offset, reinterpret_cast<uint8_t*>(accp)},
-               [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
-                 if (s[0] == int64_t(sizeof(T)) && s[1] == int64_t(sizeof(Acc))) {  // a row into a row of accumulators
-                   const T* x = reinterpret_cast<const T*>(p[0]);
-                   Acc* t = reinterpret_cast<Acc*>(p[1]);
-                   for (int64_t i = 0; i < n; ++i) t[i] = f(t[i], Acc(x[i]));
-                   return;
-                 }
-                 for (int64_t i = 0; i < n; ++i) {
-                   Acc& t = *reinterpret_cast<Acc*>(p[1] + i * s[1]);
-                   t = f(t, load(p[0] + i * s[0]));
-                 }
-               }, /*parallel=*/false);
+    over_slabs([&](const std::vector<int64_t>& sh, int64_t xo, int64_t ao) {
+      nd_loop<2>(sh, {x.strides, acc_strides}, {a + x.offset + xo, reinterpret_cast<uint8_t*>(accp) + ao},
+                 [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
+                   if (s[0] == int64_t(sizeof(T)) && s[1] == int64_t(sizeof(Acc))) {  // a row into a row of accumulators
+                     const T* x = reinterpret_cast<const T*>(p[0]);
+                     Acc* t = reinterpret_cast<Acc*>(p[1]);
+                     for (int64_t i = 0; i < n; ++i) t[i] = f(t[i], Acc(x[i]));
+                     return;
+                   }
+                   for (int64_t i = 0; i < n; ++i) {
+                     Acc& t = *reinterpret_cast<Acc*>(p[1] + i * s[1]);
+                     t = f(t, load(p[0] + i * s[0]));
+                   }
+                 }, /*parallel=*/false);
+    });
   }
 
   void accumulate_lse(uint8_t* a) {
-    const uint8_t* mxp = reinterpret_cast<const uint8_t*>(mx.data());
-    nd_loop<3>(x.shape, {x.strides, acc_strides, acc_strides},
-               {a + x.offset, reinterpret_cast<uint8_t*>(acc.data()), const_cast<uint8_t*>(mxp)},
-               [&](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
-                 for (int64_t i = 0; i < n; ++i) {
-                   Acc& t = *reinterpret_cast<Acc*>(p[1] + i * s[1]);
-                   t += std::exp(load(p[0] + i * s[0]) - *reinterpret_cast<const Acc*>(p[2] + i * s[2]));
-                 }
-               }, false);
+    uint8_t* mxp = reinterpret_cast<uint8_t*>(mx.data());
+    over_slabs([&](const std::vector<int64_t>& sh, int64_t xo, int64_t ao) {
+      nd_loop<3>(sh, {x.strides, acc_strides, acc_strides},
+                 {a + x.offset + xo, reinterpret_cast<uint8_t*>(acc.data()) + ao, mxp + ao},
+                 [&](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
+                   for (int64_t i = 0; i < n; ++i) {
+                     Acc& t = *reinterpret_cast<Acc*>(p[1] + i * s[1]);
+                     t += std::exp(load(p[0] + i * s[0]) - *reinterpret_cast<const Acc*>(p[2] + i * s[2]));
+                   }
+                 }, false);
+    });
   }
 };
 
