@@ -53,13 +53,17 @@ struct GemmKernel : Kernel {
     const float* A = reinterpret_cast<const float*>(arena + a_base);
     const float* B = reinterpret_cast<const float*>(arena + b_base);
     float* Y = reinterpret_cast<float*>(arena + y_base);
-    const int64_t n = static_cast<int64_t>(calls.size());
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t i = 0; i < n; ++i) {
-      const Call& c = calls[i];
+    auto gemm = [&](const Call& c) {
       scipy_cblas_sgemm(CblasRowMajor, la.trans, lb.trans, c.m, c.n, k, 1.0f, A + c.a, la.ld, B + c.b, lb.ld,
                         0.0f, Y + c.y, ldy);
+    };
+    const int64_t n = static_cast<int64_t>(calls.size());
+    if (!parallel) {  // outside any OpenMP construct: even a one-thread team costs a small GEMM's time
+      for (const Call& c : calls) gemm(c);
+      return;
     }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) gemm(calls[i]);
   }
 };
 
@@ -116,6 +120,7 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
         g->calls.push_back({ao, bo + lo * b.strides[r - 1], yo + lo, m, hi - lo});
     }
   }
+  g->parallel = g->parallel && g->calls.size() > 1;
   return g;
 }
 
