@@ -18,6 +18,10 @@ with post-ops instead of three or four passes over the activations.
    Only the native engine's memory layout changes (the ``layouts`` attribute); values and shapes
    do not.
 
+Before 3, a global mean or max over the spatial dims of a convolution's 4-D float32 result
+(ONNX GlobalAveragePool / GlobalMaxPool) becomes the equivalent whole-image pool
+(`global_pools_as_pools`), which can read the channels-last value.
+
 Intermediate values vanish, so these are for inference: gradients of ``conv_fused`` are not
 defined (autodiff raises). A value that anything else reads (another op, a graph output, a host
 store of an anchor) is never fused away.
@@ -30,12 +34,12 @@ from popxl.graph import Graph
 from popxl.op import Op
 from popxl.tensor import Tensor
 
-__all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "keep_channels_last"]
+__all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "global_pools_as_pools", "keep_channels_last"]
 
 
 def fuse_conv(graph: Graph) -> Graph:
-    """All three rewrites, in place, on ``graph``. Returns ``graph``."""
-    return keep_channels_last(fuse_conv_post_ops(fold_batch_norm(graph)))
+    """All the rewrites, in place, on ``graph``. Returns ``graph``."""
+    return keep_channels_last(global_pools_as_pools(fuse_conv_post_ops(fold_batch_norm(graph))))
 
 
 def _only_reader(graph: Graph, t: Tensor) -> Optional[Op]:
@@ -122,6 +126,22 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
             conv_attrs = {k: v for k, v in attrs.items() if k != "relu"}
             op = _replace(graph, [op, reader],
                           lambda: conv_fused(*inputs[:3], residual=residual, relu=attrs["relu"], **conv_attrs))
+    return graph
+
+
+def global_pools_as_pools(graph: Graph) -> Graph:
+    """The global pool rewrite above, in place. Returns ``graph``."""
+    import popxl
+    import popxl.ops as ops
+
+    graph.ir._check_mutable()
+    pools = {"mean": ops.average_pool, "max": ops.max_pool}
+    for op in [op for op in graph._ops if op.type in pools]:
+        (x,) = op.inputs
+        if (x.rank != 4 or x.dtype != popxl.float32 or x.producer is None or x.producer.type != "conv_fused"
+                or tuple(op.attrs["axis"]) != (2, 3) or not op.attrs["keepdims"]):
+            continue
+        _replace(graph, [op], lambda pool=pools[op.type], x=x: pool(x, kernel_size=tuple(x.shape[2:])))
     return graph
 
 

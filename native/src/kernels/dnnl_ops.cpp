@@ -281,6 +281,9 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer&
 // channels-last, else the strided NCHW view the buffer describes.
 memory::desc user_desc(const Buffer& b, bool nhwc) {
   const auto f32 = memory::data_type::f32;
+  // With one spatial position the two layouts are the same bytes: say NHWC, what the primitives
+  // write, so that no reorder runs (a global pool's result).
+  if (b.contiguous && b.shape.size() == 4 && b.shape[2] * b.shape[3] == 1) nhwc = true;
   return nhwc ? memory::desc(memory::dims(b.shape.begin(), b.shape.end()), f32, memory::format_tag::nhwc)
               : md(b.shape, elem_strides(b), f32);
 }
