@@ -24,7 +24,7 @@ from onnx import numpy_helper
 import popxl
 import popxl.ops as ops
 from popxl import dtypes
-from popxl.transforms import fuse_conv
+from popxl.transforms import fuse_conv, hoist_invariants
 from popart.dataflow import (AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO, PyStepIOCallback,
                              PyWeightsIO, TensorInfo)
 from popart.devices import DeviceInfo, DeviceType
@@ -209,7 +209,10 @@ class InferenceSession:
                 self._sink_anchor(name, self._importer.tensor(name), main, thread, accumulators)
         # Inference only (TrainingSession builds its own program): batch norms folded into the
         # convolutions, computed on the device from the weights, and relu / residual adds fused in.
+        # The folding (any computation on the weights alone) runs once per run, before the loop.
         fuse_conv(body)
+        weights = {t: p for t, p in thread.bindings(body).items() if isinstance(p, popxl.Variable)}
+        hoist_invariants(body, main, weights, thread)
         self._finish_main(main, body, self._steps, thread, accumulators)
         self._ir = ir
 

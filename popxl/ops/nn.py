@@ -524,8 +524,10 @@ def conv_transpose_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, str
 
 
 # pooling ----------------------------------------------------------------------------------------------
-def _pool_infer(specs, kernel, strides, pads, dilations, ceil_mode, **_):
+def _pool_infer(specs, kernel, strides, pads, dilations, ceil_mode, layouts=None, **_):
     x = specs[0]
+    if layouts is not None and (len(layouts) != 2 or any(v not in _LAYOUTS for v in layouts) or len(x.shape) != 4):
+        raise ValueError(f"layouts must be two of {_LAYOUTS} (x, y) for a 2-D pool, got {layouts!r}")
     r = len(x.shape) - 2
     if r < 1:
         raise ValueError(f"input must be (N, C, spatial...), got shape {x.shape}")
@@ -543,13 +545,14 @@ def _pool_infer(specs, kernel, strides, pads, dilations, ceil_mode, **_):
     return [spec(x.shape[:2] + _out_shape(x.shape[2:], kernel, strides, dilations, pads, ceil_mode), x.dtype)]
 
 
-def _max_pool_kernel(x, kernel, strides, pads, dilations, ceil_mode, storage_order):
+# ``layouts`` (x, y; native engine only) as conv_fused's: the values are the same either way.
+def _max_pool_kernel(x, kernel, strides, pads, dilations, ceil_mode, storage_order, layouts=None):
     win = _windows(x, kernel, strides, dilations, pads, ceil_mode, fill=-np.inf)
     r = len(kernel)
     return win.max(axis=tuple(range(-r, 0)))
 
 
-def _average_pool_kernel(x, kernel, strides, pads, dilations, ceil_mode):
+def _average_pool_kernel(x, kernel, strides, pads, dilations, ceil_mode, layouts=None):
     r = len(kernel)
     k_axes = tuple(range(-r, 0))
     wide = x.astype(_wide(x.dtype))

@@ -11,11 +11,16 @@ with post-ops instead of three or four passes over the activations.
 2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
    ``other`` as its residual; one whose output is read only by ``relu`` takes the relu.
 
-3. (`keep_channels_last`) A 4-D float32 value that a ``conv_fused`` writes and only
-   ``conv_fused`` ops read (as input or residual) is kept channels-last (NHWC) in memory: the
-   layout oneDNN's convolutions use on this CPU, so it is not reordered out and back in between
-   them. Only the native engine's memory layout changes (the ``layouts`` attribute); values and
-   shapes do not.
+3. (`keep_channels_last`) A 4-D float32 value that a ``conv_fused`` or a 2-D pooling op writes
+   and only such ops read (a convolution as input or residual, a pool as input) is kept
+   channels-last (NHWC) in memory: the layout oneDNN's convolutions and pooling use on this CPU,
+   so it is not reordered out and back in between them (ResNet's stem: conv, max pool, conv).
+   Only the native engine's memory layout changes (the ``layouts`` attribute); values and shapes
+   do not.
+
+Before 3, a global mean or max over the spatial dims of a convolution's 4-D float32 result
+(ONNX GlobalAveragePool / GlobalMaxPool) becomes the equivalent whole-image pool
+(`global_pools_as_pools`), which can read the channels-last value.
 
 Intermediate values vanish, so these are for inference: gradients of ``conv_fused`` are not
 defined (autodiff raises). A value that anything else reads (another op, a graph output, a host
@@ -29,12 +34,12 @@ from popxl.graph import Graph
 from popxl.op import Op
 from popxl.tensor import Tensor
 
-__all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "keep_channels_last"]
+__all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "global_pools_as_pools", "keep_channels_last"]
 
 
 def fuse_conv(graph: Graph) -> Graph:
-    """All three rewrites, in place, on ``graph``. Returns ``graph``."""
-    return keep_channels_last(fuse_conv_post_ops(fold_batch_norm(graph)))
+    """All the rewrites, in place, on ``graph``. Returns ``graph``."""
+    return keep_channels_last(global_pools_as_pools(fuse_conv_post_ops(fold_batch_norm(graph))))
 
 
 def _only_reader(graph: Graph, t: Tensor) -> Optional[Op]:
@@ -124,29 +129,65 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
     return graph
 
 
+def global_pools_as_pools(graph: Graph) -> Graph:
+    """The global pool rewrite above, in place. Returns ``graph``."""
+    import popxl
+    import popxl.ops as ops
+
+    graph.ir._check_mutable()
+    pools = {"mean": ops.average_pool, "max": ops.max_pool}
+    for op in [op for op in graph._ops if op.type in pools]:
+        (x,) = op.inputs
+        if (x.rank != 4 or x.dtype != popxl.float32 or x.producer is None or x.producer.type != "conv_fused"
+                or tuple(op.attrs["axis"]) != (2, 3) or not op.attrs["keepdims"]):
+            continue
+        _replace(graph, [op], lambda pool=pools[op.type], x=x: pool(x, kernel_size=tuple(x.shape[2:])))
+    return graph
+
+
+# Ops that can read and write channels-last values: their `layouts` attribute lists, per slot
+# below, "nchw" or "nhwc" (the output's entry follows the inputs').
+_LAYOUT_INPUTS = {"conv_fused": (0, 3), "max_pool": (0,), "average_pool": (0,)}
+
+
+def _layout_slot(op: Op, t: Tensor) -> Optional[int]:
+    """Where ``op``'s ``layouts`` attribute describes its input ``t``; None if ``t`` may not be
+    channels-last there (an op that is not layout-aware, a weight or bias slot, ``t`` read twice)."""
+    slots = _LAYOUT_INPUTS.get(op.type)
+    if slots is None or op.inputs.count(t) != 1 or (op.type != "conv_fused" and op.outputs[0].rank != 4):
+        return None
+    i = op.inputs.index(t)
+    if i not in slots:
+        return None
+    return 0 if op.type != "conv_fused" else (0 if i == 0 else 2)
+
+
 def keep_channels_last(graph: Graph) -> Graph:
     """Rewrite 3 above, in place. Returns ``graph``."""
     import popxl
 
     graph.ir._check_mutable()
-    convs = [op for op in graph._ops if op.type == "conv_fused"]
+    aware = [op for op in graph._ops if op.type in _LAYOUT_INPUTS and op.outputs[0].rank == 4]
     readers = {}
     for op in graph._ops:
         for t in op.inputs:
             readers.setdefault(t.id, []).append(op)
     outputs = {t.id for t in graph.outputs}
-    layouts = {id(op): list(op.attrs.get("layouts") or ("nchw",) * 3) for op in convs}
-    for op in convs:
+    # conv_fused: (x, y, residual); a pool: (x, y)
+    layouts = {id(op): list(op.attrs.get("layouts") or ("nchw",) * (3 if op.type == "conv_fused" else 2))
+               for op in aware}
+    for op in aware:
         (y,) = op.outputs
         reads = readers.get(y.id, [])
-        if y.rank != 4 or y.dtype != popxl.float32 or y.id in outputs or not reads:
+        if y.dtype != popxl.float32 or y.id in outputs or not reads:
             continue
-        if any(r.type != "conv_fused" or r.inputs.index(y) not in (0, 3) or r.inputs.count(y) != 1 for r in reads):
+        slots = [_layout_slot(r, y) for r in reads]
+        if any(s is None for s in slots):
             continue
         layouts[id(op)][1] = "nhwc"
-        for r in reads:
-            layouts[id(r)][0 if r.inputs[0] is y else 2] = "nhwc"
-    for op in convs:
+        for r, s in zip(reads, slots):
+            layouts[id(r)][s] = "nhwc"
+    for op in aware:
         if "nhwc" in layouts[id(op)]:
             op.attrs["layouts"] = tuple(layouts[id(op)])
     return graph

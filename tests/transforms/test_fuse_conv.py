@@ -142,3 +142,38 @@ def test_channels_last_ops_refuse_the_numpy_fallback():
     NativeEngine(exe)  # fine: the native kernel reads the channels-last operands
     with pytest.raises(ValueError, match="channels-last operands, which only its native kernel reads"):
         NativeEngine(exe, force_fallback=["conv_fused"])
+
+
+def _stem_and_head(x: popxl.Tensor) -> popxl.Tensor:
+    """ResNet's ends: conv-bn-relu, 3x3/2 max pool, a residual block, global average pool."""
+    r = np.random.default_rng(11)
+    y = ops.max_pool(ops.relu(_conv_bn(x, r)), kernel_size=(3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
+    (y,) = _residual_block(y, r)
+    return ops.mean(y, (2, 3), keepdims=True)
+
+
+def test_pools_between_convolutions_stay_channels_last():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        out = _stem_and_head(popxl.variable(rand(2, 4, 9, 9)))
+    fuse_conv(ir.main_graph)
+    by_type = {op.type: op for op in ir.main_graph.ops}
+    assert "mean" not in by_type and out.producer is by_type["average_pool"]
+    assert by_type["max_pool"].attrs["layouts"] == ("nhwc", "nhwc")
+    assert by_type["average_pool"].attrs["layouts"] == ("nhwc", "nchw")
+    convs = [op for op in ir.main_graph.ops if op.type == "conv_fused"]
+    assert [op.attrs["layouts"] for op in convs] == [("nchw", "nhwc", "nchw"), ("nhwc", "nhwc", "nchw"),
+                                                     ("nhwc", "nhwc", "nhwc")]
+
+
+def test_channels_last_pools_native_match_reference():
+    def build(x):
+        y = _stem_and_head(x)
+        fuse_conv(x.graph)
+        return y
+    # odd sizes: the max pool's last window hangs over the edge, the global pool sees 5x5
+    x = rand(2, 4, 9, 9)
+    (fused,) = compare_engines(build, [x], rtol=1e-4, atol=1e-4,
+                               native_ops=["conv_fused", "max_pool", "average_pool"])
+    (plain,) = compare_engines(_stem_and_head, [x], rtol=1e-4, atol=1e-4)  # mean, nothing fused
+    np.testing.assert_allclose(fused, plain, rtol=1e-4, atol=1e-5)

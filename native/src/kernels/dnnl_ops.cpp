@@ -280,6 +280,27 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer&
   return {dims, str};
 }
 
+// A 4-D float32 buffer: contiguous NHWC when popxl.transforms.keep_channels_last keeps it
+// channels-last, else the strided NCHW view the buffer describes.
+memory::desc user_desc(const Buffer& b, bool nhwc) {
+  const auto f32 = memory::data_type::f32;
+  // With one spatial position the two layouts are the same bytes: say NHWC, what the primitives
+  // write, so that no reorder runs (a global pool's result).
+  if (b.contiguous && b.shape.size() == 4 && b.shape[2] * b.shape[3] == 1) nhwc = true;
+  return nhwc ? memory::desc(memory::dims(b.shape.begin(), b.shape.end()), f32, memory::format_tag::nhwc)
+              : md(b.shape, elem_strides(b), f32);
+}
+
+// Which operands an op's `layouts` attribute (keep_channels_last) puts in NHWC; all false without it.
+std::vector<bool> nhwc_slots(const OpInstr& ins, size_t n) {
+  std::vector<bool> out(n, false);
+  auto it = ins.attrs.find("layouts");
+  if (it == ins.attrs.end() || it->second.is_none()) return out;
+  const AttrList& l = it->second.list();
+  for (size_t i = 0; i < n && i < l.size(); ++i) out[i] = l[i].s() == "nhwc";
+  return out;
+}
+
 constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
 // One operand: `user` is the arena tensor, `inner` the layout the primitive wants. When they
 // differ, `inner` lives in per-thread scratch (one slot per operand role), shared by all such
@@ -359,13 +380,7 @@ class BlockedConvKernel : public Kernel {
   explicit BlockedConvKernel(const Spec& s) : x_(*s.x), w_(*s.w), y_(*s.y) {
     const auto f32 = memory::data_type::f32;
     auto [wdims, wstr] = conv_weights(w_, s.groups, false);
-    // A tensor kept channels-last between convolutions (popxl.transforms.keep_channels_last) is
-    // contiguous NHWC in the arena; any other is the strided NCHW view the buffer describes.
-    auto user = [f32](const Buffer& b, bool nhwc) {
-      return nhwc ? memory::desc(memory::dims(b.shape.begin(), b.shape.end()), f32, memory::format_tag::nhwc)
-                  : md(b.shape, elem_strides(b), f32);
-    };
-    const memory::desc xd = user(x_, s.nhwc_x), wd = md(wdims, wstr, f32), yd = user(y_, s.nhwc_y);
+    const memory::desc xd = user_desc(x_, s.nhwc_x), wd = md(wdims, wstr, f32), yd = user_desc(y_, s.nhwc_y);
     auto any = [](const memory::desc& d) { return memory::desc(d.get_dims(), d.get_data_type(), memory::format_tag::any); };
     dnnl::post_ops ops;
     if (s.residual) ops.append_sum(1.f);
@@ -387,7 +402,7 @@ class BlockedConvKernel : public Kernel {
     if (s.bias) { bias_ = *s.bias; bias_mem_ = memory(pd.bias_desc(), cpu(), DNNL_MEMORY_NONE); }
     if (s.residual) {
       residual_ = *s.residual;
-      residual_mem_ = memory(user(residual_, s.nhwc_residual), cpu(), DNNL_MEMORY_NONE);
+      residual_mem_ = memory(user_desc(residual_, s.nhwc_residual), cpu(), DNNL_MEMORY_NONE);
       residual_copied_ = residual_.contiguous && residual_mem_.get_desc() == pd.dst_desc();
       if (!residual_copied_) residual_in_ = dnnl::reorder(residual_mem_, dst_.inner);
     }
@@ -442,13 +457,10 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
   const Buffer* res = residual ? &bufs[ins.inputs[3]] : nullptr;
   BlockedConvKernel::Spec s{&x, &w, bias, res, &y, ins.attrs.at("groups").i(), window_of(ins, x.shape.size() - 2),
                             fused && ins.attrs.at("relu").b()};
-  auto layouts = ins.attrs.find("layouts");
-  if (layouts != ins.attrs.end() && !layouts->second.is_none()) {
-    const AttrList& l = layouts->second.list();
-    s.nhwc_x = l.at(0).s() == "nhwc";
-    s.nhwc_y = l.at(1).s() == "nhwc";
-    s.nhwc_residual = l.at(2).s() == "nhwc";
-  }
+  const auto nhwc = nhwc_slots(ins, 3);
+  s.nhwc_x = nhwc[0];
+  s.nhwc_y = nhwc[1];
+  s.nhwc_residual = nhwc[2];
   // nullptr: the op falls back (the loader refuses that for channels-last operands).
   if (!all_f32({&x, &w, &y, bias, res})) return nullptr;
   fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(y.shape), false);
@@ -551,14 +563,15 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
 }};
 
 // 2-D float32 pooling in channels-last: oneDNN has only a slow reference kernel for NCHW pooling,
-// and the reorders in and out cost less than it does.
+// and the reorders in and out cost less than it does. None are needed for operands the arena
+// already holds channels-last.
 class ChannelsLastPoolKernel : public Kernel {
  public:
   ChannelsLastPoolKernel(dnnl::algorithm alg, const Buffer& x, const Buffer& y, const std::vector<int64_t>& kernel,
-                         const Window& win)
+                         const Window& win, bool nhwc_x, bool nhwc_y)
       : x_(x), y_(y) {
     const auto f32 = memory::data_type::f32;
-    const memory::desc xd = md(x.shape, elem_strides(x), f32), yd = md(y.shape, elem_strides(y), f32);
+    const memory::desc xd = user_desc(x, nhwc_x), yd = user_desc(y, nhwc_y);
     const memory::desc nhwc(xd.get_dims(), f32, memory::format_tag::nhwc);
     dnnl::pooling_forward::primitive_desc pd(
         cpu(), dnnl::prop_kind::forward_inference, alg, nhwc,
@@ -597,13 +610,15 @@ KernelFactory pooling(dnnl::algorithm alg) {
     const auto kernel = ins.attrs.at("kernel").ints();
     Window win = window_of(ins, kernel.size());
     fit_right_padding(win, spatial(x.shape), kernel, spatial(y.shape), false);
+    const auto nhwc = nhwc_slots(ins, 2);
     if (kernel.size() == 2 && all_f32({&x, &y})) {
       try {
-        return std::make_unique<ChannelsLastPoolKernel>(alg, x, y, kernel, win);
+        return std::make_unique<ChannelsLastPoolKernel>(alg, x, y, kernel, win, nhwc[0], nhwc[1]);
       } catch (const dnnl::error&) {
         // fall through to the plain-layout primitive
       }
     }
+    if (nhwc[0] || nhwc[1]) return nullptr;  // the plain primitive reads NCHW; the loader refuses
     try {
       auto k = std::make_unique<DnnlKernel>();
       k->single_thread = y.nelms * prod(kernel) < kSingleThreadWork;

@@ -1,0 +1,88 @@
+"""hoist_invariants: move the computations of a loop body that do not change between iterations
+(ops that read only unmodified weights, constants and each other) out of the body, so they run
+once per call of the loop instead of once per iteration.
+
+The motivating case is inference: ``fuse_conv`` folds batch norms into convolution weights with
+ordinary ops on the variables, so that weight writes (``weightsFromHost``, ``writeWeights``) are
+folded with no extra step. Inside the ``batchesPerStep`` loop that work would be repeated every
+batch; hoisted, it runs once per ``run``, still after any weight write, so writes still take effect.
+
+An op is hoisted when it is pure (no side effect, not control flow, not in place, not a view that
+aliases its input), has at least one input, every input is invariant, and nothing impure reads
+its outputs (an in-place op or a by-reference call would otherwise write the hoisted value, which
+then lives across iterations). Invariant: a body input that the caller names as bound to a value
+the loop does not carry, and that only pure ops read (so the body cannot write it), a constant,
+or an output of a hoisted op. The values the body still reads become new body inputs (``bind``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Mapping
+
+from popxl.graph import Graph
+from popxl.op import Op, create_op
+from popxl.tensor import Constant, Tensor
+
+__all__ = ["hoist_invariants"]
+
+
+def _pure(op: Op) -> bool:
+    d = op.opdef
+    return not (d.control or d.collective or d.side_effect) and d.inplace is None and (d.view is None or d.copy)
+
+
+def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
+                     bind: Callable[[Tensor, str], Tensor]) -> List[Op]:
+    """Move the invariant ops of ``body`` into ``parent`` (appended to it now, so they must run
+    before the loop op, which the caller creates afterwards).
+
+    ``bound`` maps body inputs to the ``parent`` tensors they are bound to; name only inputs that
+    hold the same value in every iteration as far as the caller knows (not carried). ``bind(t,
+    name)`` makes ``parent`` tensor ``t`` a new input of ``body`` and returns it. Returns the
+    hoisted ops (as they were in ``body``)."""
+    body.ir._check_mutable()
+    readers: Dict[int, List[Op]] = {}
+    for op in body._ops:
+        for t in op.inputs:
+            readers.setdefault(t.id, []).append(op)
+    outputs = {t.id for t in body.outputs}
+
+    def only_pure_readers(t: Tensor) -> bool:
+        return t.id not in outputs and all(_pure(r) for r in readers.get(t.id, []))
+
+    invariant = {t.id for t in bound if only_pure_readers(t)}
+    hoisted: List[Op] = []
+    for op in body._ops:
+        if (_pure(op) and op.inputs and all(t.id in invariant or isinstance(t, Constant) for t in op.inputs)
+                and all(only_pure_readers(t) for t in op.outputs)):
+            hoisted.append(op)
+            invariant.update(t.id for t in op.outputs)
+    if not hoisted:
+        return []
+
+    # Trace the hoisted ops again in the parent, in body order (a topological order).
+    outer: Dict[int, Tensor] = {t.id: p for t, p in bound.items()}
+    with parent:
+        for op in hoisted:
+            ins = []
+            for t in op.inputs:
+                if t.id not in outer:  # a constant of the body
+                    outer[t.id] = Constant._create(parent, t.name, t.spec, _host_data_value=t._host_data_value)
+                ins.append(outer[t.id])
+            new = create_op(op.opdef.name, ins, dict(op.attrs), name=op.name)
+            for old, t in zip(op.outputs, new):
+                outer[old.id] = t
+
+    # What the body still reads of them becomes inputs; the hoisted ops and values leave it.
+    gone = {id(op) for op in hoisted}
+    kept = [op for op in body._ops if id(op) not in gone]
+    replaced: Dict[int, Tensor] = {}
+    for op in hoisted:
+        for t in op.outputs:
+            if any(id(r) not in gone for r in readers.get(t.id, [])):
+                replaced[t.id] = bind(outer[t.id], t.name)
+            body._tensors.pop(t.id, None)
+    for op in kept:
+        if any(t.id in replaced for t in op.inputs):
+            op.inputs = tuple(replaced.get(t.id, t) for t in op.inputs)
+    body._ops[:] = kept
+    return hoisted
