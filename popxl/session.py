@@ -89,9 +89,13 @@ class Session:
         self._variables: List[Variable] = [var_by_id[v["name"]] for v in self._exe.variables
                                            if "remote_buffer" not in v and "mirror_of" not in v]
         self._remote = RemoteMemory(ir, self._exe)
-        # The host copies of the weights: what get_tensor_data returns views of.
-        self._host: Dict[Variable, np.ndarray] = {v: v._host_data_value.copy()
+        # The host values of the weights are the variables' own host data (what the Ir was built
+        # with), not a copy: weights_to_host writes into them, get_tensor_data returns views of
+        # them, and a variable made from a np.memmap reads and writes its file in place.
+        self._host: Dict[Variable, np.ndarray] = {v: v._host_data_value
                                                   for v in (*self._variables, *self._remote.variables)}
+        if self.weights_to_host_on_exit and self._read_only():
+            self.weights_to_host_on_exit = False  # there is nowhere to write them back to
         self._host_stale = False
         self._enter_stack: List[bool] = []
         streams = {s.tensor_id: s for s in (*ir.get_all_h2d_streams(), *ir.get_all_d2h_streams())}
@@ -168,17 +172,38 @@ class Session:
         self._require_attached("weights_from_host")
         self._write_device([*self._variables, *self._remote.variables])
 
+    def _read_only(self) -> List[Variable]:
+        """Variables whose host data cannot be written (e.g. a read-only np.memmap)."""
+        return [v for v, host in self._host.items() if not host.flags.writeable]
+
+    def _check_writable(self, what: str, variables: Iterable[Variable]) -> None:
+        """Raise before anything is written when a host value is read-only, so an error never
+        leaves the user's arrays half updated."""
+        read_only = [v.id for v in variables if not self._host.get(v, v._host_data_value).flags.writeable]
+        if read_only:
+            raise popart_exception(f"Session.{what}: the host data of {read_only} is read-only (a np.memmap "
+                                   f"opened with mode='r'?), so their values cannot be written to it.")
+
     def weights_to_host(self) -> None:
-        """Copy every variable's device value to its host copy."""
+        """Copy every variable's device value into its host data (flushing np.memmap files)."""
         self._require_attached("weights_to_host")
+        self._check_writable("weights_to_host", self._host)
         for i, v in enumerate(self._variables):
             host = self._host[v]
             rg = v.replica_grouping
             firsts = [rg.assignment.index(gi) for gi in range(rg.num_groups)]
-            vals = [self._engine.read_variable(i, r) for r in firsts]
-            value = np.stack(vals) if rg.num_groups > 1 else vals[0]
-            host[...] = value.view(host.dtype) if host.dtype.names else value
+            # Views of device memory, copied once straight into the host data (no temporary copy).
+            vals = [self._engine.variable_view(i, r) for r in firsts]
+            out = host.view(vals[0].dtype) if host.dtype.names else host
+            if rg.num_groups > 1:
+                for gi, val in enumerate(vals):
+                    out[gi] = val
+            else:
+                out[...] = vals[0]
         self._remote.read(self._engine, self._host)
+        for host in self._host.values():
+            if isinstance(host, np.memmap):
+                host.flush()
         self._host_stale = False
 
     def get_tensor_data(self, tensor: Union[Variable, Constant]) -> np.ndarray:
@@ -229,13 +254,11 @@ class Session:
                 raise ValueError(f"Session.write_variable_data: {t.id!r} expects shape {t.shape_on_host}, "
                                  f"got {data.shape}.")
             checked[t] = data
+        self._check_writable("write_variable_data", checked)
         if self.is_attached and self._host_stale:
-            self.weights_to_host()  # keep the host copies of the other variables complete
+            self.weights_to_host()  # keep the host values of the other variables complete
         for t, data in checked.items():
-            if t in self._host:
-                self._host[t][...] = data
-            else:
-                t._host_data_value[...] = data
+            self._host.get(t, t._host_data_value)[...] = data
         if self.is_attached:
             self._write_device(checked)
 

@@ -138,9 +138,19 @@ void Engine::attach() {
     arena_ptrs_.push_back(p);
     for (auto& [buf, data] : constants) std::memcpy(p + buffers[buf].offset, data.data(), data.size());
   }
+  if (scratch_bytes > 0) {
+    scratch_.reset(static_cast<uint8_t*>(std::aligned_alloc(ScratchLayout::kAlign, ScratchLayout::aligned(scratch_bytes))));
+    if (!scratch_) {
+      detach();
+      throw std::runtime_error("could not allocate the kernels' scratch memory");
+    }
+  }
+  for (auto& k : kernels) k->bind_scratch(scratch_.get());
 }
 
 void Engine::detach() {
+  for (auto& k : kernels) k->bind_scratch(nullptr);
+  scratch_.reset();
   arenas_.clear();
   arena_ptrs_.clear();
 }

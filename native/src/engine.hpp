@@ -5,6 +5,7 @@
 // `run` executes the main program with the GIL released; replicas run in lockstep.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -55,11 +56,43 @@ struct OpInstr {
   Attrs attrs;
 };
 
+// The scratch memory one kernel needs only while it runs: oneDNN scratchpads, operands reordered
+// into a primitive's layout, float32 staging of float16 operands. Kernels run one at a time
+// (replicas in turn, ops in program order), so the engine backs every kernel's layout with the
+// same 64-byte-aligned region, sized at load to the largest; a kernel lays out its pieces here.
+class ScratchLayout {
+ public:
+  static constexpr size_t kAlign = 64;  // cache line, AVX-512 vector
+  static size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+  // A piece of `bytes` of its own, live for the whole run; returns its offset.
+  size_t reserve(size_t bytes) {
+    const size_t at = own_;
+    own_ += aligned(bytes);
+    return at;
+  }
+  // Room for a oneDNN scratchpad: the primitives of one kernel run one after another, so their
+  // scratchpads share one piece, after the kernel's own pieces.
+  void reserve_scratchpad(size_t bytes) { pad_ = std::max(pad_, aligned(bytes)); }
+  size_t bytes() const { return own_ + pad_; }
+  void bind(uint8_t* region) { region_ = region; }
+  uint8_t* at(size_t offset) const { return region_ + offset; }
+  uint8_t* scratchpad() const { return region_ + own_; }
+
+ private:
+  uint8_t* region_ = nullptr;
+  size_t own_ = 0, pad_ = 0;
+};
+
 // A kernel prepared at load for one op instruction.
 class Kernel {
  public:
   virtual ~Kernel() = default;
   virtual void run(uint8_t* arena) = 0;
+  // The engine's shared scratch region: how much of it this kernel uses, and where it is (bound
+  // at attach, before any run). A kernel made of kernels run in turn overrides both.
+  virtual size_t scratch_bytes() const { return scratch.bytes(); }
+  virtual void bind_scratch(uint8_t* region) { scratch.bind(region); }
+  ScratchLayout scratch;
   // Collective kernels override this to see every replica at once.
   virtual void run_all(const std::vector<uint8_t*>& arenas, const std::vector<int>& replicas) {
     for (int r : replicas) run(arenas[r]);
@@ -115,6 +148,9 @@ class Engine {
   std::vector<StreamInfo> h2d, d2h;
   int64_t arena_bytes = 0;
   int replicas = 1;
+  // The largest scratch any kernel needs; one region of it is allocated at attach (not per
+  // replica: replicas run in turn on this thread, so no two kernels ever use it at once).
+  size_t scratch_bytes = 0;
 
   void attach();
   void detach();
@@ -136,6 +172,7 @@ class Engine {
  private:
   struct Free { void operator()(uint8_t* p) const { std::free(p); } };
   std::vector<std::unique_ptr<uint8_t, Free>> arenas_;
+  std::unique_ptr<uint8_t, Free> scratch_;
   std::vector<uint8_t*> arena_ptrs_;
   std::vector<Host> in_, out_;
   std::vector<int64_t> loads_, stores_;

@@ -132,6 +132,7 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
         const int index = static_cast<int>(e->kernels.size());
         if (!k) k = std::make_unique<PyFallback>(fallback, index);
         n.kernel = index;
+        e->scratch_bytes = std::max(e->scratch_bytes, k->scratch_bytes());
         e->kernels.push_back(std::move(k));
         e->op_instrs.push_back(std::move(op));
       } else if (kind == "copy") {
@@ -258,6 +259,9 @@ NB_MODULE(_native, m) {
       .def("detach", &Engine::detach)
       .def_prop_ro("attached", &Engine::attached)
       .def_ro("replicas", &Engine::replicas)
+      .def_ro("scratch_bytes", &Engine::scratch_bytes,
+              "Bytes of the one scratch region all kernels share while they run (oneDNN scratchpads, "
+              "reordered operands, float16 staging), allocated at attach.")
       .def("arena", [](Engine& e, int r) {
         size_t n = static_cast<size_t>(e.arena_bytes);
         return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(e.arena(r), {n});

@@ -6,7 +6,9 @@ Every engine offers the same small interface, used by the Session:
 - ``Engine(executable)``: load (prepare kernels and views); no device memory yet.
 - ``attach()`` / ``detach()``: allocate / release the device memory (one arena per replica);
   constants are written on attach; variable values are lost on detach.
-- ``write_variable(index, replica, array)`` / ``read_variable(index, replica) -> array``.
+- ``write_variable(index, replica, array)`` / ``read_variable(index, replica) -> array`` (a copy);
+  ``variable_view(index, replica) -> array`` (read-only, no copy); ``scratch_bytes``: device
+  memory the kernels use beyond the arena while they run.
 - ``run(inputs, outputs)``: run the main program once. ``inputs[i]`` / ``outputs[i]`` are the
   host buffers of ``executable.h2d[i]`` / ``d2h[i]``, shaped ``(num_host_transfers, replicas, *shape)``.
 - ``profiling`` (settable; setting resets), ``reset_profile()``, ``op_profile()``: per-op timers,

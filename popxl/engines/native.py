@@ -79,6 +79,12 @@ class NativeEngine(ReferenceEngine):
     def attached(self) -> bool:
         return self._engine.attached
 
+    @property
+    def scratch_bytes(self) -> int:
+        """The one scratch region every kernel shares while it runs (oneDNN scratchpads, operands
+        reordered into a primitive's layout, float16 staging), allocated at attach beside the arena."""
+        return self._engine.scratch_bytes
+
     def attach(self) -> None:
         self._engine.attach()  # allocates the arenas and writes the constants
         self._make_views([self._engine.arena(r) for r in range(self.replicas)])

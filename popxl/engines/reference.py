@@ -51,6 +51,11 @@ class ReferenceEngine:
     def attached(self) -> bool:
         return bool(self._arenas)
 
+    @property
+    def scratch_bytes(self) -> int:
+        """Device memory the kernels use beyond the arena while they run (none here)."""
+        return 0
+
     def attach(self) -> None:
         self._make_views([np.zeros(max(self.exe.arena_bytes, 1), np.uint8) for _ in range(self.replicas)])
         for c in self.exe.constants:
@@ -73,6 +78,12 @@ class ReferenceEngine:
 
     def read_variable(self, index: int, replica: int) -> np.ndarray:
         return self._views[replica][self.exe.variables[index]["buffer"]].copy()
+
+    def variable_view(self, index: int, replica: int) -> np.ndarray:
+        """A read-only view of a variable's device memory (valid until the next run or detach)."""
+        view = self._views[replica][self.exe.variables[index]["buffer"]].view()
+        view.flags.writeable = False
+        return view
 
     # execution ------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:

@@ -717,3 +717,23 @@ def test_gelu_over_the_whole_float32_range(name):
     else:
         g = np.ones_like(x)
         compare_engines(lambda a, b: create_op("gelu_grad", [a, b])[0], [g, x], native_ops=["gelu_grad"], **tol)
+
+
+def test_kernels_share_one_scratch_region():
+    """Float16 staging (of contiguous and strided operands), conv operands reordered into oneDNN's
+    blocked layouts and oneDNN scratchpads all live in one engine-owned region that every kernel
+    uses in turn: it must hold the largest kernel's pieces at once, and kernels that run one
+    after another on it (twice here, so stale bytes from another kernel are in it) still agree
+    with the reference."""
+    a, b = rand((24, 40), np.float16), rand((24, 16), np.float16)
+    x, w = rand((2, 8, 12, 12)), rand((16, 8, 3, 3))
+
+    def build(a, b, x, w):
+        conv = lambda x, w: ops.conv(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 1)  # noqa: E731
+        y = ops.matmul(ops.transpose_(a), b)  # a strided float16 operand: packed, then staged
+        return y, conv(x, w), ops.matmul(ops.transpose_(a), b * 2), conv(x, w * 2)
+
+    compare_engines(build, [a, b, x, w], native_ops=["matmul", "conv"], rtol=5e-3, atol=5e-3)
+    _, eng = run_program(build, [a, b, x, w], "native")
+    staged = (a.nbytes + a.size * 4) + b.size * 4 + 40 * 16 * 4  # a packed + as float32, b, y as float32
+    assert eng.scratch_bytes >= staged

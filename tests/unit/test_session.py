@@ -169,6 +169,53 @@ def test_weights_to_host_on_exit_false():
     np.testing.assert_array_equal(s.get_tensor_data(v), np.zeros((2, 2)))
 
 
+def _memmap_ir(path, mode):
+    data = np.memmap(path, dtype=np.float32, mode="w+", shape=(2, 2))
+    data[...] = 1
+    data.flush()
+    del data
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_s = popxl.h2d_stream((2, 2), popxl.float32, "x")
+        v = popxl.variable(np.memmap(path, dtype=np.float32, mode=mode, shape=(2, 2)), name="v")
+        ops.add_(v, ops.host_load(x_s))
+    return ir, x_s, v
+
+
+def test_host_weights_are_the_variables_own_data():
+    """No second host copy of the weights: the Session syncs into the data the variable was made
+    with, and get_tensor_data returns views of it."""
+    ir, x_s, _, v = _stream_ir()
+    with popxl.Session(ir) as s:
+        s.run({x_s: np.ones((2, 2), np.float32)})
+        data = s.get_tensor_data(v)
+        np.testing.assert_array_equal(data, np.ones((2, 2)))
+        assert np.shares_memory(data, v._host_data_value)
+        s.run({x_s: np.ones((2, 2), np.float32)})
+    np.testing.assert_array_equal(data, np.full((2, 2), 2))  # the exit's weights_to_host is seen through it
+
+
+def test_memmap_variable_is_synced_into_its_file(tmp_path):
+    ir, x_s, v = _memmap_ir(tmp_path / "v.bin", "r+")
+    with popxl.Session(ir) as s:
+        s.run({x_s: np.full((2, 2), 2, np.float32)})
+    on_disk = np.fromfile(tmp_path / "v.bin", np.float32).reshape(2, 2)
+    np.testing.assert_array_equal(on_disk, np.full((2, 2), 3))
+
+
+def test_read_only_memmap_variable(tmp_path):
+    ir, x_s, v = _memmap_ir(tmp_path / "v.bin", "r")
+    s = popxl.Session(ir)
+    assert s.weights_to_host_on_exit is False  # nowhere to write them back to
+    with s:
+        s.run({x_s: np.full((2, 2), 2, np.float32)})
+        with pytest.raises(RuntimeError, match="read-only"):
+            s.weights_to_host()
+        with pytest.raises(RuntimeError, match="read-only"):
+            s.write_variable_data(v, np.zeros((2, 2), np.float32))
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "v.bin", np.float32), np.ones(4))
+
+
 def test_get_tensor_data_type_errors():
     ir, _, _, v = _stream_ir()
     s = popxl.Session(ir)

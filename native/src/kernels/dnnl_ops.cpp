@@ -2,8 +2,10 @@
 // that sgemm can read go to OpenBLAS, see gemm.cpp), softmax,
 // convolution (also fused with bias, residual sum and relu), transposed convolution and max/average
 // pooling. Primitives are created once at
-// load; each run only points their memory at the arena. A configuration oneDNN rejects (e.g. a
-// dtype this CPU lacks) makes the factory return nullptr, and the op runs on the fallback.
+// load; each run only points their memory at the arena and at the engine's scratch region (every
+// primitive is created with scratchpad_mode::user, so oneDNN allocates no scratchpad of its own).
+// A configuration oneDNN rejects (e.g. a dtype this CPU lacks) makes the factory return nullptr,
+// and the op runs on the fallback.
 #include <omp.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -86,58 +88,104 @@ std::vector<int64_t> elem_strides(const Buffer& b) {
   return s;
 }
 
+// Attributes that make a primitive take its scratchpad from us (DNNL_ARG_SCRATCHPAD) rather
+// than from oneDNN's own allocations, so that it lives in the engine's scratch region.
+dnnl::primitive_attr user_scratchpad(dnnl::primitive_attr attr = dnnl::primitive_attr()) {
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// A primitive created from a descriptor made with user_scratchpad(), its arguments (memory
+// objects are handles: data pointers set on them later are seen through this map, built once)
+// and its scratchpad, reserved in the owning kernel's scratch layout. Every oneDNN primitive here
+// is one of these.
+class Primitive {
+ public:
+  Primitive() = default;
+  // primitive_desc_base: reorders' descriptors do not derive from dnnl::primitive_desc.
+  Primitive(const dnnl::primitive_desc_base& pd, ScratchLayout& scratch) : prim_(pd.get()) {
+    const memory::desc d = pd.scratchpad_desc();
+    if (d.get_size() == 0) return;
+    scratch.reserve_scratchpad(d.get_size());
+    pad_ = memory(d, cpu(), DNNL_MEMORY_NONE);
+    args_[DNNL_ARG_SCRATCHPAD] = pad_;
+  }
+  void arg(int id, const memory& m) { args_[id] = m; }
+  void execute(dnnl::stream& strm, const ScratchLayout& scratch) {
+    if (pad_) pad_.set_data_handle(scratch.scratchpad());
+    prim_.execute(strm, args_);
+  }
+  // A reorder between two memories (the layouts their descriptors give).
+  static Primitive reorder(const memory& from, const memory& to, ScratchLayout& scratch) {
+    Primitive p(dnnl::reorder::primitive_desc(from, to, user_scratchpad()), scratch);
+    p.arg(DNNL_ARG_FROM, from);
+    p.arg(DNNL_ARG_TO, to);
+    return p;
+  }
+
+ private:
+  dnnl::primitive prim_;
+  memory pad_;
+  std::unordered_map<int, memory> args_;
+};
+
 struct DnnlKernel : Kernel {
   struct Arg {
-    int id;  // DNNL_ARG_*
     memory mem;
     Buffer buf;
     bool output;
-    std::vector<float> f32;       // staging of a float16 operand
-    std::vector<uint8_t> packed;  // its packed float16 bytes, when the buffer is strided
+    size_t f32 = 0;     // staged: scratch offset of the operand as float32
+    size_t packed = 0;  // staged and strided: scratch offset of its packed bytes
   };
-  dnnl::primitive prim;
+  Primitive prim;
   std::vector<Arg> args;
-  std::unordered_map<int, memory> arg_map;  // the same memory handles as `args`, built once
-  bool single_thread = false;               // created under SingleThreadScope: run under it too
+  bool single_thread = false;  // created under SingleThreadScope: run under it too
   dnnl::stream strm{cpu()};
   bool scaled = false;  // pow2scaled ops: staged outputs are multiplied by 2**(scale tensor)
   Buffer scale;
   void run(uint8_t* arena) override {
     for (auto& a : args) {
       if (staged(a.buf)) {
-        a.f32.resize(a.buf.nelms);
-        if (!a.output) unstage(packed_bytes(a, arena, true), a.buf.dtype, a.f32.data(), a.buf.nelms);
-        a.mem.set_data_handle(a.f32.data());
+        float* f32 = staging(a);
+        if (!a.output) unstage(packed_bytes(a, arena, true), a.buf.dtype, f32, a.buf.nelms);
+        a.mem.set_data_handle(f32);
       } else {
         a.mem.set_data_handle(arena + a.buf.offset);
       }
     }
     {
       SingleThreadScope scope(single_thread);
-      prim.execute(strm, arg_map);
+      prim.execute(strm, scratch);
       strm.wait();
     }
     for (auto& a : args) {
       if (!staged(a.buf) || !a.output) continue;
+      float* f32 = staging(a);
       if (scaled) {  // in float32, as the reference scales its float32 result
         const float s = float(pow2_scale(arena, scale));
-        for (auto& v : a.f32) v *= s;
+        for (int64_t i = 0; i < a.buf.nelms; ++i) f32[i] *= s;
       }
-      store_row<float>(packed_bytes(a, arena, false), 2, DType::F16, a.f32.data(), a.buf.nelms);
-      if (!a.buf.contiguous) copy_buffer(arena, a.buf, a.packed.data(), packed_like(a.buf));
+      store_row<float>(packed_bytes(a, arena, false), 2, DType::F16, f32, a.buf.nelms);
+      if (!a.buf.contiguous) copy_buffer(arena, a.buf, scratch.at(a.packed), packed_like(a.buf));
     }
   }
+  float* staging(const Arg& a) const { return reinterpret_cast<float*>(scratch.at(a.f32)); }
   // Packed bytes of a staged operand: the arena when contiguous, else scratch (filled from the
   // arena for inputs).
-  static uint8_t* packed_bytes(Arg& a, uint8_t* arena, bool fill) {
+  uint8_t* packed_bytes(const Arg& a, uint8_t* arena, bool fill) const {
     if (a.buf.contiguous) return arena + a.buf.offset;
-    a.packed.resize(a.buf.nbytes());
-    if (fill) copy_buffer(a.packed.data(), packed_like(a.buf), arena, a.buf);
-    return a.packed.data();
+    uint8_t* p = scratch.at(a.packed);
+    if (fill) copy_buffer(p, packed_like(a.buf), arena, a.buf);
+    return p;
   }
   void add(int arg, const memory::desc& d, const Buffer& b, bool output = false) {
-    args.push_back(Arg{arg, memory(d, cpu(), DNNL_MEMORY_NONE), b, output, {}, {}});
-    arg_map[arg] = args.back().mem;  // a handle: later set_data_handle calls are seen through it
+    Arg a{memory(d, cpu(), DNNL_MEMORY_NONE), b, output};
+    if (staged(b)) {
+      a.f32 = scratch.reserve(static_cast<size_t>(b.nelms) * sizeof(float));
+      if (!b.contiguous) a.packed = scratch.reserve(static_cast<size_t>(b.nbytes()));
+    }
+    prim.arg(arg, a.mem);
+    args.push_back(std::move(a));
   }
 };
 
@@ -184,8 +232,7 @@ KernelFactory matmul(bool pow2) {
     k->single_thread = prod(ydims) * A.dims[rank - 1] < kSingleThreadWork;
     SingleThreadScope scope(k->single_thread);
     auto ad = md(A.dims, A.strides, ta), bd = md(B.dims, B.strides, tb), yd = md(ydims, ystr, ty);
-    dnnl::matmul::primitive_desc pd(cpu(), ad, bd, yd);
-    k->prim = dnnl::matmul(pd);
+    k->prim = Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, yd, user_scratchpad()), k->scratch);
     k->add(DNNL_ARG_SRC, ad, a);
     k->add(DNNL_ARG_WEIGHTS, bd, b);
     k->add(DNNL_ARG_DST, yd, y, true);
@@ -217,9 +264,10 @@ const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::v
     k->single_thread = x.nelms * 8 < kSingleThreadWork;  // exp, max, sum and scale per element
     SingleThreadScope scope(k->single_thread);
     auto xd = md(x.shape, elem_strides(x), t), yd = md(y.shape, elem_strides(y), t);
-    dnnl::softmax_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference,
-                                             dnnl::algorithm::softmax_accurate, xd, yd, axis);
-    k->prim = dnnl::softmax_forward(pd);
+    k->prim = Primitive(dnnl::softmax_forward::primitive_desc(cpu(), dnnl::prop_kind::forward_inference,
+                                                              dnnl::algorithm::softmax_accurate, xd, yd, axis,
+                                                              user_scratchpad()),
+                        k->scratch);
     k->add(DNNL_ARG_SRC, xd, x);
     k->add(DNNL_ARG_DST, yd, y, true);
     return k;
@@ -303,9 +351,8 @@ std::vector<bool> nhwc_slots(const OpInstr& ins, size_t n) {
 
 constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
 // One operand: `user` is the arena tensor, `inner` the layout the primitive wants. When they
-// differ, `inner` lives in per-thread scratch (one slot per operand role), shared by all such
-// kernels (convolutions, pooling): they run one at a time on a thread, and the arena keeps no
-// copies between ops.
+// differ, `inner` is a piece of the kernel's scratch (the arena keeps no copies between ops) and
+// `convert` reorders user -> inner for an input, inner -> user for the output.
 //
 // With `keep` (weights), `inner` is the operand's own and is reordered again only when the bytes
 // of `user` differ from those it was last reordered from: weights, even when an inference
@@ -314,50 +361,42 @@ constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
 struct ReorderedOperand {
   struct Free { void operator()(void* p) const { std::free(p); } };
   memory user, inner;
-  dnnl::reorder in;
-  bool reordered = false;
-  int slot = 0;
-  bool keep = false;
+  Primitive convert;
+  bool reordered = false, output = false, keep = false;
+  size_t at = 0;                    // `inner`'s scratch offset, unless kept
   std::unique_ptr<void, Free> own;  // `inner`'s storage when kept
   std::vector<uint8_t> last;        // the user bytes `inner` was reordered from
   ReorderedOperand() = default;
-  ReorderedOperand(const memory::desc& user_d, const memory::desc& inner_d, int slot_, bool keep_ = false)
-      : user(user_d, cpu(), DNNL_MEMORY_NONE), reordered(user_d != inner_d), slot(slot_), keep(keep_) {
+  ReorderedOperand(const memory::desc& user_d, const memory::desc& inner_d, bool output_, ScratchLayout& scratch,
+                   bool keep_ = false)
+      : user(user_d, cpu(), DNNL_MEMORY_NONE), reordered(user_d != inner_d), output(output_), keep(keep_) {
     inner = reordered ? memory(inner_d, cpu(), DNNL_MEMORY_NONE) : user;
-    if (reordered && slot != kDstSlot) in = dnnl::reorder(user, inner);  // dst goes the other way
-    if (reordered && keep) {
-      own.reset(aligned(inner_d.get_size()));
+    if (!reordered) return;
+    convert = output ? Primitive::reorder(inner, user, scratch) : Primitive::reorder(user, inner, scratch);
+    if (keep) {
+      own.reset(std::aligned_alloc(ScratchLayout::kAlign, ScratchLayout::aligned(inner_d.get_size())));
+      if (!own) throw std::bad_alloc();
       inner.set_data_handle(own.get());
+    } else {
+      at = scratch.reserve(inner_d.get_size());
     }
   }
-  void bind(uint8_t* data) {
+  void bind(uint8_t* data, const ScratchLayout& scratch) {
     user.set_data_handle(data);
-    if (reordered && !keep) inner.set_data_handle(scratch(slot, inner.get_desc().get_size()));
+    if (reordered && !keep) inner.set_data_handle(scratch.at(at));
   }
-  void to_inner(dnnl::stream& strm) {
-    if (!reordered || slot == kDstSlot) return;
+  void to_inner(dnnl::stream& strm, const ScratchLayout& scratch) {
+    if (!reordered || output) return;
     if (keep) {
       const auto* bytes = static_cast<const uint8_t*>(user.get_data_handle());
       const size_t n = user.get_desc().get_size();
       if (last.size() == n && std::memcmp(last.data(), bytes, n) == 0) return;
       last.assign(bytes, bytes + n);
     }
-    in.execute(strm, user, inner);
+    convert.execute(strm, scratch);
   }
-  static void* aligned(size_t bytes) {  // 64-byte aligned: cache line, AVX-512 vector
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!p) throw std::bad_alloc();
-    return p;
-  }
-  // At least `bytes` of aligned scratch for `slot`.
-  static void* scratch(int slot, size_t bytes) {
-    thread_local std::unique_ptr<void, Free> slots[3];
-    thread_local size_t sizes[3] = {0, 0, 0};
-    if (sizes[slot] < bytes) {
-      slots[slot].reset(aligned(bytes));
-      sizes[slot] = bytes;
-    }
-    return slots[slot].get();
+  void to_user(dnnl::stream& strm, const ScratchLayout& scratch) {
+    if (reordered && output) convert.execute(strm, scratch);
   }
 };
 
@@ -385,7 +424,7 @@ class BlockedConvKernel : public Kernel {
     dnnl::post_ops ops;
     if (s.residual) ops.append_sum(1.f);
     if (s.relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    dnnl::primitive_attr attr;
+    dnnl::primitive_attr attr = user_scratchpad();
     attr.set_post_ops(ops);
     const Window& win = s.win;
     auto pd = s.bias ? dnnl::convolution_forward::primitive_desc(
@@ -395,50 +434,48 @@ class BlockedConvKernel : public Kernel {
                      : dnnl::convolution_forward::primitive_desc(
                            cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(xd),
                            any(wd), any(yd), win.strides, win.dilates, win.pad_l, win.pad_r, attr);
-    conv_ = dnnl::convolution_forward(pd);
-    src_ = ReorderedOperand(xd, pd.src_desc(), kSrcSlot);
-    wei_ = ReorderedOperand(wd, pd.weights_desc(), kWeightsSlot, w_.contiguous);
-    dst_ = ReorderedOperand(yd, pd.dst_desc(), kDstSlot);
+    conv_ = Primitive(pd, scratch);
+    src_ = ReorderedOperand(xd, pd.src_desc(), false, scratch);
+    wei_ = ReorderedOperand(wd, pd.weights_desc(), false, scratch, w_.contiguous);
+    dst_ = ReorderedOperand(yd, pd.dst_desc(), true, scratch);
     if (s.bias) { bias_ = *s.bias; bias_mem_ = memory(pd.bias_desc(), cpu(), DNNL_MEMORY_NONE); }
     if (s.residual) {
       residual_ = *s.residual;
       residual_mem_ = memory(user_desc(residual_, s.nhwc_residual), cpu(), DNNL_MEMORY_NONE);
       residual_copied_ = residual_.contiguous && residual_mem_.get_desc() == pd.dst_desc();
-      if (!residual_copied_) residual_in_ = dnnl::reorder(residual_mem_, dst_.inner);
+      if (!residual_copied_) residual_in_ = Primitive::reorder(residual_mem_, dst_.inner, scratch);
     }
-    if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
-    // memory objects are handles: the data pointers bound each run are seen through these copies
-    args_ = {{DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_WEIGHTS, wei_.inner}, {DNNL_ARG_DST, dst_.inner}};
-    if (bias_mem_) args_.emplace(DNNL_ARG_BIAS, bias_mem_);
+    conv_.arg(DNNL_ARG_SRC, src_.inner);
+    conv_.arg(DNNL_ARG_WEIGHTS, wei_.inner);
+    conv_.arg(DNNL_ARG_DST, dst_.inner);
+    if (bias_mem_) conv_.arg(DNNL_ARG_BIAS, bias_mem_);
   }
 
   void run(uint8_t* arena) override {
-    src_.bind(arena + x_.offset);
-    wei_.bind(arena + w_.offset);
-    dst_.bind(arena + y_.offset);
+    src_.bind(arena + x_.offset, scratch);
+    wei_.bind(arena + w_.offset, scratch);
+    dst_.bind(arena + y_.offset, scratch);
     if (bias_mem_) bias_mem_.set_data_handle(arena + bias_.offset);
-    src_.to_inner(strm_);
-    wei_.to_inner(strm_);
+    src_.to_inner(strm_, scratch);
+    wei_.to_inner(strm_, scratch);
     if (residual_mem_) {  // the sum post-op adds what the destination holds
       if (residual_copied_) {  // the same dense layout: a memcpy beats oneDNN's generic reorder
         std::memcpy(dst_.inner.get_data_handle(), arena + residual_.offset, residual_.nbytes());
       } else {
         residual_mem_.set_data_handle(arena + residual_.offset);
-        residual_in_.execute(strm_, residual_mem_, dst_.inner);
+        residual_in_.execute(strm_, scratch);
       }
     }
-    conv_.execute(strm_, args_);
-    if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
+    conv_.execute(strm_, scratch);
+    dst_.to_user(strm_, scratch);
     strm_.wait();
   }
 
  private:
   Buffer x_, w_, y_, bias_, residual_;
-  dnnl::convolution_forward conv_;
-  std::unordered_map<int, memory> args_;
+  Primitive conv_, residual_in_;
   ReorderedOperand src_, wei_, dst_;
   memory bias_mem_, residual_mem_;
-  dnnl::reorder to_user_, residual_in_;
   bool residual_copied_ = false;
   dnnl::stream strm_{cpu()};
 };
@@ -492,17 +529,16 @@ KernelFactory convolution(bool transposed, bool pow2 = false) {
       SingleThreadScope scope(k->single_thread);
       auto [wdims, wstr] = conv_weights(w, g, transposed);
       auto xd = md(x.shape, elem_strides(x), t), wd = md(wdims, wstr, t), yd = md(y.shape, elem_strides(y), t);
-      if (transposed) {
-        dnnl::deconvolution_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference,
-                                                       dnnl::algorithm::deconvolution_direct, xd, wd, yd,
-                                                       win.strides, win.dilates, win.pad_l, win.pad_r);
-        k->prim = dnnl::deconvolution_forward(pd);
-      } else {
-        dnnl::convolution_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference,
-                                                     dnnl::algorithm::convolution_direct, xd, wd, yd,
-                                                     win.strides, win.dilates, win.pad_l, win.pad_r);
-        k->prim = dnnl::convolution_forward(pd);
-      }
+      if (transposed)
+        k->prim = Primitive(dnnl::deconvolution_forward::primitive_desc(
+                                cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct, xd,
+                                wd, yd, win.strides, win.dilates, win.pad_l, win.pad_r, user_scratchpad()),
+                            k->scratch);
+      else
+        k->prim = Primitive(dnnl::convolution_forward::primitive_desc(
+                                cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, xd,
+                                wd, yd, win.strides, win.dilates, win.pad_l, win.pad_r, user_scratchpad()),
+                            k->scratch);
       k->add(DNNL_ARG_SRC, xd, x);
       k->add(DNNL_ARG_WEIGHTS, wd, w);
       k->add(DNNL_ARG_DST, yd, y, true);
@@ -524,6 +560,15 @@ struct Kernels : Kernel {
   void run(uint8_t* arena) override {
     for (auto& p : parts) p->run(arena);
   }
+  // The parts run in turn: each may use the whole region.
+  size_t scratch_bytes() const override {
+    size_t n = 0;
+    for (auto& p : parts) n = std::max(n, p->scratch_bytes());
+    return n;
+  }
+  void bind_scratch(uint8_t* region) override {
+    for (auto& p : parts) p->bind_scratch(region);
+  }
 };
 
 const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
@@ -544,17 +589,18 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
     convolution_forward::primitive_desc fwd(cpu(), prop_kind::forward_training, algorithm::convolution_direct, xd, wd,
                                             gd, win.strides, win.dilates, win.pad_l, win.pad_r);
     auto k = std::make_unique<Kernels>();
-    auto part = [&](dnnl::primitive prim, std::initializer_list<std::tuple<int, memory::desc, const Buffer*>> args) {
+    auto part = [&](const dnnl::primitive_desc_base& pd,
+                    std::initializer_list<std::tuple<int, memory::desc, const Buffer*>> args) {
       auto p = std::make_unique<DnnlKernel>();
-      p->prim = std::move(prim);
+      p->prim = Primitive(pd, p->scratch);
       for (auto& [id, d, b] : args) p->add(id, d, *b, b == &dx || b == &dw);
       k->parts.push_back(std::move(p));
     };
-    part(convolution_backward_weights(convolution_backward_weights::primitive_desc(
-             cpu(), algorithm::convolution_direct, xd, dwd, gd, win.strides, win.dilates, win.pad_l, win.pad_r, fwd)),
+    part(convolution_backward_weights::primitive_desc(cpu(), algorithm::convolution_direct, xd, dwd, gd, win.strides,
+                                                      win.dilates, win.pad_l, win.pad_r, fwd, user_scratchpad()),
          {{DNNL_ARG_SRC, xd, &x}, {DNNL_ARG_DIFF_DST, gd, &g}, {DNNL_ARG_DIFF_WEIGHTS, dwd, &dw}});
-    part(convolution_backward_data(convolution_backward_data::primitive_desc(
-             cpu(), algorithm::convolution_direct, dxd, wd, gd, win.strides, win.dilates, win.pad_l, win.pad_r, fwd)),
+    part(convolution_backward_data::primitive_desc(cpu(), algorithm::convolution_direct, dxd, wd, gd, win.strides,
+                                                   win.dilates, win.pad_l, win.pad_r, fwd, user_scratchpad()),
          {{DNNL_ARG_DIFF_DST, gd, &g}, {DNNL_ARG_WEIGHTS, wd, &w}, {DNNL_ARG_DIFF_SRC, dxd, &dx}});
     return k;
   } catch (const dnnl::error&) {
@@ -576,28 +622,26 @@ class ChannelsLastPoolKernel : public Kernel {
     dnnl::pooling_forward::primitive_desc pd(
         cpu(), dnnl::prop_kind::forward_inference, alg, nhwc,
         memory::desc(yd.get_dims(), f32, memory::format_tag::any), win.strides,
-        memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l, win.pad_r);
-    pool_ = dnnl::pooling_forward(pd);
-    src_ = ReorderedOperand(xd, pd.src_desc(), kSrcSlot);
-    dst_ = ReorderedOperand(yd, pd.dst_desc(), kDstSlot);
-    if (dst_.reordered) to_user_ = dnnl::reorder(dst_.inner, dst_.user);
-    args_ = {{DNNL_ARG_SRC, src_.inner}, {DNNL_ARG_DST, dst_.inner}};
+        memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l, win.pad_r, user_scratchpad());
+    pool_ = Primitive(pd, scratch);
+    src_ = ReorderedOperand(xd, pd.src_desc(), false, scratch);
+    dst_ = ReorderedOperand(yd, pd.dst_desc(), true, scratch);
+    pool_.arg(DNNL_ARG_SRC, src_.inner);
+    pool_.arg(DNNL_ARG_DST, dst_.inner);
   }
   void run(uint8_t* arena) override {
-    src_.bind(arena + x_.offset);
-    dst_.bind(arena + y_.offset);
-    src_.to_inner(strm_);
-    pool_.execute(strm_, args_);
-    if (dst_.reordered) to_user_.execute(strm_, dst_.inner, dst_.user);
+    src_.bind(arena + x_.offset, scratch);
+    dst_.bind(arena + y_.offset, scratch);
+    src_.to_inner(strm_, scratch);
+    pool_.execute(strm_, scratch);
+    dst_.to_user(strm_, scratch);
     strm_.wait();
   }
 
  private:
   Buffer x_, y_;
-  dnnl::pooling_forward pool_;
-  std::unordered_map<int, memory> args_;
+  Primitive pool_;
   ReorderedOperand src_, dst_;
-  dnnl::reorder to_user_;
   dnnl::stream strm_{cpu()};
 };
 
@@ -624,10 +668,11 @@ KernelFactory pooling(dnnl::algorithm alg) {
       k->single_thread = y.nelms * prod(kernel) < kSingleThreadWork;
       SingleThreadScope scope(k->single_thread);
       auto xd = md(x.shape, elem_strides(x), t), yd = md(y.shape, elem_strides(y), t);
-      dnnl::pooling_forward::primitive_desc pd(cpu(), dnnl::prop_kind::forward_inference, alg, xd, yd, win.strides,
-                                               memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l,
-                                               win.pad_r);
-      k->prim = dnnl::pooling_forward(pd);
+      k->prim = Primitive(dnnl::pooling_forward::primitive_desc(
+                              cpu(), dnnl::prop_kind::forward_inference, alg, xd, yd, win.strides,
+                              memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l, win.pad_r,
+                              user_scratchpad()),
+                          k->scratch);
       k->add(DNNL_ARG_SRC, xd, x);
       k->add(DNNL_ARG_DST, yd, y, true);
       return k;
