@@ -105,12 +105,18 @@ KernelFactory group_norm(bool layer) {
         read_all(a, st->b, st->bv);
         group_stats(g, st->xv.data(), st->mean, st->var);
         W* v = st->xv.data();
+        const int64_t cpg = g.C / g.G;
+        // One square root per group (a layer norm's group is a whole row of channels).
 #pragma omp parallel for schedule(static) if (g.N * g.C * g.S > 32768)
-        for (int64_t nc = 0; nc < g.N * g.C; ++nc) {
-          const int64_t n = nc / g.C, c = nc % g.C, j = n * g.G + c * g.G / g.C;
-          const W m = W(st->mean[j]), r = std::sqrt(W(st->var[j]) + W(eps)), w = st->wv[c], b = st->bv[c];
-          W* row = v + n * g.C * g.S + c * g.S;
-          for (int64_t i = 0; i < g.S; ++i) row[i] = (row[i] - m) / r * w + b;
+        for (int64_t j = 0; j < g.N * g.G; ++j) {
+          const W m = W(st->mean[j]), r = std::sqrt(W(st->var[j]) + W(eps));
+          const int64_t c0 = j % g.G * cpg;
+          W* group = v + j * cpg * g.S;
+          for (int64_t c = c0; c < c0 + cpg; ++c) {
+            const W w = st->wv[c], b = st->bv[c];
+            W* row = group + (c - c0) * g.S;
+            for (int64_t i = 0; i < g.S; ++i) row[i] = (row[i] - m) / r * w + b;
+          }
         }
         write_all(a, st->y, st->xv);
       });
