@@ -325,7 +325,8 @@ def _probs(shape, dtype):
     return (z / z.sum(-1, keepdims=True)).astype(dtype)
 
 
-NLL_CASES = [((4, 5), None), ((2, 3, 4), 1), ((1, 3), None), ((0, 3), None), ((6,), 2)]
+NLL_CASES = [((4, 5), None), ((2, 3, 4), 1), ((1, 3), None), ((0, 3), None), ((6,), 2),
+             ((300, 200), 3)]  # rows spread over threads
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

@@ -312,6 +312,7 @@ KernelFactory nll(Nll which) {
         if (which == Nll::Loss) return;
         const std::vector<W> sc = row_scales(s, st->lgv, st->keep, count);
         std::vector<W>& g = st->pv;  // becomes the gradient w.r.t. probs / logits
+#pragma omp parallel for schedule(static) if (s.rows > 1 && s.rows * s.C > 32768)
         for (int64_t r = 0; r < s.rows; ++r) {
           W* row = g.data() + r * s.C;
           if (s.C == 0) continue;
