@@ -94,7 +94,7 @@ class Session:
         # them, and a variable made from a np.memmap reads and writes its file in place.
         self._host: Dict[Variable, np.ndarray] = {v: v._host_data_value
                                                   for v in (*self._variables, *self._remote.variables)}
-        if self.weights_to_host_on_exit and self._read_only():
+        if not all(host.flags.writeable for host in self._host.values()):
             self.weights_to_host_on_exit = False  # there is nowhere to write them back to
         self._host_stale = False
         self._enter_stack: List[bool] = []
@@ -171,10 +171,6 @@ class Session:
         """Copy every variable's host value to the device."""
         self._require_attached("weights_from_host")
         self._write_device([*self._variables, *self._remote.variables])
-
-    def _read_only(self) -> List[Variable]:
-        """Variables whose host data cannot be written (e.g. a read-only np.memmap)."""
-        return [v for v, host in self._host.items() if not host.flags.writeable]
 
     def _check_writable(self, what: str, variables: Iterable[Variable]) -> None:
         """Raise before anything is written when a host value is read-only, so an error never

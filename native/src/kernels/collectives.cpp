@@ -259,14 +259,7 @@ unique_ptr<Kernel> add_n_in_place(const std::vector<Buffer>& xs, const Buffer& y
         const Buffer& acc = i == 1 ? xs[0] : y;
         nd_loop<3>(y.shape, {y.strides, acc.strides, xs[i].strides}, {a + y.offset, a + acc.offset, a + xs[i].offset},
                    [](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
-                     if (dense_rows<T>(s)) {
-                       T* out = reinterpret_cast<T*>(p[0]);
-                       const T *u = reinterpret_cast<const T*>(p[1]), *v = reinterpret_cast<const T*>(p[2]);
-                       for (int64_t e = 0; e < n; ++e) out[e] = T(W(u[e]) + W(v[e]));
-                       return;
-                     }
-                     for (int64_t e = 0; e < n; ++e)
-                       at<T>(p[0], e, s[0]) = T(W(at<T>(p[1], e, s[1])) + W(at<T>(p[2], e, s[2])));
+                     combine_rows<T, W>(p, s, n, [](W u, W v) { return u + v; });
                    });
       }
     });

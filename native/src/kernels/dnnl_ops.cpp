@@ -52,11 +52,6 @@ void unstage(const uint8_t* packed, DType d, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float(f.decode(packed[i]));
 }
 
-// Primitives with less work than this (multiply-adds or similar) run on one thread: for them an
-// OpenMP region costs more than it saves, and under load from other processes a 2-thread region
-// can wait a whole scheduler time slice for its second thread.
-constexpr int64_t kSingleThreadWork = int64_t(1) << 20;
-
 // One OpenMP thread for the lifetime of the guard (when `single`), then the previous count.
 // oneDNN (OpenMP runtime) fixes its work split when a primitive is created, so both creation and
 // every execution of a small primitive run under this guard.
@@ -190,7 +185,6 @@ struct DnnlKernel : Kernel {
 };
 
 // numpy.matmul shapes -> equal-rank dims/strides with 1-D operands promoted.
-
 MatOperand promote(const Buffer& b, bool is_lhs, size_t rank) {
   MatOperand m{b.shape, elem_strides(b)};
   if (m.dims.size() == 1) {

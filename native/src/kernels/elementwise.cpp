@@ -115,24 +115,8 @@ KernelFactory binary(Op op, Result result, bool ints_too) {
                      if (to_bool) {
                        for (int64_t i = 0; i < n; ++i)
                          at<bool>(p[0], i, s[0]) = op(W(at<T>(p[1], i, s[1])), W(at<T>(p[2], i, s[2])));
-                     } else if (dense_rows<T>(s)) {
-                       T* y = reinterpret_cast<T*>(p[0]);
-                       const T *l = reinterpret_cast<const T*>(p[1]), *r = reinterpret_cast<const T*>(p[2]);
-                       for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(l[i]), W(r[i])));
-                     } else if (dense_rows<T>(std::array<int64_t, 2>{s[0], s[1]}) && s[2] == 0) {
-                       // one right operand per row (a per-channel scale or bias): a loop that vectorises
-                       T* y = reinterpret_cast<T*>(p[0]);
-                       const T* l = reinterpret_cast<const T*>(p[1]);
-                       const W r = W(*reinterpret_cast<const T*>(p[2]));
-                       for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(l[i]), r));
-                     } else if (dense_rows<T>(std::array<int64_t, 2>{s[0], s[2]}) && s[1] == 0) {
-                       T* y = reinterpret_cast<T*>(p[0]);
-                       const W l = W(*reinterpret_cast<const T*>(p[1]));
-                       const T* r = reinterpret_cast<const T*>(p[2]);
-                       for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(l, W(r[i])));
                      } else {
-                       for (int64_t i = 0; i < n; ++i)
-                         at<T>(p[0], i, s[0]) = static_cast<T>(op(W(at<T>(p[1], i, s[1])), W(at<T>(p[2], i, s[2]))));
+                       combine_rows<T, W>(p, s, n, op);
                      }
                    });
       });

@@ -10,12 +10,11 @@
 
 #include <algorithm>
 
+#include "loops.hpp"
+
 namespace popxl {
 namespace {
 
-// Below this many multiply-adds a matmul runs on the calling thread: a parallel region would cost
-// more than it saves.
-constexpr int64_t kParallelWork = int64_t(1) << 20;
 // A band keeps at least this many rows (or columns), so each sgemm call stays efficient.
 constexpr int64_t kMinBand = 32;
 // Big matmuls with a side shorter than this go to oneDNN (see sgemm_matmul).
@@ -86,7 +85,7 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   const int64_t macs = batches * m * n * kk;
   // A big product with a thin side (a 10-class layer, say) is mostly memory traffic, which
   // oneDNN's matmul streams 2-3x faster than sgemm's packing does.
-  if (macs >= kParallelWork && std::min({m, n, kk}) < kThinSide) return nullptr;
+  if (macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
   auto g = std::make_unique<GemmKernel>();
   if (!blas_layout(m, kk, a.strides[r - 2], a.strides[r - 1], g->la) ||
       !blas_layout(kk, n, b.strides[r - 2], b.strides[r - 1], g->lb))
@@ -98,7 +97,7 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
 
   // Offsets of every matrix of the (broadcast) batch; the output is packed.
   const int threads = omp_get_max_threads();
-  g->parallel = threads > 1 && macs >= kParallelWork;
+  g->parallel = threads > 1 && macs >= kSingleThreadWork;
   // Too few matrices to go round the threads: cut each into bands of the longer of rows and cols.
   const bool by_rows = m >= n;
   const int64_t bands = g->parallel && batches < threads && std::max(m, n) >= threads * kMinBand ? threads : 1;

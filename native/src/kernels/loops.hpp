@@ -33,6 +33,10 @@ inline std::vector<int64_t> broadcast_strides(const Buffer& b, const std::vector
 
 // Elementwise loops with more elements than this are spread over the OpenMP threads.
 constexpr int64_t kParallelElements = 32768;
+// Library calls (oneDNN primitives, sgemm) with fewer multiply-adds (or similar) than this run on
+// one thread: for them an OpenMP region costs more than it saves, and under load from other
+// processes a 2-thread region can wait a whole scheduler time slice for its second thread.
+constexpr int64_t kSingleThreadWork = int64_t(1) << 20;
 
 // Loop over `shape` with N operands; `inner(ptrs, strides, n)` handles the innermost dimension.
 // Adjacent dimensions that are contiguous for every operand are merged first, and the outer
@@ -204,6 +208,27 @@ struct FnKernel : Kernel {
 
 template <class T>
 inline T& at(uint8_t* p, int64_t i, int64_t stride) { return *reinterpret_cast<T*>(p + i * stride); }
+
+// One nd_loop row of y = op(l, r) for operands of type T computed in W: a vectorisable loop when
+// the rows are dense, or when one operand is a single value per row (a per-channel scale or bias
+// broadcast over a tensor); the strided loop otherwise.
+template <class T, class W, class Op>
+void combine_rows(const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n, Op&& op) {
+  T* y = reinterpret_cast<T*>(p[0]);
+  const T *l = reinterpret_cast<const T*>(p[1]), *r = reinterpret_cast<const T*>(p[2]);
+  if (dense_rows<T>(s)) {
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(l[i]), W(r[i])));
+  } else if (dense_rows<T>(std::array<int64_t, 2>{s[0], s[1]}) && s[2] == 0) {
+    const W rv = W(*r);
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(l[i]), rv));
+  } else if (dense_rows<T>(std::array<int64_t, 2>{s[0], s[2]}) && s[1] == 0) {
+    const W lv = W(*l);
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(lv, W(r[i])));
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      at<T>(p[0], i, s[0]) = static_cast<T>(op(W(at<T>(p[1], i, s[1])), W(at<T>(p[2], i, s[2]))));
+  }
+}
 
 // Value conversion as NumPy's astype does it for values in range; float -> int truncates toward
 // zero, and NaN or out-of-range values give 0 rather than undefined behaviour.
