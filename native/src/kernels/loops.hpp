@@ -105,6 +105,15 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
 
 template <class T> struct Tag { using type = T; };
 
+// Whether elements of dtype `d` are stored as the C++ type W (for the compute types map_rows uses).
+template <class W>
+constexpr bool stored_as(DType d) {
+  if constexpr (std::is_same_v<W, float>) return d == DType::F32;
+  else if constexpr (std::is_same_v<W, double>) return d == DType::F64;
+  else if constexpr (std::is_same_v<W, int64_t>) return d == DType::I64;
+  else return false;
+}
+
 // Whether every operand of an nd_loop inner row steps by sizeof(T): dense rows, for which a plain
 // indexed loop (one the compiler vectorises) can replace the strided one.
 template <class T, size_t N>
@@ -116,8 +125,8 @@ bool dense_rows(const std::array<int64_t, N>& strides) {
 
 // ---- vectorisable float32 exp, and the gate of tanh-form gelu -------------------------------------
 // libm's expf/tanhf are scalar calls, which made gelu and its gradient the slowest kernels of an MLP
-// step. exp_vec is branch-free (selects of values computed unconditionally), so loops over
-// contiguous rows vectorise.
+// step. The code below is branch-free and written so that GCC maps every select to one instruction
+// (`a > b ? a : b` is exactly maxps, NaN included), so loops over contiguous rows vectorise tightly.
 
 // a * b + c, one fused instruction where the CPU has FMA (the build otherwise keeps products and
 // sums apart, -ffp-contract=off, for kernels that must round as the NumPy reference does).
@@ -129,16 +138,12 @@ __attribute__((always_inline)) inline float madd(float a, float b, float c) {
 #endif
 }
 
-// exp(x) for float32 within ~2 ulp; 0 below -86.9 (no subnormal results), +inf above 88.7.
-__attribute__((always_inline)) inline float exp_vec(float x) {
-  const float hi = 88.7f, lo = -86.9f;
-  float c = x < lo ? lo : x;
-  c = c > hi ? hi : c;
-  // c = n ln2 + r with |r| <= ln2/2; n rounded to nearest by adding and removing 1.5 * 2**23
-  const float shifter = 12582912.0f;
-  float n = (c * 1.44269504088896341f + shifter) - shifter;
-  n = n == n ? n : 0.0f;  // NaN: keeps the int conversion below defined; r carries the NaN
-  const float r = (c - n * 0.693359375f) - n * -2.12194440e-4f;
+// exp(z) within ~2 ulp for z in [kExpLo, kExpHi]; the caller clamps (2**n must stay a normal float).
+constexpr float kExpLo = -87.0f, kExpHi = 88.0f;
+__attribute__((always_inline)) inline float exp_in_range(float z) {
+  // z = n ln2 + r with |r| <= ln2/2 (ln2 split in two parts so n ln2 is exact to float precision)
+  const float n = __builtin_nearbyintf(z * 1.44269504088896341f);
+  const float r = madd(n, 2.12194440e-4f, madd(n, -0.693359375f, z));
   float p = 1.9875691500e-4f;  // Cephes expf polynomial
   p = madd(p, r, 1.3981999507e-3f);
   p = madd(p, r, 8.3334519073e-3f);
@@ -146,20 +151,31 @@ __attribute__((always_inline)) inline float exp_vec(float x) {
   p = madd(p, r, 1.6666665459e-1f);
   p = madd(p, r, 5.0000001201e-1f);
   p = madd(p, r * r, r + 1.0f);
-  // 2**n as 2 * 2**(n-1): n is in [-125, 128], so the biased exponent n + 126 stays in [1, 254]
-  const int32_t bits = (static_cast<int32_t>(n) + 126) << 23;
-  float half_scale;
-  std::memcpy(&half_scale, &bits, sizeof half_scale);
-  const float y = p * half_scale * 2.0f;
-  return x < lo ? 0.0f : (x > hi ? std::numeric_limits<float>::infinity() : y);
+  // times 2**n by adding n to the exponent field: p is in [0.7, 1.5] and n in [-126, 127]
+  int32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += static_cast<int32_t>(n) * (1 << 23);
+  float y;
+  std::memcpy(&y, &bits, sizeof y);
+  return y;
 }
 
-// 0.5 * (1 + tanh(u)), the gate of tanh-form gelu (gelu(x) = x * gate), computed as the
-// equal 1 / (1 + exp(-2u)): no cancellation in 1 + tanh(u) for u << 0, and vectorisable in float32.
+// 0.5 * (1 + tanh(u)), the gate of tanh-form gelu (gelu(x) = x * gate), computed as the equal
+// 1 / (1 + exp(-2u)): no cancellation in 1 + tanh(u) for u << 0. A NaN u gives a finite gate
+// (the callers multiply by x, which carries the NaN); the gate is exactly 0 once exp(-2u) would
+// exceed e**88, as the true value has underflowed by then.
 template <class W>
 __attribute__((always_inline)) inline W gelu_gate(W u) {
-  if constexpr (std::is_same_v<W, float>) return 1.0f / (1.0f + exp_vec(-2.0f * u));
-  else return W(0.5) * (W(1) + std::tanh(u));
+  if constexpr (std::is_same_v<W, float>) {
+    float z = -2.0f * u;
+    z = z > kExpLo ? z : kExpLo;  // maxps: NaN becomes kExpLo
+    const bool tail = z >= kExpHi;
+    z = z < kExpHi ? z : kExpHi;
+    const float g = 1.0f / (1.0f + exp_in_range(z));
+    return tail ? 0.0f : g;
+  } else {
+    return W(0.5) * (W(1) + std::tanh(u));
+  }
 }
 
 // Call f(Tag<T>{}) for the C++ type T of a float dtype; false if the dtype is not one.
@@ -305,8 +321,17 @@ void map_rows(uint8_t* arena, const Buffer& y, const std::array<Buffer, K>& xs, 
     strides[k + 1] = broadcast_strides(xs[k], y.shape);
     base[k + 1] = arena + xs[k].offset;
   }
+  // Operands already stored as W: dense rows are handed to fn in place, without staging.
+  bool stored_as_w = stored_as<W>(y.dtype);
+  for (size_t k = 0; k < K; ++k) stored_as_w = stored_as_w && stored_as<W>(xs[k].dtype);
   nd_loop<K + 1>(y.shape, strides, base,
                  [&](const std::array<uint8_t*, K + 1>& p, const std::array<int64_t, K + 1>& s, int64_t n) {
+                   if (stored_as_w && dense_rows<W>(s)) {
+                     const W* direct[K == 0 ? 1 : K];
+                     for (size_t k = 0; k < K; ++k) direct[k] = reinterpret_cast<const W*>(p[k + 1]);
+                     fn(reinterpret_cast<W*>(p[0]), direct, n);
+                     return;
+                   }
                    constexpr int64_t kChunk = 256;
                    W in[K == 0 ? 1 : K][kChunk], out[kChunk];
                    const W* ptrs[K == 0 ? 1 : K];
