@@ -988,11 +988,29 @@ def _matmul_grad(ctx):
             back(matmul(last2_t(a2), g2), b2.shape, 1) if ctx.needs(1) else None]
 
 
+def _softmax_grad_infer(specs, axis):
+    g, y = specs
+    if g.shape != y.shape or g.dtype != y.dtype:
+        raise ValueError(f"softmax_grad: the gradient ({g.dtype.name} {g.shape}) must match softmax's output "
+                         f"({y.dtype.name} {y.shape})")
+    return [spec(y.shape, y.dtype)]
+
+
+def _softmax_grad_kernel(g, y, axis):
+    """g * y - y * sum(g * y) along ``axis``: the gradient w.r.t. the logits of y = softmax(x)."""
+    w = _wide(y.dtype)
+    gy = g.astype(w) * y.astype(w)
+    return (gy - y.astype(w) * gy.sum(axis=axis, keepdims=True)).astype(y.dtype)
+
+
+# One fused kernel: as a composite (mul, sum, mul, sub) it made four passes over attention's
+# (batch, heads, seq, seq) probabilities.
+register(OpDef("softmax_grad", _softmax_grad_infer, _softmax_grad_kernel, grad=Grad.RAISE, family="nn"))
+
+
 @grad_rule("softmax")
 def _softmax_grad(ctx):
-    g, y = ctx.grad(0), ctx.output(0)
-    gy = g * y
-    return [gy - y * create_op("sum", [gy], {"axis": (ctx.attrs["axis"],), "keepdims": True})[0]]
+    return [create_op("softmax_grad", [ctx.grad(0), ctx.output(0)], {"axis": ctx.attrs["axis"]})[0]]
 
 
 def _nll_grad_infer(specs, ignore_index, reduction, log_prob):

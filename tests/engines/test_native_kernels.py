@@ -311,13 +311,31 @@ def test_group_and_layer_norm(groups, shape, dtype):
                     atol=1e-4 if dtype == np.float32 else 2e-2)
 
 
-@pytest.mark.parametrize("groups", [1, 3])
-def test_group_norm_grad_over_threads(groups):
-    """Big enough for the gradient to split its groups over threads (dweight/dbias summed per thread)."""
-    shape = (64, 6, 100)
-    x, w, g = rand(shape, np.float32) + np.float32(1.5), rand((6,), np.float32), rand(shape, np.float32)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape,groups", [((64, 6, 100), 1), ((64, 6, 100), 3), ((1024, 96), 1), ((3, 6, 3000), 2)],
+                         ids=str)
+def test_group_norm_over_threads(shape, groups, dtype):
+    """Big enough for the groups to be split over threads (the gradient's dweight/dbias summed per
+    thread), with one value per channel (layer norm of rows) and with many; groups of 9000 values
+    check the statistics' accuracy."""
+    x, w, b = rand(shape, dtype) + dtype(1.5), rand(shape[1:2], dtype), rand(shape[1:2], dtype)
+    g = rand(shape, dtype)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-2, atol=2e-2)
+    compare_engines(lambda t, ww, bb: ops.group_norm(t, ww, bb, groups, eps=1e-4), [x, w, b], native_ops=["group_norm"],
+                    **NORM_TOL[dtype])
     compare_engines(lambda t, ww, gg: create_op("group_norm_grad", [t, ww, gg], {"num_groups": groups, "eps": 1e-4}),
-                    [x, w, g], native_ops=["group_norm_grad"], rtol=1e-4, atol=1e-4)
+                    [x, w, g], native_ops=["group_norm_grad"], **tol)
+
+
+def test_group_norm_of_strided_views():
+    x, w, b, g = rand((5, 6, 4)) + np.float32(1.5), rand((6,)), rand((6,)), rand((5, 6, 4))
+    compare_engines(lambda t, ww, bb: ops.group_norm(ops.transpose_(t, (2, 1, 0)), ww, bb, 3, eps=1e-4),
+                    [x.transpose(2, 1, 0).copy(), w, b], native_ops=["group_norm"], **NORM_TOL[np.float32])
+    compare_engines(lambda t, ww, gg: create_op("group_norm_grad", [ops.transpose_(t, (2, 1, 0)), ww,
+                                                                    ops.transpose_(gg, (2, 1, 0))],
+                                                {"num_groups": 2, "eps": 1e-4}),
+                    [x.transpose(2, 1, 0).copy(), w, g.transpose(2, 1, 0).copy()], native_ops=["group_norm_grad"],
+                    rtol=1e-4, atol=1e-4)
 
 
 def _probs(shape, dtype):
@@ -352,6 +370,45 @@ def test_nll_loss_and_gradients(case, reduction, dtype):
         compare_engines(lambda a, l, g: ops.nll_loss_with_softmax_grad(a, l, g, ignore_index=ignore,
                                                                        reduction=reduction),
                         [p, labels, lg], native_ops=["nll_loss_with_softmax_grad"], **tol)
+
+
+SOFTMAX_GRAD_CASES = [((4, 7), 1), ((4, 7), 0), ((2, 3, 5), 1), ((1, 5), 1), ((0, 5), 1), ((3, 0), 1),
+                      ((6,), 0), ((64, 1100), 1), ((40, 30, 50), 1)]  # the last two spread over threads
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("case", SOFTMAX_GRAD_CASES, ids=str)
+def test_softmax_grad(case, dtype):
+    """The fused softmax gradient g * y - y * sum(g * y) along each axis, also of strided views."""
+    shape, axis = case
+    y, g = _probs(shape, dtype) if shape[-1] else rand(shape, dtype), rand(shape, dtype)
+    if axis != len(shape) - 1:
+        y = rand(shape, dtype, 0.0, 1.0)
+    # y * sum(g * y) can be ~50 where the result is ~1 (the sums differ in their last bits)
+    tol = dict(rtol=1e-5, atol=2e-5) if dtype == np.float32 else dict(rtol=2e-3, atol=1e-2)
+    compare_engines(lambda gg, yy: create_op("softmax_grad", [gg, yy], {"axis": axis})[0], [g, y],
+                    native_ops=["softmax_grad"], **tol)
+
+
+def test_softmax_grad_of_strided_views_and_its_rule():
+    """Transposed operands, and the softmax gradient rule (which now emits softmax_grad) through autodiff."""
+    g, y = rand((5, 6)), _probs((5, 6), np.float32)
+    compare_engines(lambda gg, yy: create_op("softmax_grad", [ops.transpose_(gg), ops.transpose_(yy)], {"axis": 1})[0],
+                    [g.T.copy(), y.T.copy()], native_ops=["softmax_grad"], rtol=1e-5, atol=1e-6)
+    x, dy = rand((3, 4, 5)), rand((3, 4, 5))
+    want = None
+    for axis in (0, 1, 2):
+        z = np.exp(x - x.max(axis, keepdims=True))
+        p = z / z.sum(axis, keepdims=True)
+        want = p * (dy - (dy * p).sum(axis, keepdims=True))
+
+        def build(xx, gg, axis=axis):
+            graph = popxl.gcg().ir.create_graph(lambda t: ops.softmax(t, axis), xx)
+            grad = popxl.transforms.autodiff(graph)
+            info = ops.call_with_info(graph, xx)
+            return ops.call(grad.graph, gg, inputs_dict=grad.inputs_dict(info))[0]
+        got = compare_engines(build, [x, dy], native_ops=["softmax_grad"], rtol=1e-5, atol=1e-6)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_nll_loss_label_out_of_range_raises():

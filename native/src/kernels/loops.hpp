@@ -105,6 +105,26 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
 
 template <class T> struct Tag { using type = T; };
 
+// The sum of term(i) for i in [0, n): W lanes over blocks of 1024 values, so the loop vectorises,
+// with the block sums added in double, which keeps the result about as exact as a pairwise sum.
+template <class W, class F>
+double lane_sum(int64_t n, F&& term) {
+  constexpr int kLanes = 16;
+  double total = 0;
+  for (int64_t lo = 0; lo < n; lo += 1024) {
+    const int64_t hi = std::min(n, lo + 1024);
+    W acc[kLanes] = {};
+    int64_t i = lo;
+    for (; i + kLanes <= hi; i += kLanes)
+      for (int k = 0; k < kLanes; ++k) acc[k] += term(i + k);
+    double block = 0;
+    for (; i < hi; ++i) block += double(term(i));
+    for (int k = 0; k < kLanes; ++k) block += double(acc[k]);
+    total += block;
+  }
+  return total;
+}
+
 // Whether elements of dtype `d` are stored as the C++ type W (for the compute types map_rows uses).
 template <class W>
 constexpr bool stored_as(DType d) {

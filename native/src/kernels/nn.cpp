@@ -12,6 +12,8 @@
 #include <array>
 #include <cmath>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "loops.hpp"
 
@@ -58,31 +60,55 @@ const RegisterKernel batch_norm_op{{"batch_norm_inference"}, [](const OpInstr& i
 }};
 
 // ---- group_norm / layer_norm and the gradient -----------------------------------------------------
-// x is (N, C, S...) seen as (N, G, C/G * S); statistics per (n, g), affine per channel.
+// x is (N, C, S...) seen as (N, G, C/G * S); statistics per (n, g), affine per channel. Each group
+// is contiguous in the packed layout, so the kernels work group by group, on threads when there is
+// enough work: two passes for the statistics (sum, then squared deviations, as the reference does)
+// and one for the result, all over values that are still in cache.
 struct Groups {
   int64_t N, C, G, S;
   int64_t per_group() const { return C / G * S; }
+  int64_t count() const { return N * G; }
+  int64_t channels() const { return C / G; }
 };
 
 Groups groups_of(const Buffer& x, int64_t G) { return {x.shape[0], x.shape[1], G, prod(x.shape, 2)}; }
 
-// Mean and biased variance of each group, in float64.
+// Mean and 1/sqrt(biased variance + eps) of a group's M values (NaN for an empty group).
 template <class W>
-void group_stats(const Groups& g, const W* x, std::vector<double>& mean, std::vector<double>& var) {
-  const int64_t M = g.per_group(), ng = g.N * g.G;
-  mean.assign(ng, 0);
-  var.assign(ng, 0);
-#pragma omp parallel for schedule(static) if (ng * M > 32768)
-  for (int64_t j = 0; j < ng; ++j) {
-    const W* p = x + j * M;
-    double s = 0;
-    for (int64_t i = 0; i < M; ++i) s += double(p[i]);
-    const double m = M ? s / double(M) : NAN;
-    double q = 0;
-    for (int64_t i = 0; i < M; ++i) q += (double(p[i]) - m) * (double(p[i]) - m);
-    mean[j] = m;
-    var[j] = M ? q / double(M) : NAN;
+std::pair<W, W> group_moments(const W* p, int64_t M, double eps) {
+  if (M == 0) return {W(NAN), W(NAN)};
+  const W m = W(lane_sum<W>(M, [&](int64_t i) { return p[i]; }) / double(M));
+  const double var = lane_sum<W>(M, [&](int64_t i) { const W d = p[i] - m; return d * d; }) / double(M);
+  return {m, W(1.0 / std::sqrt(double(W(var)) + double(W(eps))))};
+}
+
+// One group's values as W: the packed data itself when it is stored as W, else converted into `tmp`.
+template <class T, class W>
+const W* group_as_wide(const T* p, int64_t M, std::vector<W>& tmp) {
+  if constexpr (std::is_same_v<T, W>) {
+    return p;
+  } else {
+    tmp.resize(M);
+    for (int64_t i = 0; i < M; ++i) tmp[i] = W(p[i]);
+    return tmp.data();
   }
+}
+
+// Writes a group computed in W (in `out`, or in place when T is W) to its place `dst`.
+template <class T, class W>
+W* group_out(T* dst, int64_t M, std::vector<W>& tmp) {
+  if constexpr (std::is_same_v<T, W>) {
+    return dst;
+  } else {
+    tmp.resize(M);
+    return tmp.data();
+  }
+}
+
+template <class T, class W>
+void group_commit(T* dst, const W* v, int64_t M) {
+  if constexpr (!std::is_same_v<T, W>)
+    for (int64_t i = 0; i < M; ++i) dst[i] = T(v[i]);
 }
 
 KernelFactory group_norm(bool layer) {
@@ -91,34 +117,46 @@ KernelFactory group_norm(bool layer) {
     const Groups g = groups_of(x, layer ? 1 : ins.attrs.at("num_groups").i());
     const double eps = ins.attrs.at("eps").f();
     unique_ptr<Kernel> k;
-    dispatch_wide(x.dtype, [&](auto tag) {
-      using W = typename decltype(tag)::type;
-      struct State { Packed x, y, w, b; std::vector<W> xv, wv, bv; std::vector<double> mean, var; };
+    dispatch_float(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using W = typename Wide<T>::type;
+      struct State { Packed x, y, w, b; std::vector<W> wv, bv; };
       auto st = std::make_shared<State>();
       st->x = Packed(x);
       st->y = Packed(y);
       st->w = Packed(bufs[ins.inputs[1]]);
       st->b = Packed(bufs[ins.inputs[2]]);
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
-        read_all(a, st->x, st->xv);
         read_all(a, st->w, st->wv);
         read_all(a, st->b, st->bv);
-        group_stats(g, st->xv.data(), st->mean, st->var);
-        W* v = st->xv.data();
-        const int64_t cpg = g.C / g.G;
-        // One square root per group (a layer norm's group is a whole row of channels).
-#pragma omp parallel for schedule(static) if (g.N * g.C * g.S > 32768)
-        for (int64_t j = 0; j < g.N * g.G; ++j) {
-          const W m = W(st->mean[j]), r = std::sqrt(W(st->var[j]) + W(eps));
-          const int64_t c0 = j % g.G * cpg;
-          W* group = v + j * cpg * g.S;
-          for (int64_t c = c0; c < c0 + cpg; ++c) {
-            const W w = st->wv[c], b = st->bv[c];
-            W* row = group + (c - c0) * g.S;
-            for (int64_t i = 0; i < g.S; ++i) row[i] = (row[i] - m) / r * w + b;
+        const T* xs = reinterpret_cast<const T*>(st->x.read(a));
+        T* ys = reinterpret_cast<T*>(st->y.write(a));
+        const int64_t M = g.per_group(), cpg = g.channels(), S = g.S;
+        const W *wv = st->wv.data(), *bv = st->bv.data();
+#pragma omp parallel if (g.count() > 1 && g.N * g.C * g.S > kParallelElements)
+        {
+          std::vector<W> in_tmp, out_tmp;
+#pragma omp for schedule(static)
+          for (int64_t j = 0; j < g.count(); ++j) {
+            const W* p = group_as_wide<T, W>(xs + j * M, M, in_tmp);
+            W* q = group_out<T, W>(ys + j * M, M, out_tmp);
+            const auto [m, r] = group_moments(p, M, eps);
+            const int64_t c0 = j % g.G * cpg;
+            if (S == 1) {  // one value per channel (a layer norm of rows)
+              const W *wc = wv + c0, *bc = bv + c0;
+              for (int64_t i = 0; i < M; ++i) q[i] = (p[i] - m) * r * wc[i] + bc[i];
+            } else {
+              for (int64_t c = 0; c < cpg; ++c) {
+                const W w = wv[c0 + c], b = bv[c0 + c];
+                const W *pc = p + c * S;
+                W* qc = q + c * S;
+                for (int64_t i = 0; i < S; ++i) qc[i] = (pc[i] - m) * r * w + b;
+              }
+            }
+            group_commit<T, W>(ys + j * M, q, M);
           }
         }
-        write_all(a, st->y, st->xv);
+        st->y.commit(a);
       });
     });
     return k;
@@ -130,75 +168,139 @@ const RegisterKernel group_norm_ops[] = {
     {{"layer_norm"}, group_norm(true)},
 };
 
-// (dx, dweight, dbias) with the statistics recomputed from x; all in float64, rounded once.
+// (dx, dweight, dbias) with the statistics recomputed from x. With xhat = (x - mean) * r and
+// d = dy * weight: dx = (d - mean(d) - xhat * mean(d * xhat)) * r over each group; dweight and
+// dbias sum dy * xhat and dy per channel over the batch and spatial positions.
 const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-  const Buffer &x = bufs[ins.inputs[0]];
-  if (!dispatch_float(x.dtype, [](auto) {})) return nullptr;
+  const Buffer& x = bufs[ins.inputs[0]];
   const Groups g = groups_of(x, ins.attrs.at("num_groups").i());
   const double eps = ins.attrs.at("eps").f();
-  struct State {
-    Packed x, w, gy, dx, dw, db;
-    std::vector<double> xv, wv, gv, mean, var, dwv, dbv, part;
-  };
-  auto st = std::make_shared<State>();
-  st->x = Packed(x);
-  st->w = Packed(bufs[ins.inputs[1]]);
-  st->gy = Packed(bufs[ins.inputs[2]]);
-  st->dx = Packed(bufs[ins.outputs[0]]);
-  st->dw = Packed(bufs[ins.outputs[1]]);
-  st->db = Packed(bufs[ins.outputs[2]]);
-  return std::make_unique<FnKernel>([st, g, eps](uint8_t* a) {
-    read_all(a, st->x, st->xv);
-    read_all(a, st->w, st->wv);
-    read_all(a, st->gy, st->gv);
-    group_stats(g, st->xv.data(), st->mean, st->var);
-    const int64_t M = g.per_group(), CS = g.C * g.S, cpg = g.C / g.G;
-    std::vector<double>& xs = st->xv;  // becomes xhat, then dx
-    // Groups are independent except for dweight/dbias, which sum over the batch: each thread sums
-    // its own share, and the shares are added in thread order afterwards (deterministic).
-    const bool parallel = g.N * g.G > 1 && g.N * CS > 32768;
-    const int threads = parallel ? omp_get_max_threads() : 1;
-    st->part.assign(size_t(threads) * 2 * g.C, 0.0);
+  unique_ptr<Kernel> k;
+  dispatch_float(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using W = typename Wide<T>::type;
+    struct State {
+      Packed x, w, gy, dx, dw, db;
+      std::vector<W> wv;
+      std::vector<double> dwv, dbv, part;
+    };
+    auto st = std::make_shared<State>();
+    st->x = Packed(x);
+    st->w = Packed(bufs[ins.inputs[1]]);
+    st->gy = Packed(bufs[ins.inputs[2]]);
+    st->dx = Packed(bufs[ins.outputs[0]]);
+    st->dw = Packed(bufs[ins.outputs[1]]);
+    st->db = Packed(bufs[ins.outputs[2]]);
+    k = std::make_unique<FnKernel>([st, g, eps](uint8_t* a) {
+      read_all(a, st->w, st->wv);
+      const T* xs = reinterpret_cast<const T*>(st->x.read(a));
+      const T* gys = reinterpret_cast<const T*>(st->gy.read(a));
+      T* dxs = reinterpret_cast<T*>(st->dx.write(a));
+      const int64_t M = g.per_group(), cpg = g.channels(), S = g.S;
+      const W* wv = st->wv.data();
+      // Groups are independent except for dweight/dbias, which sum over the batch: each thread sums
+      // its own share (in double), and the shares are added in thread order afterwards.
+      const bool parallel = g.count() > 1 && g.N * g.C * g.S > kParallelElements;
+      const int threads = parallel ? omp_get_max_threads() : 1;
+      st->part.assign(size_t(threads) * 2 * g.C, 0.0);
 #pragma omp parallel num_threads(threads) if (parallel)
-    {
-      double* dw = st->part.data() + size_t(omp_get_thread_num()) * 2 * g.C;
-      double* db = dw + g.C;
+      {
+        double* dw = st->part.data() + size_t(omp_get_thread_num()) * 2 * g.C;
+        double* db = dw + g.C;
+        std::vector<W> x_tmp, g_tmp, out_tmp;
 #pragma omp for schedule(static)
-      for (int64_t j = 0; j < g.N * g.G; ++j) {
-        const int64_t n = j / g.G, gi = j % g.G;
-        const double m = st->mean[j], r = 1.0 / std::sqrt(st->var[j] + eps);
-        double sum_d = 0, sum_dx = 0;  // sums of dxhat and dxhat * xhat over the group
-        for (int64_t c = gi * cpg; c < (gi + 1) * cpg; ++c) {
-          double* xr = xs.data() + n * CS + c * g.S;
-          const double* gr = st->gv.data() + n * CS + c * g.S;
-          for (int64_t i = 0; i < g.S; ++i) {
-            xr[i] = (xr[i] - m) * r;
-            dw[c] += gr[i] * xr[i];
-            db[c] += gr[i];
-            const double d = gr[i] * st->wv[c];
-            sum_d += d;
-            sum_dx += d * xr[i];
+        for (int64_t j = 0; j < g.count(); ++j) {
+          const W* p = group_as_wide<T, W>(xs + j * M, M, x_tmp);
+          const W* gy = group_as_wide<T, W>(gys + j * M, M, g_tmp);
+          W* q = group_out<T, W>(dxs + j * M, M, out_tmp);
+          const auto [m, r] = group_moments(p, M, eps);
+          const int64_t c0 = j % g.G * cpg;
+          // channel of the i-th value of the group: c0 + i / S
+          auto weight = [&](int64_t i) { return S == 1 ? wv[c0 + i] : wv[c0 + i / S]; };
+          const W mean_d = W(lane_sum<W>(M, [&](int64_t i) { return gy[i] * weight(i); }) / double(M));
+          const W mean_dx = W(lane_sum<W>(M, [&](int64_t i) { return gy[i] * weight(i) * ((p[i] - m) * r); }) / double(M));
+          if (S == 1) {
+            for (int64_t i = 0; i < M; ++i) {
+              const W xh = (p[i] - m) * r;
+              dw[c0 + i] += double(gy[i] * xh);
+              db[c0 + i] += double(gy[i]);
+              q[i] = (gy[i] * wv[c0 + i] - mean_d - xh * mean_dx) * r;
+            }
+          } else {
+            for (int64_t c = 0; c < cpg; ++c) {
+              const W w = wv[c0 + c];
+              const W *pc = p + c * S, *gc = gy + c * S;
+              W* qc = q + c * S;
+              dw[c0 + c] += lane_sum<W>(S, [&](int64_t i) { return gc[i] * ((pc[i] - m) * r); });
+              db[c0 + c] += lane_sum<W>(S, [&](int64_t i) { return gc[i]; });
+              for (int64_t i = 0; i < S; ++i) qc[i] = (gc[i] * w - mean_d - (pc[i] - m) * r * mean_dx) * r;
+            }
           }
-        }
-        const double md = sum_d / double(M), mdx = sum_dx / double(M);
-        for (int64_t c = gi * cpg; c < (gi + 1) * cpg; ++c) {
-          double* xr = xs.data() + n * CS + c * g.S;
-          const double* gr = st->gv.data() + n * CS + c * g.S;
-          for (int64_t i = 0; i < g.S; ++i) xr[i] = (gr[i] * st->wv[c] - md - xr[i] * mdx) * r;
+          group_commit<T, W>(dxs + j * M, q, M);
         }
       }
-    }
-    st->dwv.assign(g.C, 0);
-    st->dbv.assign(g.C, 0);
-    for (int t = 0; t < threads; ++t)
-      for (int64_t c = 0; c < g.C; ++c) {
-        st->dwv[c] += st->part[size_t(t) * 2 * g.C + c];
-        st->dbv[c] += st->part[size_t(t) * 2 * g.C + g.C + c];
-      }
-    write_all(a, st->dx, xs);
-    write_all(a, st->dw, st->dwv);
-    write_all(a, st->db, st->dbv);
+      st->dwv.assign(g.C, 0);
+      st->dbv.assign(g.C, 0);
+      for (int t = 0; t < threads; ++t)
+        for (int64_t c = 0; c < g.C; ++c) {
+          st->dwv[c] += st->part[size_t(t) * 2 * g.C + c];
+          st->dbv[c] += st->part[size_t(t) * 2 * g.C + g.C + c];
+        }
+      st->dx.commit(a);
+      write_all(a, st->dw, st->dwv);
+      write_all(a, st->db, st->dbv);
+    });
   });
+  return k;
+}};
+
+// ---- softmax_grad: g * y - y * sum(g * y) along the axis, y = softmax(x) -------------------------
+// The tensors are seen as (outer, A, inner) around the axis. With inner == 1 (the last axis) each
+// row is one dense run; otherwise the sums run across the axis for `inner` positions at once.
+const RegisterKernel softmax_grad_op{{"softmax_grad"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &gb = bufs[ins.inputs[0]], &yb = bufs[ins.inputs[1]], &ob = bufs[ins.outputs[0]];
+  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const int64_t outer = prod(yb.shape, 0, axis), A = yb.shape.at(axis), inner = prod(yb.shape, axis + 1);
+  unique_ptr<Kernel> k;
+  dispatch_float(yb.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using W = typename Wide<T>::type;
+    struct State { Packed g, y, out; };
+    auto st = std::make_shared<State>();
+    st->g = Packed(gb);
+    st->y = Packed(yb);
+    st->out = Packed(ob);
+    k = std::make_unique<FnKernel>([=](uint8_t* a) {
+      const T* gs = reinterpret_cast<const T*>(st->g.read(a));
+      const T* ys = reinterpret_cast<const T*>(st->y.read(a));
+      T* os = reinterpret_cast<T*>(st->out.write(a));
+      const int64_t block = A * inner;
+#pragma omp parallel if (outer > 1 && outer * block > kParallelElements)
+      {
+        std::vector<double> sums(inner > 1 ? inner : 0);
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < outer; ++o) {
+          const T *g = gs + o * block, *y = ys + o * block;
+          T* out = os + o * block;
+          if (inner == 1) {
+            const W s = W(lane_sum<W>(A, [&](int64_t i) { return W(g[i]) * W(y[i]); }));
+            for (int64_t i = 0; i < A; ++i) out[i] = T(W(g[i]) * W(y[i]) - W(y[i]) * s);
+            continue;
+          }
+          std::fill(sums.begin(), sums.end(), 0.0);
+          for (int64_t i = 0; i < A; ++i)
+            for (int64_t e = 0; e < inner; ++e) sums[e] += double(W(g[i * inner + e]) * W(y[i * inner + e]));
+          for (int64_t i = 0; i < A; ++i)
+            for (int64_t e = 0; e < inner; ++e) {
+              const W gv = W(g[i * inner + e]), yv = W(y[i * inner + e]);
+              out[i * inner + e] = T(gv * yv - yv * W(sums[e]));
+            }
+        }
+      }
+      st->out.commit(a);
+    });
+  });
+  return k;
 }};
 
 // ---- nll_loss family ------------------------------------------------------------------------------
@@ -246,14 +348,14 @@ int64_t kept_rows(const NllSpec& s, std::vector<int64_t>& labels, std::vector<ui
   return count;
 }
 
-// Per-row losses in W (0 for ignored rows) and the (sum, mean or per-row) output.
-template <class W>
-void nll_losses(const NllSpec& s, const std::vector<W>& p, const std::vector<int64_t>& labels,
+// Per-row losses in W (0 for ignored rows) and the (sum, mean or per-row) output; `probs` packed.
+template <class T, class W>
+void nll_losses(const NllSpec& s, const T* probs, const std::vector<int64_t>& labels,
                 const std::vector<uint8_t>& keep, int64_t count, std::vector<W>& out) {
   std::vector<W> item(s.rows);
   double total = 0;
   for (int64_t r = 0; r < s.rows; ++r) {
-    const W picked = keep[r] ? p[r * s.C + labels[r]] : W(0);  // ignored rows may have no class 0
+    const W picked = keep[r] ? W(probs[r * s.C + labels[r]]) : W(0);  // ignored rows may have no class 0
     W v;
     if (s.log_prob) v = -picked;
     else v = -std::log(std::isnan(picked) ? picked : std::max(picked, W(s.eps)));
@@ -280,17 +382,20 @@ std::vector<W> row_scales(const NllSpec& s, const std::vector<W>& lg, const std:
 
 enum class Nll { Loss, Grad, SoftmaxGrad };
 
+// The probabilities are read and the gradient written in place in the arena (packed copies only
+// for strided views), row by row on the threads.
 KernelFactory nll(Nll which) {
   return [which](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &probs = bufs[ins.inputs[0]], &labels = bufs[ins.inputs[1]];
     if (!is_int(labels.dtype)) return nullptr;
     const NllSpec s = nll_spec(ins, probs);
     unique_ptr<Kernel> k;
-    dispatch_wide(probs.dtype, [&](auto tag) {
-      using W = typename decltype(tag)::type;
+    dispatch_float(probs.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using W = typename Wide<T>::type;
       struct State {
-        Packed p, l, lg, out0, out1;
-        std::vector<W> pv, lgv, res;
+        Packed p, l, lg, loss, grad;
+        std::vector<W> lgv, res;
         std::vector<int64_t> lab;
         std::vector<uint8_t> keep;
       };
@@ -298,37 +403,40 @@ KernelFactory nll(Nll which) {
       st->p = Packed(probs);
       st->l = Packed(labels);
       if (which != Nll::Loss) st->lg = Packed(bufs[ins.inputs[2]]);
-      st->out0 = Packed(bufs[ins.outputs[0]]);
-      if (which == Nll::SoftmaxGrad) st->out1 = Packed(bufs[ins.outputs[1]]);
+      if (which != Nll::Grad) st->loss = Packed(bufs[ins.outputs[0]]);
+      if (which != Nll::Loss) st->grad = Packed(bufs[ins.outputs[which == Nll::Grad ? 0 : 1]]);
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
-        read_all(a, st->p, st->pv);
+        const T* p = reinterpret_cast<const T*>(st->p.read(a));
         st->l.read_ints(a, st->lab);
         const int64_t count = kept_rows(s, st->lab, st->keep);
         if (which != Nll::Loss) read_all(a, st->lg, st->lgv);
         if (which != Nll::Grad) {
-          nll_losses(s, st->pv, st->lab, st->keep, count, st->res);
-          write_all(a, st->out0, st->res);
+          nll_losses(s, p, st->lab, st->keep, count, st->res);
+          write_all(a, st->loss, st->res);
         }
-        if (which == Nll::Loss) return;
+        if (which == Nll::Loss || s.C == 0) return;
         const std::vector<W> sc = row_scales(s, st->lgv, st->keep, count);
-        std::vector<W>& g = st->pv;  // becomes the gradient w.r.t. probs / logits
-#pragma omp parallel for schedule(static) if (s.rows > 1 && s.rows * s.C > 32768)
+        T* g = reinterpret_cast<T*>(st->grad.write(a));
+#pragma omp parallel for schedule(static) if (s.rows > 1 && s.rows * s.C > kParallelElements)
         for (int64_t r = 0; r < s.rows; ++r) {
-          W* row = g.data() + r * s.C;
-          if (s.C == 0) continue;
+          const T* in = p + r * s.C;
+          T* out = g + r * s.C;
+          const int64_t lab = st->lab[r];
           if (which == Nll::SoftmaxGrad) {  // (softmax - onehot) * scale
-            row[st->lab[r]] = row[st->lab[r]] - W(1);
-            for (int64_t c = 0; c < s.C; ++c) row[c] = row[c] * sc[r];
+            const W scale = sc[r];
+            const W at_label = (W(in[lab]) - W(1)) * scale;
+            for (int64_t c = 0; c < s.C; ++c) out[c] = T(W(in[c]) * scale);
+            out[lab] = T(at_label);
             continue;
           }
           // d(-log max(p, eps))/dp = -1/p above eps, 0 where the clamp holds; only at the label
-          const W picked = row[st->lab[r]];
+          const W picked = W(in[lab]);
           W local = W(-1);
           if (!s.log_prob) local = picked > W(s.eps) ? W(-1) / std::max(picked, W(s.eps)) : W(0);
-          std::fill(row, row + s.C, W(0));
-          row[st->lab[r]] = st->keep[r] ? sc[r] * local : W(0);
+          std::fill(out, out + s.C, T(0));
+          out[lab] = T(st->keep[r] ? sc[r] * local : W(0));
         }
-        write_all(a, which == Nll::Grad ? st->out0 : st->out1, g);
+        st->grad.commit(a);
       });
     });
     return k;
