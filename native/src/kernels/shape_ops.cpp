@@ -103,12 +103,23 @@ KernelFactory gather_grad(bool grouped) {
       using W = typename decltype(tag)::type;
       struct State { Packed g, idx, y; std::vector<int64_t> ids; std::vector<W> gw, acc; };
       auto st = std::make_shared<State>(State{Packed(g), Packed(idx), Packed(y), {}, {}, {}});
+      // Dense operands already in W are used where they lie (y never shares storage with g).
+      const bool g_direct = stored_as<W>(g.dtype) && g.contiguous, y_direct = stored_as<W>(y.dtype) && y.contiguous;
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         st->idx.read_ints(a, st->ids);
-        read_all(a, st->g, st->gw);
-        st->acc.assign(y.nelms, W(0));
-        rs.run(st->acc.data(), st->gw.data(), st->ids.data(), W(1));
-        write_all(a, st->y, st->acc);
+        const W* src = reinterpret_cast<const W*>(a + g.offset);
+        if (!g_direct) {
+          read_all(a, st->g, st->gw);
+          src = st->gw.data();
+        }
+        W* acc = reinterpret_cast<W*>(a + y.offset);
+        if (!y_direct) {
+          st->acc.resize(y.nelms);
+          acc = st->acc.data();
+        }
+        std::fill(acc, acc + y.nelms, W(0));
+        rs.run(acc, src, st->ids.data(), W(1));
+        if (!y_direct) write_all(a, st->y, st->acc);
       });
     };
     if (needs_double({&g})) make(Tag<double>{}); else make(Tag<float>{});
