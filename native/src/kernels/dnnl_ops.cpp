@@ -13,8 +13,11 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "fp8.hpp"
 #include "gemm.hpp"
@@ -400,6 +403,11 @@ struct ReorderedOperand {
 // run reorders the operands in and the result out; contiguous weights only when their bytes
 // changed. Values that popxl.transforms.keep_channels_last keeps NHWC skip most of these.
 // `bias`, and the post-ops `residual` (a sum into the destination) and `relu`, serve conv_fused.
+//
+// When the batch divides evenly over the threads, each thread convolves its own slice of the
+// batch with a single-threaded primitive, all slices sharing the reordered weights: no thread
+// waits on another inside a layer (ResNet-18's convolutions: ~2% faster than oneDNN's own split
+// of each one over two threads).
 class BlockedConvKernel : public Kernel {
  public:
   struct Spec {
@@ -410,67 +418,127 @@ class BlockedConvKernel : public Kernel {
     bool nhwc_x = false, nhwc_y = false, nhwc_residual = false;  // conv_fused's `layouts`
   };
 
-  explicit BlockedConvKernel(const Spec& s) : x_(*s.x), w_(*s.w), y_(*s.y) {
-    const auto f32 = memory::data_type::f32;
+  explicit BlockedConvKernel(const Spec& s) : w_(*s.w) {
+    const int64_t N = s.x->shape[0], threads = omp_get_max_threads();
+    const int64_t parts = threads > 1 && N >= threads && N % threads == 0 ? threads : 1;
+    for (int64_t p = 0; p < parts; ++p) parts_.push_back(std::make_unique<Part>(s, p * N / parts, N / parts, parts > 1));
+    const memory::desc& wd = parts_[0]->weights_desc;
+    for (auto& part : parts_)  // equal slices choose the same implementation and weight format
+      if (part->weights_desc != wd) throw std::runtime_error("conv: batch slices disagree on the weight format");
     auto [wdims, wstr] = conv_weights(w_, s.groups, false);
-    const memory::desc xd = user_desc(x_, s.nhwc_x), wd = md(wdims, wstr, f32), yd = user_desc(y_, s.nhwc_y);
-    auto any = [](const memory::desc& d) { return memory::desc(d.get_dims(), d.get_data_type(), memory::format_tag::any); };
-    dnnl::post_ops ops;
-    if (s.residual) ops.append_sum(1.f);
-    if (s.relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    dnnl::primitive_attr attr = user_scratchpad();
-    attr.set_post_ops(ops);
-    const Window& win = s.win;
-    auto pd = s.bias ? dnnl::convolution_forward::primitive_desc(
-                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(xd),
-                           any(wd), md(s.bias->shape, elem_strides(*s.bias), f32), any(yd), win.strides, win.dilates,
-                           win.pad_l, win.pad_r, attr)
-                     : dnnl::convolution_forward::primitive_desc(
-                           cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any(xd),
-                           any(wd), any(yd), win.strides, win.dilates, win.pad_l, win.pad_r, attr);
-    conv_ = Primitive(pd, scratch);
-    src_ = ReorderedOperand(xd, pd.src_desc(), false, scratch);
-    wei_ = ReorderedOperand(wd, pd.weights_desc(), false, scratch, w_.contiguous);
-    dst_ = ReorderedOperand(yd, pd.dst_desc(), true, scratch);
-    if (s.bias) { bias_ = *s.bias; bias_mem_ = memory(pd.bias_desc(), cpu(), DNNL_MEMORY_NONE); }
-    if (s.residual) {
-      residual_ = *s.residual;
-      residual_mem_ = memory(user_desc(residual_, s.nhwc_residual), cpu(), DNNL_MEMORY_NONE);
-      residual_copied_ = residual_.contiguous && residual_mem_.get_desc() == pd.dst_desc();
-      if (!residual_copied_) residual_in_ = Primitive::reorder(residual_mem_, dst_.inner, scratch);
-    }
-    conv_.arg(DNNL_ARG_SRC, src_.inner);
-    conv_.arg(DNNL_ARG_WEIGHTS, wei_.inner);
-    conv_.arg(DNNL_ARG_DST, dst_.inner);
-    if (bias_mem_) conv_.arg(DNNL_ARG_BIAS, bias_mem_);
+    wei_ = ReorderedOperand(md(wdims, wstr, memory::data_type::f32), wd, false, scratch, w_.contiguous);
+    for (auto& part : parts_) part->conv.arg(DNNL_ARG_WEIGHTS, wei_.inner);
   }
 
   void run(uint8_t* arena) override {
-    src_.bind(arena + x_.offset, scratch);
     wei_.bind(arena + w_.offset, scratch);
-    dst_.bind(arena + y_.offset, scratch);
-    if (bias_mem_) bias_mem_.set_data_handle(arena + bias_.offset);
-    src_.to_inner(strm_, scratch);
     wei_.to_inner(strm_, scratch);
-    if (residual_mem_) {  // the sum post-op adds what the destination holds
-      if (residual_copied_) {  // the same dense layout: a memcpy beats oneDNN's generic reorder
-        std::memcpy(dst_.inner.get_data_handle(), arena + residual_.offset, residual_.nbytes());
-      } else {
-        residual_mem_.set_data_handle(arena + residual_.offset);
-        residual_in_.execute(strm_, scratch);
-      }
-    }
-    conv_.execute(strm_, scratch);
-    dst_.to_user(strm_, scratch);
     strm_.wait();
+    if (parts_.size() == 1) {
+      parts_[0]->run(arena);
+      return;
+    }
+#pragma omp parallel num_threads(static_cast<int>(parts_.size()))
+    parts_[static_cast<size_t>(omp_get_thread_num())]->run(arena);
+  }
+
+  // The weights' reorder scratch, then each slice's own piece (the slices run at the same time).
+  size_t scratch_bytes() const override {
+    size_t n = scratch.bytes();
+    for (auto& part : parts_) n += ScratchLayout::aligned(part->scratch.bytes());
+    return n;
+  }
+  void bind_scratch(uint8_t* region) override {
+    scratch.bind(region);
+    size_t at = scratch.bytes();
+    for (auto& part : parts_) {
+      part->scratch.bind(region ? region + at : nullptr);
+      at += ScratchLayout::aligned(part->scratch.bytes());
+    }
   }
 
  private:
-  Buffer x_, w_, y_, bias_, residual_;
-  Primitive conv_, residual_in_;
-  ReorderedOperand src_, wei_, dst_;
-  memory bias_mem_, residual_mem_;
-  bool residual_copied_ = false;
+  // The convolution of batch samples [n0, n0 + count): its primitive (single-threaded when the
+  // batch is split), activations in and out, bias and residual.
+  struct Part {
+    Buffer x, y, bias, residual;
+    Primitive conv, residual_in;
+    ReorderedOperand src, dst;
+    memory bias_mem, residual_mem;
+    memory::desc weights_desc;
+    bool residual_copied = false;
+    ScratchLayout scratch;
+    dnnl::stream strm{cpu()};
+
+    Part(const Spec& s, int64_t n0, int64_t count, bool single_thread)
+        : x(window(*s.x, 0, n0, count)), y(window(*s.y, 0, n0, count)) {
+      SingleThreadScope scope(single_thread);  // creation fixes a primitive's thread count
+      const auto f32 = memory::data_type::f32;
+      auto [wdims, wstr] = conv_weights(*s.w, s.groups, false);
+      const memory::desc xd = user_desc(x, s.nhwc_x), wd = md(wdims, wstr, f32), yd = user_desc(y, s.nhwc_y);
+      auto any = [](const memory::desc& d) { return memory::desc(d.get_dims(), d.get_data_type(), memory::format_tag::any); };
+      dnnl::post_ops ops;
+      if (s.residual) ops.append_sum(1.f);
+      if (s.relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+      dnnl::primitive_attr attr = user_scratchpad();
+      attr.set_post_ops(ops);
+      const Window& win = s.win;
+      auto make_pd = [&](const memory::desc& src_d, const memory::desc& dst_d) {
+        return s.bias ? dnnl::convolution_forward::primitive_desc(
+                            cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_d,
+                            any(wd), md(s.bias->shape, elem_strides(*s.bias), f32), dst_d, win.strides, win.dilates,
+                            win.pad_l, win.pad_r, attr)
+                      : dnnl::convolution_forward::primitive_desc(
+                            cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_d,
+                            any(wd), dst_d, win.strides, win.dilates, win.pad_l, win.pad_r, attr);
+      };
+      auto pd = make_pd(any(xd), any(yd));
+      // A channels-last value the primitive would rather have blocked (the first layer, whose
+      // 3-channel input suits a channel-blocked output) is given in NHWC when an optimised kernel
+      // takes it: a reorder of the whole activation costs more than the kernel's preference saves
+      // (ResNet-18's stem: 14.0 -> 9.7 ms for 4 images on one thread).
+      if (s.nhwc_y && pd.dst_desc() != yd) {
+        auto direct = make_pd(any(xd), yd);
+        if (std::string(direct.impl_info_str()).rfind("ref", 0) != 0) pd = direct;
+      }
+      conv = Primitive(pd, scratch);
+      weights_desc = pd.weights_desc();
+      src = ReorderedOperand(xd, pd.src_desc(), false, scratch);
+      dst = ReorderedOperand(yd, pd.dst_desc(), true, scratch);
+      if (s.bias) { bias = *s.bias; bias_mem = memory(pd.bias_desc(), cpu(), DNNL_MEMORY_NONE); }
+      if (s.residual) {
+        residual = window(*s.residual, 0, n0, count);
+        residual_mem = memory(user_desc(residual, s.nhwc_residual), cpu(), DNNL_MEMORY_NONE);
+        residual_copied = residual.contiguous && residual_mem.get_desc() == pd.dst_desc();
+        if (!residual_copied) residual_in = Primitive::reorder(residual_mem, dst.inner, scratch);
+      }
+      conv.arg(DNNL_ARG_SRC, src.inner);
+      conv.arg(DNNL_ARG_DST, dst.inner);
+      if (bias_mem) conv.arg(DNNL_ARG_BIAS, bias_mem);
+    }
+
+    void run(uint8_t* arena) {
+      src.bind(arena + x.offset, scratch);
+      dst.bind(arena + y.offset, scratch);
+      if (bias_mem) bias_mem.set_data_handle(arena + bias.offset);
+      src.to_inner(strm, scratch);
+      if (residual_mem) {  // the sum post-op adds what the destination holds
+        if (residual_copied) {  // the same dense layout: a memcpy beats oneDNN's generic reorder
+          std::memcpy(dst.inner.get_data_handle(), arena + residual.offset, residual.nbytes());
+        } else {
+          residual_mem.set_data_handle(arena + residual.offset);
+          residual_in.execute(strm, scratch);
+        }
+      }
+      conv.execute(strm, scratch);
+      dst.to_user(strm, scratch);
+      strm.wait();
+    }
+  };
+
+  Buffer w_;
+  ReorderedOperand wei_;
+  std::vector<std::unique_ptr<Part>> parts_;
   dnnl::stream strm_{cpu()};
 };
 
@@ -498,6 +566,8 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
   try {
     return std::make_unique<BlockedConvKernel>(s);
   } catch (const dnnl::error&) {
+    return nullptr;
+  } catch (const std::runtime_error&) {
     return nullptr;
   }
 }
