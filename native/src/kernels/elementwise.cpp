@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "loops.hpp"
+#include "vec_math.hpp"
 
 namespace popxl {
 namespace {
@@ -16,9 +17,12 @@ const Buffer& in(const OpInstr& i, const std::vector<Buffer>& b, int k) { return
 const Buffer& out(const OpInstr& i, const std::vector<Buffer>& b) { return b[i.outputs[0]]; }
 
 // ---- unary ------------------------------------------------------------------------------------
+// `float_row`, when given, computes dense float32 rows (a vectorised form of `op`, same results).
+using FloatRow = void (*)(float*, const float*, int64_t);
+
 template <class Op>
-KernelFactory unary(Op op, bool ints_too = false) {
-  return [op, ints_too](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+KernelFactory unary(Op op, bool ints_too = false, FloatRow float_row = nullptr) {
+  return [op, ints_too, float_row](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer x = in(ins, bufs, 0), y = out(ins, bufs);
     if (x.dtype != y.dtype) return nullptr;
     unique_ptr<Kernel> k;
@@ -32,6 +36,12 @@ KernelFactory unary(Op op, bool ints_too = false) {
                      if (dense_rows<T>(s)) {
                        T* y = reinterpret_cast<T*>(p[0]);
                        const T* x = reinterpret_cast<const T*>(p[1]);
+                       if constexpr (std::is_same_v<T, float>) {
+                         if (float_row) {
+                           float_row(y, x, n);
+                           return;
+                         }
+                       }
                        for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(x[i])));
                        return;
                      }
@@ -62,7 +72,6 @@ KernelFactory predicate(Op op) {  // float -> bool
   };
 }
 
-constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kInvSqrt2 = 0.7071067811865476;
 
 const RegisterKernel unary_ops[] = {
@@ -77,10 +86,7 @@ const RegisterKernel unary_ops[] = {
     {{"ceil"}, unary([](auto x) { return std::ceil(x); })},
     {{"sigmoid"}, unary([](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); })},
     {{"swish", "swish_"}, unary([](auto x) { return x / (decltype(x)(1) + std::exp(-x)); })},
-    {{"gelu", "gelu_"}, unary([](auto x) {
-       using W = decltype(x);
-       return x * gelu_gate(W(kSqrt2OverPi) * (x + W(0.044715) * x * x * x));
-     })},
+    {{"gelu", "gelu_"}, unary([](auto x) { return gelu_value(x); }, false, gelu_row)},
     {{"geluerf", "geluerf_"}, unary([](auto x) {
        using W = decltype(x);
        return W(0.5) * x * (W(1) + std::erf(x * W(kInvSqrt2)));

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "loops.hpp"
+#include "vec_math.hpp"
 
 namespace popxl {
 namespace {
@@ -249,16 +250,25 @@ const RegisterKernel logical_not_op{{"logical_not"}, [](const OpInstr& ins, cons
   });
 }};
 
-// g * d/dx gelu(x), in float32 (float64 for float64), rounded once to x's dtype.
+// g * d/dx gelu(x), in float32 (float64 for float64), rounded once to x's dtype. `float_row`, when
+// given, computes float32 rows (a vectorised form, same results).
+using GradRow = void (*)(float*, const float*, const float*, int64_t);
+
 template <class Form>
-KernelFactory gelu_grad(Form form) {
-  return [form](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+KernelFactory gelu_grad(Form form, GradRow float_row = nullptr) {
+  return [form, float_row](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &g = bufs[ins.inputs[0]], &x = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
     unique_ptr<Kernel> k;
     dispatch_float(x.dtype, [&](auto tag) {
       using W = typename Wide<typename decltype(tag)::type>::type;
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         map_rows<W, 2>(a, y, {g, x}, [&](W* out, const W* const* in, int64_t n) {
+          if constexpr (std::is_same_v<W, float>) {
+            if (float_row) {
+              float_row(out, in[0], in[1], n);
+              return;
+            }
+          }
           for (int64_t i = 0; i < n; ++i) out[i] = in[0][i] * form(in[1][i]);
         });
       });
@@ -268,12 +278,7 @@ KernelFactory gelu_grad(Form form) {
 }
 
 const RegisterKernel gelu_grad_ops[] = {
-    {{"gelu_grad"}, gelu_grad([](auto x) {
-       using W = decltype(x);
-       // with t = tanh(u) and g = (1 + t) / 2: 0.5 (1 + t) = g and 0.5 (1 - t^2) = 2 g (1 - g)
-       const W c = W(0.7978845608028654), g = gelu_gate(c * (x + W(0.044715) * x * x * x));
-       return g + W(2) * x * g * (W(1) - g) * c * (W(1) + W(3 * 0.044715) * x * x);
-     })},
+    {{"gelu_grad"}, gelu_grad([](auto x) { return gelu_slope(x); }, gelu_grad_row)},
     {{"geluerf_grad"}, gelu_grad([](auto x) {
        using W = decltype(x);
        const W cdf = W(0.5) * (W(1) + std::erf(x / W(1.4142135623730951)));
