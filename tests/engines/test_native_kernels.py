@@ -1,6 +1,12 @@
 """Native kernels against the NumPy reference kernels, op family by op family: var updates,
-random ops (bit for bit), data movement, normalisations and losses, index reductions and
-oneDNN convolution/pooling. Each test also asserts the op ran natively (no Python fallback)."""
+random ops (bit for bit), data movement, normalisations and losses, index reductions,
+oneDNN convolution/pooling, resampling (interpolate, roi_align), remote memory and print_tensor
+(the printed text). Each test also asserts the op ran natively (no Python fallback)."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -821,3 +827,349 @@ def test_gelu_vector_rows_match_the_scalar_form(name):
     dense, scalar = run_program(both, [x, g, *pairs], "native")[0]
     np.testing.assert_array_equal(dense, scalar.reshape(-1))
     compare_engines(both, [x, g, *pairs], native_ops=[name], rtol=2e-6, atol=1e-6)
+
+
+# ---- resampling: interpolate (ONNX Resize) and roi_align ------------------------------------------------
+COORD_MODES = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize"]
+NEAREST_MODES = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+# rank 5: an untouched axis, a length-1 axis upsampled, a resize to the same length (scale != 1),
+# upsampling and downsampling
+RESIZE_SHAPE, RESIZE_SCALES = (2, 1, 5, 4, 7), (1.0, 3.0, 1.1, 2.3, 0.6)
+# the gradients sum in another order than the reference's BLAS contractions
+GRAD_TOL = {np.float64: dict(rtol=1e-12, atol=1e-12), np.float32: dict(rtol=1e-6, atol=1e-6),
+            np.float16: dict(rtol=1e-3, atol=1e-3)}
+
+
+def _resized(shape, scales):
+    return tuple(int(np.floor(d * f)) for d, f in zip(shape, scales))
+
+
+def _interpolate(scales, mode, nearest_mode="round_prefer_floor", coords="half_pixel"):
+    return lambda t: ops.interpolate(t, scales, mode, nearest_mode, coords)
+
+
+def _interpolate_grad(scales, mode, nearest_mode="round_prefer_floor", coords="half_pixel"):
+    attrs = {"scale_factor": tuple(scales), "mode": mode, "nearest_mode": nearest_mode,
+             "coordinate_transformation_mode": coords}
+    return lambda x, g: create_op("interpolate_grad", [x, g], attrs)[0]
+
+
+@pytest.mark.parametrize("coords", COORD_MODES)
+@pytest.mark.parametrize("nearest_mode", NEAREST_MODES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8, np.int64])
+def test_interpolate_nearest_is_bit_identical(dtype, nearest_mode, coords):
+    x = rand(RESIZE_SHAPE, dtype, 0, 100)
+    compare_engines(_interpolate(RESIZE_SCALES, "nearest", nearest_mode, coords), [x], native_ops=["interpolate"])
+    if np.dtype(dtype).kind == "f":
+        g = rand(_resized(RESIZE_SHAPE, RESIZE_SCALES), dtype)
+        compare_engines(_interpolate_grad(RESIZE_SCALES, "nearest", nearest_mode, coords), [x, g],
+                        native_ops=["interpolate_grad"], **GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("coords", COORD_MODES)
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_interpolate_linear_and_cubic_are_bit_identical(dtype, mode, coords):
+    x = rand(RESIZE_SHAPE, dtype)
+    compare_engines(_interpolate(RESIZE_SCALES, mode, coords=coords), [x], native_ops=["interpolate"])
+    g = rand(_resized(RESIZE_SHAPE, RESIZE_SCALES), dtype)
+    compare_engines(_interpolate_grad(RESIZE_SCALES, mode, coords=coords), [x, g], native_ops=["interpolate_grad"],
+                    **GRAD_TOL[dtype])
+
+
+ODD_RESIZES = [((1,), (1.0,)), ((0,), (2.0,)), ((3, 0), (1.5, 2.0)), ((1, 1), (3.0, 0.5)),
+               ((4, 1), (0.2, 1.0)), ((2, 0, 3), (1.0, 1.0, 1.7)), ((1, 6), (0.1, 0.2))]
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("case", ODD_RESIZES, ids=str)
+def test_interpolate_odd_shapes(case, mode):
+    shape, scales = case
+    x = rand(shape)
+    compare_engines(_interpolate(scales, mode, coords="align_corners"), [x], native_ops=["interpolate"])
+    compare_engines(_interpolate_grad(scales, mode, coords="align_corners"), [x, rand(_resized(shape, scales))],
+                    native_ops=["interpolate_grad"], **GRAD_TOL[np.float32])
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+def test_interpolate_of_a_scalar_is_the_scalar(mode):
+    # (the reference kernel cannot run this: np.ascontiguousarray makes its 0-d result 1-d)
+    x = rand(())
+    out, eng = run_program(_interpolate((), mode), [x], "native")
+    assert "interpolate" not in eng.fallback_ops
+    np.testing.assert_array_equal(out[0], x)
+
+
+@pytest.mark.parametrize("mode,dtype", [("nearest", np.float32), ("nearest", np.int16), ("linear", np.float32),
+                                        ("cubic", np.float32)], ids=str)
+def test_interpolate_of_strided_views(mode, dtype):
+    x, scales = rand((5, 4, 3), dtype, 0, 50), (2.0, 0.5, 1.5)  # of the (3, 5, 4) transposed view
+    view = lambda t: ops.transpose_(t, (2, 0, 1))  # noqa: E731
+    compare_engines(lambda t: _interpolate(scales, mode)(view(t)), [x], native_ops=["interpolate"])
+    if dtype == np.float32:  # a strided incoming gradient (6, 2, 6), given transposed
+        compare_engines(lambda t, g: _interpolate_grad(scales, mode)(view(t), ops.transpose_(g)),
+                        [x, rand((6, 2, 6))], native_ops=["interpolate_grad"], **GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("fmt", [popxl.float8_143, popxl.float8_152])
+def test_interpolate_of_float8_is_bit_identical(fmt, mode):
+    # values up to the format's largest, so cubic overshoots it (rounding to the largest or NaN)
+    limit = 240.0 if fmt is popxl.float8_143 else 57344.0
+    x = rand((4, 9), np.float32, -limit, limit)
+    x[0, :4] = [limit, -limit, limit, 0.0]
+
+    def build(t):
+        zero = popxl.constant(np.int32(0))
+        y = ops.interpolate(ops.pow2scale_cast_to_fp8(t, zero, fmt), (1.7, 2.2), mode)
+        return ops.pow2scale_cast_from_fp8(y, zero, popxl.float32)
+    compare_engines(build, [x], native_ops=["interpolate"])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the reference's 0 * inf
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+def test_interpolate_non_finite_values(mode):
+    """NaN and inf inputs propagate as in the reference, and a non-finite incoming gradient reaches
+    the whole line of its axis, as the reference's dense contraction (0 * inf = NaN) spreads it."""
+    x = rand((3, 8))
+    x[1, 2], x[2, 5] = np.nan, np.inf
+    compare_engines(_interpolate((1.5, 0.6), mode), [x], native_ops=["interpolate"])
+    g = rand((4, 19))
+    g[1, 2], g[3, 7], g[0, 0] = np.nan, np.inf, -np.inf
+    compare_engines(_interpolate_grad((1.5, 2.4), mode), [rand((3, 8)), g], native_ops=["interpolate_grad"],
+                    **GRAD_TOL[np.float32])
+
+
+# Inside the image, large, partly outside, degenerate (made 1x1), past the far edges, wholly
+# outside (its samples weigh 0).
+ROI_BOXES = np.array([[1, 1, 6, 7], [0.5, 2, 11, 9.5], [-2, -1, 3, 4], [5, 5, 5, 5], [10, 8, 14, 13],
+                      [-9, -9, -7, -6]])
+ROI_IMAGES = np.array([0, 1, 1, -1, 0, -2], np.int32)  # negative indices count from the end
+ROI_TOL = {np.float64: dict(rtol=1e-12, atol=1e-12), np.float32: dict(rtol=1e-5, atol=1e-6),
+           np.float16: dict(rtol=2e-3, atol=2e-3)}
+
+
+def _roi_align(size, scale, ratio, view=lambda t: t):
+    return lambda t, r, b: ops.roi_align(view(t), r, b, size, scale, ratio)
+
+
+def _roi_align_grad(size, scale, ratio, view=lambda t: t):
+    attrs = {"output_size": size, "spatial_scale": scale, "sampling_ratio": ratio}
+    return lambda t, r, b, g: create_op("roi_align_grad", [view(t), r, b, g], attrs)[0]
+
+
+@pytest.mark.parametrize("ratio", [0, 1, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_roi_align_and_its_gradient(dtype, ratio):
+    img, boxes = rand((2, 3, 10, 12), dtype), ROI_BOXES.astype(dtype)
+    for idx_dtype in (np.int32, np.int64):
+        compare_engines(_roi_align((3, 2), 0.8, ratio), [img, boxes, ROI_IMAGES.astype(idx_dtype)],
+                        native_ops=["roi_align"], **ROI_TOL[dtype])
+    g = rand((6, 3, 3, 2), dtype)
+    compare_engines(_roi_align_grad((3, 2), 0.8, ratio), [img, boxes, ROI_IMAGES, g], native_ops=["roi_align_grad"],
+                    **ROI_TOL[dtype])
+
+
+@pytest.mark.parametrize("case", [((2, 3, 10, 12), 0, (2, 2)), ((2, 0, 5, 5), 3, (2, 2)), ((1, 2, 1, 1), 2, (1, 1)),
+                                  ((1, 2, 4, 3), 1, (5, 1))], ids=str)
+def test_roi_align_odd_shapes(case):
+    """No boxes, no channels, a 1x1 image and more bins than pixels."""
+    shape, boxes, size = case
+    img, rois, images = rand(shape), ROI_BOXES[:boxes].astype(np.float32), np.zeros(boxes, np.int32)
+    compare_engines(_roi_align(size, 1.0, 2), [img, rois, images], native_ops=["roi_align"], **ROI_TOL[np.float32])
+    compare_engines(_roi_align_grad(size, 1.0, 2), [img, rois, images, rand((boxes, shape[1]) + size)],
+                    native_ops=["roi_align_grad"], **ROI_TOL[np.float32])
+
+
+def test_roi_align_of_strided_views():
+    img = rand((2, 3, 12, 10))  # seen as (2, 3, 10, 12)
+    view = lambda t: ops.transpose_(t, (0, 1, 3, 2))  # noqa: E731
+    boxes = ROI_BOXES.astype(np.float32)
+    compare_engines(_roi_align((2, 3), 1.0, 0, view), [img, boxes, ROI_IMAGES], native_ops=["roi_align"],
+                    **ROI_TOL[np.float32])
+    g = rand((6, 3, 3, 2))  # seen as (6, 3, 2, 3)
+    compare_engines(lambda t, r, b, gg: _roi_align_grad((2, 3), 1.0, 0, view)(t, r, b, ops.transpose_(gg, (0, 1, 3, 2))),
+                    [img, boxes, ROI_IMAGES, g], native_ops=["roi_align_grad"], **ROI_TOL[np.float32])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the reference's 0 * inf
+def test_roi_align_non_finite_values():
+    """A NaN pixel spoils the bins that sample it (even with weight 0); a non-finite gradient
+    reaches its whole image channel, as in the reference's dense products."""
+    img, boxes = rand((2, 2, 10, 12)), ROI_BOXES[:3].astype(np.float32)
+    img[0, 1, 2, 2], img[1, 0, 5, 5] = np.nan, np.inf
+    compare_engines(_roi_align((3, 2), 1.0, 2), [img, boxes, ROI_IMAGES[:3]], native_ops=["roi_align"],
+                    **ROI_TOL[np.float32])
+    g = rand((3, 2, 3, 2))
+    g[0, 1, 2, 1], g[2, 0, 0, 0] = np.nan, -np.inf
+    compare_engines(_roi_align_grad((3, 2), 1.0, 2), [rand((2, 2, 10, 12)), boxes, ROI_IMAGES[:3], g],
+                    native_ops=["roi_align_grad"], **ROI_TOL[np.float32])
+
+
+def _both_raise(build, inputs, error):
+    for name in ("reference", "native"):
+        with pytest.raises(error):
+            run_program(build, inputs, name)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")  # the reference's NaN index
+@pytest.mark.parametrize("grad", [False, True])
+def test_roi_align_errors_are_the_reference_errors(grad):
+    img, boxes = rand((2, 1, 6, 6)), ROI_BOXES[:2].astype(np.float32)
+    g = rand((2, 1, 2, 2))
+    run = (lambda r: _roi_align_grad((2, 2), 1.0, r)) if grad else (lambda r: _roi_align((2, 2), 1.0, r))
+    extra = [g] if grad else []
+    _both_raise(run(0), [img, boxes, np.array([0, 2], np.int32)] + extra, IndexError)  # batch index
+    _both_raise(run(0), [img, boxes, np.array([-3, 0], np.int32)] + extra, IndexError)
+    _both_raise(run(2), [rand((2, 1, 0, 6)), boxes, np.array([0, 1], np.int32)] + extra, IndexError)  # no rows
+    nan_box = boxes.copy()
+    nan_box[1, 2] = np.nan
+    _both_raise(run(0), [img, nan_box, np.array([0, 1], np.int32)] + extra, ValueError)  # adaptive sampling
+    _both_raise(run(2), [img, nan_box, np.array([0, 1], np.int32)] + extra, IndexError)  # NaN sample position
+
+
+# ---- remote memory -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("offset_dtype", [np.uint32, np.int8, np.int64])
+@pytest.mark.parametrize("shape", [(2, 3), (), (1,), (0, 4)], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int8, np.uint64, np.bool_])
+def test_remote_store_and_loads(dtype, shape, offset_dtype):
+    """Stores from a tensor and from a strided view, loads into new tensors and in place into a
+    tensor and into a strided view, at a constant and at a tensor offset, bit for bit."""
+    popxl_dtype = popxl.dtypes.from_numpy(np.dtype(dtype))
+
+    def build(x, y, at):
+        with popxl.in_sequence():
+            buf = popxl.remote_buffer(shape, popxl_dtype, 3)
+            ops.remote_store(buf, 0, x)
+            ops.remote_store(buf, at, ops.transpose_(y))
+            target, flipped = ops.init(shape, popxl_dtype), ops.init(shape[::-1], popxl_dtype)
+            ops.remote_load_(buf, at, target)
+            ops.remote_load_(buf, 0, ops.transpose_(flipped))
+            return ops.remote_load(buf, 0), ops.remote_load(buf, at), target, flipped
+
+    inputs = [np.asarray(rand(shape, dtype, 0, 100)), np.asarray(rand(shape[::-1], dtype, 0, 100)),
+              np.asarray(2, offset_dtype)]
+    compare_engines(build, inputs, native_ops=["remote_store", "remote_load", "remote_load_"])
+
+
+@pytest.mark.parametrize("op", ["remote_load", "remote_load_", "remote_store"])
+@pytest.mark.parametrize("offset", [np.int32(-1), np.int32(3), np.int8(-128), np.uint64(2**64 - 1)], ids=repr)
+def test_remote_offset_out_of_range_raises_the_reference_error(op, offset):
+    def build(x, at):
+        buf = popxl.remote_buffer((2,), popxl.float32, 3)
+        if op == "remote_load":
+            return ops.remote_load(buf, at)
+        if op == "remote_load_":
+            return ops.remote_load_(buf, at, x)
+        ops.remote_store(buf, at, x)
+        return x + 0
+
+    messages = []
+    for name in ("reference", "native"):
+        with pytest.raises(IndexError) as error:
+            run_program(build, [rand((2,)), np.asarray(offset)], name)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+    assert messages[1].startswith(f"{op}: offset {int(offset)} is out of range for remote buffer")
+
+
+def test_remote_code_load_runs_natively():
+    def build(x):
+        g = x.ir.create_graph(lambda t: t * 2, x)
+        ops.remote_code_load(g, "executable")
+        return ops.call(g, x)[0]
+    compare_engines(build, [rand((3,))], native_ops=["remote_code_load"])
+
+
+# ---- print_tensor ---------------------------------------------------------------------------------------
+def _printed(build, inputs, engine_name, capfd, replication=1):
+    capfd.readouterr()
+    outs, eng = run_program(build, inputs, engine_name, replication)
+    return capfd.readouterr().out, outs, eng
+
+
+def compare_printed(build, inputs, capfd, replication=1):
+    """The text both engines print (to the process's stdout) is identical, and so are the outputs."""
+    want, want_outs, _ = _printed(build, inputs, "reference", capfd, replication)
+    got, got_outs, eng = _printed(build, inputs, "native", capfd, replication)
+    assert "print_tensor" not in eng.fallback_ops
+    assert got == want
+    for w, g in zip(want_outs, got_outs):
+        np.testing.assert_array_equal(g, w)
+    return got
+
+
+def _special_floats(shape, dtype):
+    x = np.asarray(rand(shape, dtype) * (10.0 ** RNG.integers(-12, 12, size=shape)).astype(dtype))
+    specials = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 1e-310, 1e16, 1e15, 1e-5, 1e-4, 0.125, 2.5])
+    n = min(x.size, specials.size)
+    x.reshape(-1)[:n] = specials[:n].astype(dtype)
+    return x
+
+
+PRINT_FORMATS = [
+    {},  # the defaults: wraps at 75, summarises over 1000 elements
+    {"max_line_width": 20, "separator": ",", "open_bracket": "(", "close_bracket": ")"},
+    {"max_line_width": 0, "summarise_threshold": 0, "edge_items": 0},  # the last item stays
+    {"max_line_width": 1, "summarise_threshold": 30, "edge_items": 1, "separator": ";"},
+    {"max_line_width": 200, "summarise_threshold": 10, "edge_items": 5, "separator": "\t"},
+    {"digits": 0, "float_format": "auto", "separator": "\u3000"},  # unicode whitespace: stripped at line ends
+    {"digits": 3, "float_format": "fixed", "open_bracket": " ", "close_bracket": "\u00a0"},
+    {"digits": 17, "float_format": "scientific", "separator": "\u00e9", "open_bracket": "\u27e8"},
+    {"float_format": "none", "separator": "]", "open_bracket": "\x1f", "close_bracket": "\x1d"},  # the stand-ins
+    {"float_format": "none", "max_line_width": 40, "summarise_threshold": 50, "edge_items": 2},
+]
+PRINT_SHAPES = [(), (0,), (1,), (7,), (2, 0, 3), (17, 33), (3, 4, 5), (40, 30), (2, 3, 9, 9)]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # float16 infinities on purpose
+@pytest.mark.parametrize("fmt", range(len(PRINT_FORMATS)))
+@pytest.mark.parametrize("shape", PRINT_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int8, np.uint64, np.int64, np.bool_])
+def test_print_tensor_text_is_the_reference_text(dtype, shape, fmt, capfd):
+    x = _special_floats(shape, dtype) if np.dtype(dtype).kind == "f" else np.asarray(rand(shape, dtype, -120, 120))
+    compare_printed(lambda t: ops.print_tensor(t, "x \u00e9", **PRINT_FORMATS[fmt]), [x], capfd)
+
+
+@pytest.mark.parametrize("fmt", [popxl.float8_143, popxl.float8_152])
+def test_print_tensor_of_float8(fmt, capfd):
+    def build(t):
+        f8 = ops.pow2scale_cast_to_fp8(t, popxl.constant(np.int32(0)), fmt)
+        return ops.print_tensor(f8, "f8", float_format="none")
+    compare_printed(build, [rand((5, 13), np.float32, -300, 300)], capfd)
+
+
+def test_print_tensor_of_strided_views_and_replicas(capfd):
+    x = _special_floats((6, 4, 5), np.float32)
+    text = compare_printed(lambda t: ops.print_tensor(ops.transpose_(t, (2, 0, 1)), "v", max_line_width=30), [x], capfd)
+    assert text.startswith("v: [[[")
+    # each replica prints its own values
+    compare_printed(lambda t: ops.print_tensor(t, "r"), [rand((2, 3, 4))], capfd, replication=2)
+
+
+def test_print_tensor_without_print_self_prints_nothing(capfd):
+    assert compare_printed(lambda t: ops.print_tensor(t, "quiet", print_self=False) * 2, [rand((3,))], capfd) == ""
+
+
+def test_print_tensor_interleaves_with_python_output():
+    """Text Python holds in sys.stdout's buffer comes out before the engine's print. A script
+    whose output goes to a pipe has a block-buffered sys.stdout (pytest's capture does not)."""
+    script = textwrap.dedent("""
+        import numpy as np, popxl, popxl.ops as ops
+        ir = popxl.Ir()
+        with ir.main_graph:
+            ops.print_tensor(popxl.constant(np.array([1, 2, 3], np.int32)), "t")
+        session = popxl.Session(ir, "ipu_model")
+        assert "print_tensor" not in session._engine.fallback_ops, session._engine.fallback_ops
+        with session:
+            print("before", end=" ")
+            session.run()
+            print("between")
+            session.run()
+            print("after")
+        """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # which would unbuffer it
+    env["POPXL_ENGINE"] = "native"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "before t: [1 2 3]\nbetween\nt: [1 2 3]\nafter\n"

@@ -39,3 +39,14 @@ def test_public_functions_exist():
     for name in PUBLIC + EXTRA_PUBLIC:
         mod = collectives if name in collectives.__all__ else var_updates if name in var_updates.__all__ else ops
         assert callable(getattr(mod, name)), name
+
+
+def test_every_kernel_op_has_a_native_kernel():
+    """Every op the engines run as a kernel has a native one: only program structure (control ops)
+    and views (which lower to copies or aliases) have none, so no program falls back to Python for
+    want of a kernel."""
+    from popxl.engines.native import _import_native
+
+    native = set(_import_native().kernel_names())
+    missing = sorted(name for name, d in REGISTRY.items() if not d.control and d.view is None and name not in native)
+    assert not missing, f"registered ops without a native kernel: {missing}"
