@@ -378,6 +378,43 @@ def test_nll_loss_and_gradients(case, reduction, dtype):
                         [p, labels, lg], native_ops=["nll_loss_with_softmax_grad"], **tol)
 
 
+SOFTMAX_CASES = [((4, 7), 1), ((4, 7), 0), ((2, 3, 5), 1), ((1, 1), 1), ((0, 5), 1), ((6,), 0),
+                 ((5, 1037), 1),  # eight-wide rows with a tail
+                 ((300, 200), 1), ((20, 40, 50), 1)]  # rows and blocks spread over threads
+SOFTMAX_TOL = {np.float32: dict(rtol=1e-6, atol=1e-7), np.float16: dict(rtol=1e-3, atol=1e-4),
+               np.float64: dict(rtol=1e-12, atol=1e-15)}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=str)
+def test_softmax_kernel(case, dtype):
+    shape, axis = case
+    x = rand(shape, dtype, -20.0, 20.0)
+    compare_engines(lambda t: ops.softmax(t, axis), [x], native_ops=["softmax"], **SOFTMAX_TOL[dtype])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf
+@pytest.mark.parametrize("axis", [0, 1])
+def test_softmax_special_values(axis):
+    """A NaN or +inf makes its row NaN, -inf gives 0, logits far below the maximum underflow to 0."""
+    x = rand((7, 1030), np.float32, -5.0, 5.0)
+    x[0, 3], x[1, 1029], x[2, 10] = np.nan, np.nan, np.inf
+    x[3, :] = -np.inf
+    x[4, 100:200] = -np.inf
+    x[5, 0], x[6, 1024] = 200.0, 300.0  # the rest underflows
+    if axis == 0:
+        x = np.ascontiguousarray(x.T)
+    compare_engines(lambda t: ops.softmax(t, axis if axis == 0 else 1), [x], native_ops=["softmax"],
+                    rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("fmt", [popxl.float8_143, popxl.float8_152])
+def test_softmax_of_float8(fmt):
+    x, scale = rand((3, 9), np.float32, -4.0, 4.0), np.zeros((), np.int32)
+    compare_engines(lambda t, l: ops.softmax(ops.pow2scale_cast_to_fp8(t, l, fmt), 1), [x, scale],
+                    native_ops=["softmax"])
+
+
 SOFTMAX_GRAD_CASES = [((4, 7), 1), ((4, 7), 0), ((2, 3, 5), 1), ((1, 5), 1), ((0, 5), 1), ((3, 0), 1),
                       ((6,), 0), ((64, 1100), 1), ((40, 30, 50), 1)]  # the last two spread over threads
 

@@ -1,5 +1,5 @@
 // Kernels backed by oneDNN: matmul (batched, broadcast, strided/transposed operands; float32 ones
-// that sgemm can read go to OpenBLAS, see gemm.cpp), softmax,
+// that sgemm can read go to OpenBLAS, see gemm.cpp),
 // convolution (also fused with bias, residual sum and relu), transposed convolution and max/average
 // pooling. Primitives are created once at
 // load; each run only points their memory at the arena and at the engine's scratch region (every
@@ -249,29 +249,6 @@ const RegisterKernel matmul_ops[] = {
     {{"matmul"}, matmul(false)},
     {{"matmul_pow2scaled"}, matmul(true)},
 };
-
-const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
-  const Buffer& x = bufs[ins.inputs[0]];
-  const Buffer& y = bufs[ins.outputs[0]];
-  memory::data_type t;
-  if (!dnnl_type(x.dtype, t) || x.shape.empty() || x.nelms == 0) return nullptr;
-  const int axis = static_cast<int>(ins.attrs.at("axis").i());
-  try {
-    auto k = std::make_unique<DnnlKernel>();
-    k->single_thread = x.nelms * 8 < kSingleThreadWork;  // exp, max, sum and scale per element
-    SingleThreadScope scope(k->single_thread);
-    auto xd = md(x.shape, elem_strides(x), t), yd = md(y.shape, elem_strides(y), t);
-    k->prim = Primitive(dnnl::softmax_forward::primitive_desc(cpu(), dnnl::prop_kind::forward_inference,
-                                                              dnnl::algorithm::softmax_accurate, xd, yd, axis,
-                                                              user_scratchpad()),
-                        k->scratch);
-    k->add(DNNL_ARG_SRC, xd, x);
-    k->add(DNNL_ARG_DST, yd, y, true);
-    return k;
-  } catch (const dnnl::error&) {
-    return nullptr;
-  }
-}};
 
 // ---- convolution, transposed convolution, pooling ------------------------------------------------
 // Window geometry from the op attributes (spatial dims only). oneDNN counts dilation from 0.

@@ -15,7 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "fp8.hpp"
 #include "loops.hpp"
+#include "vec_math.hpp"
 
 namespace popxl {
 namespace {
@@ -301,6 +303,74 @@ const RegisterKernel softmax_grad_op{{"softmax_grad"}, [](const OpInstr& ins, co
     });
   });
   return k;
+}};
+
+// ---- softmax: exp(x - max) / sum along the axis ---------------------------------------------------
+// Seen as (outer, A, inner) around the axis. Dense float32 rows (the last axis) go through the
+// eight-wide row kernel; anything else is staged a block of A * inner values at a time in the
+// compute type (float32 for float16 and float8, as the reference computes them).
+template <class W>
+void softmax_block(W* y, const W* x, int64_t A, int64_t inner) {
+  for (int64_t e = 0; e < inner; ++e) {
+    W m = A ? x[e] : W(0);
+    bool nan = false;
+    for (int64_t i = 0; i < A; ++i) {
+      const W v = x[i * inner + e];
+      m = v > m ? v : m;
+      nan = nan || std::isnan(v);
+    }
+    double total = 0;
+    for (int64_t i = 0; i < A; ++i) total += double(y[i * inner + e] = nan ? W(NAN) : std::exp(x[i * inner + e] - m));
+    for (int64_t i = 0; i < A; ++i) y[i * inner + e] = y[i * inner + e] / W(total);
+  }
+}
+
+const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &xb = bufs[ins.inputs[0]], &yb = bufs[ins.outputs[0]];
+  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const int64_t outer = prod(xb.shape, 0, axis), A = xb.shape.at(axis), inner = prod(xb.shape, axis + 1);
+  struct State { Packed x, y; };
+  auto st = std::make_shared<State>(State{Packed(xb), Packed(yb)});
+  const DType d = xb.dtype;
+  const int64_t item = static_cast<int64_t>(itemsize(d)), block = A * inner;
+  auto run = [st, outer, block, A, inner, d, item](auto tag) {
+    using W = typename decltype(tag)::type;
+    return [=](uint8_t* a) {
+      const uint8_t* xs = st->x.read(a);
+      uint8_t* ys = st->y.write(a);
+#pragma omp parallel if (outer > 1 && outer * block > kParallelElements)
+      {
+        std::vector<W> in, out;
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < outer; ++o) {
+          const uint8_t* xo = xs + o * block * item;
+          uint8_t* yo = ys + o * block * item;
+          if constexpr (std::is_same_v<W, float>) {
+            if (d == DType::F32 && inner == 1) {
+              softmax_row(reinterpret_cast<float*>(yo), reinterpret_cast<const float*>(xo), A);
+              continue;
+            }
+          }
+          in.resize(block);
+          out.resize(block);
+          if (is_fp8(d)) {
+            const Fp8Format& f = fp8_format(d);
+            for (int64_t i = 0; i < block; ++i) in[i] = W(f.decode(xo[i]));
+            softmax_block(out.data(), in.data(), A, inner);
+            for (int64_t i = 0; i < block; ++i) yo[i] = f.encode(double(out[i]));
+          } else {
+            load_row<W>(xo, item, d, in.data(), block);
+            softmax_block(out.data(), in.data(), A, inner);
+            store_row<W>(yo, item, d, out.data(), block);
+          }
+        }
+      }
+      st->y.commit(a);
+    };
+  };
+  if (d == DType::F64) return std::make_unique<FnKernel>(run(Tag<double>{}));
+  if (d == DType::F32 || d == DType::F16 || is_fp8(d)) return std::make_unique<FnKernel>(run(Tag<float>{}));
+  return nullptr;
 }};
 
 // ---- nll_loss family ------------------------------------------------------------------------------

@@ -9,6 +9,8 @@
 // without AVX2.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "loops.hpp"
@@ -71,6 +73,63 @@ inline __m256 gelu_inner(__m256 x) {  // sqrt(2/pi) (x + 0.044715 x^3), multipli
 
 }  // namespace vec8
 #endif
+
+// softmax of one dense float32 row: y = exp(x - max) / sum. NaN anywhere gives a NaN row and
+// exp underflows to 0 below e**-87, as in the reference.
+inline void softmax_row(float* y, const float* x, int64_t n) {
+  if (n == 0) return;
+  int64_t i = 0;
+  float m = x[0];
+  bool nan = false;
+#ifdef POPXL_VEC8
+  __m256 m8 = _mm256_set1_ps(-INFINITY), nan8 = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    m8 = _mm256_max_ps(m8, v);
+    nan8 = _mm256_or_ps(nan8, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m8);
+  for (float v : lanes) m = v > m ? v : m;
+  nan = _mm256_movemask_ps(nan8) != 0;
+#endif
+  for (; i < n; ++i) {
+    m = x[i] > m ? x[i] : m;
+    nan = nan || std::isnan(x[i]);
+  }
+  if (nan) {
+    std::fill(y, y + n, NAN);
+    return;
+  }
+  // With m = +inf, x - m is NaN for x = +inf and -inf elsewhere: the reference's NaN / 0 pattern.
+  double total = 0;
+  i = 0;
+#ifdef POPXL_VEC8
+  const __m256 shift = _mm256_set1_ps(m);
+  __m256 sum8 = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 z = _mm256_sub_ps(_mm256_loadu_ps(x + i), shift);
+    __m256 e = vec8::exp_in_range(_mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(0.0f)));
+    e = _mm256_andnot_ps(_mm256_cmp_ps(z, _mm256_set1_ps(kExpLo), _CMP_LT_OQ), e);      // underflow to 0
+    e = _mm256_blendv_ps(e, z, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));                       // inf - inf stays NaN
+    _mm256_storeu_ps(y + i, e);
+    sum8 = _mm256_add_ps(sum8, e);
+    if ((i & 1023) == 1016) {  // float lanes over blocks of 1024 values, blocks summed in double
+      _mm256_store_ps(lanes, sum8);
+      for (float v : lanes) total += v;
+      sum8 = _mm256_setzero_ps();
+    }
+  }
+  _mm256_store_ps(lanes, sum8);
+  for (float v : lanes) total += v;
+#endif
+  for (; i < n; ++i) {
+    y[i] = std::exp(x[i] - m);
+    total += y[i];
+  }
+  const float scale = float(1.0 / total);
+  for (i = 0; i < n; ++i) y[i] *= scale;
+}
 
 // y = gelu(x) over n dense values.
 inline void gelu_row(float* y, const float* x, int64_t n) {
