@@ -25,11 +25,6 @@ from popxl.tensor import Constant, Tensor
 __all__ = ["hoist_invariants"]
 
 
-def _pure(op: Op) -> bool:
-    d = op.opdef
-    return not (d.control or d.collective or d.side_effect) and d.inplace is None and (d.view is None or d.copy)
-
-
 def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
                      bind: Callable[[Tensor, str], Tensor]) -> List[Op]:
     """Move the invariant ops of ``body`` into ``parent`` (appended to it now, so they must run
@@ -47,12 +42,12 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
     outputs = {t.id for t in body.outputs}
 
     def only_pure_readers(t: Tensor) -> bool:
-        return t.id not in outputs and all(_pure(r) for r in readers.get(t.id, []))
+        return t.id not in outputs and all(r.opdef.pure for r in readers.get(t.id, []))
 
     invariant = {t.id for t in bound if only_pure_readers(t)}
     hoisted: List[Op] = []
     for op in body._ops:
-        if (_pure(op) and op.inputs and all(t.id in invariant or isinstance(t, Constant) for t in op.inputs)
+        if (op.opdef.pure and op.inputs and all(t.id in invariant or isinstance(t, Constant) for t in op.inputs)
                 and all(only_pure_readers(t) for t in op.outputs)):
             hoisted.append(op)
             invariant.update(t.id for t in op.outputs)
