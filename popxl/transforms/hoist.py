@@ -5,7 +5,8 @@ once per call of the loop instead of once per iteration.
 The motivating case is inference: ``fuse_conv`` folds batch norms into convolution weights with
 ordinary ops on the variables, so that weight writes (``weightsFromHost``, ``writeWeights``) are
 folded with no extra step. Inside the ``batchesPerStep`` loop that work would be repeated every
-batch; hoisted, it runs once per ``run``, still after any weight write, so writes still take effect.
+batch; hoisted, it is in the main graph before the loop, where lowering puts the ops that read
+only unwritten weights into the static program, which engines run only after weight writes.
 
 An op is hoisted when it is pure (no side effect, not control flow, not in place, not a view that
 aliases its input), has at least one input, every input is invariant, and nothing impure reads
