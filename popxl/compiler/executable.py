@@ -18,8 +18,9 @@ engine can load exactly what the reference engine runs. Layout:
   (for every replica) before the main program whenever variables may have changed since it last
   ran: after attach and after any ``write_variable``; running it more often is also correct.
   Static storage is the storage of variables (not remote) and constants that no instruction of
-  any program writes, and of the results of the static program's ops, which have permanent places
-  that nothing else writes. So between two variable writes, static storage holds the same bytes.
+  any program changes, and of the results of the static program's ops, which have permanent
+  places that nothing else changes (a by-reference input that its graph does not write may be
+  copied back, unchanged). So between two variable writes, static storage holds the same bytes.
 - ``num_host_transfers``, ``replication_factor``.
 
 Instructions (``program`` entries), executed in order:

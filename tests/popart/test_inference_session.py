@@ -344,6 +344,9 @@ def test_weight_writes_reach_the_batch_norm_folded_into_the_conv(engine, monkeyp
     assert "mul" in [i.get("type") for i in exe.graphs[exe.static_graph]["program"]]
     (conv,) = [i for g in exe.graphs for i in g["program"] if i.get("type") == "conv_fused"]
     assert conv["static_inputs"] == [1, 2]  # folded weights and bias, read by the loop body in place
+    from popart.report import execution_steps
+    steps = execution_steps(exe)  # the static program is listed first, as it runs first
+    assert steps[0] == "static <static> (when weights changed)" and any(line.startswith("  mul") for line in steps)
     arrays = s.initAnchorArrays()
     x = rng.standard_normal((2, 2, 8, 6, 6)).astype(np.float32)
 
