@@ -118,6 +118,9 @@ def execution_steps(exe: Executable) -> List[str]:
                     walk(instr[branch]["graph"], depth + 1)
             elif kind in ("host_load", "host_store"):
                 lines.append(f"{pad}{kind} {(exe.h2d if kind == 'host_load' else exe.d2h)[instr['stream']]['name']}")
+    if exe.static_graph >= 0:
+        lines.append(f"static {exe.graphs[exe.static_graph]['id']} (when weights changed)")
+        walk(exe.static_graph, 1)
     walk(0, 0)
     return lines
 

@@ -209,7 +209,8 @@ class InferenceSession:
                 self._sink_anchor(name, self._importer.tensor(name), main, thread, accumulators)
         # Inference only (TrainingSession builds its own program): batch norms folded into the
         # convolutions, computed on the device from the weights, and relu / residual adds fused in.
-        # The folding (any computation on the weights alone) runs once per run, before the loop.
+        # The folding (any computation on the weights alone) leaves the loop; lowering makes it part
+        # of the static program, run only when the weights were written.
         fuse_conv(body)
         weights = {t: p for t, p in thread.bindings(body).items() if isinstance(p, popxl.Variable)}
         hoist_invariants(body, main, weights, thread)

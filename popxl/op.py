@@ -58,6 +58,14 @@ class OpDef:
     side_effect: bool = False
     family: str = ""
 
+    @property
+    def pure(self) -> bool:
+        """Its outputs are a function of its inputs alone and it writes nothing else: not control
+        flow, collective or side-effecting, not in place, not a view aliasing its input. Such an op
+        may run earlier or less often (hoisting, lowering's static program) without changing results."""
+        return (not (self.control or self.collective or self.side_effect) and self.inplace is None
+                and (self.view is None or self.copy))
+
 
 REGISTRY: Dict[str, OpDef] = {}
 

@@ -146,6 +146,7 @@ void Engine::attach() {
     }
   }
   for (auto& k : kernels) k->bind_scratch(scratch_.get());
+  variables_written();  // new arenas: nothing derived from their contents is current
 }
 
 void Engine::detach() {
@@ -163,6 +164,10 @@ void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outpu
   stores_.assign(d2h.size() * replicas, 0);
   std::vector<int> reps(replicas);
   for (int r = 0; r < replicas; ++r) reps[r] = r;
+  if (static_graph >= 0 && static_epoch_ != weights_epoch_) {
+    exec(static_graph, reps);
+    static_epoch_ = weights_epoch_;  // only once it has run to the end
+  }
   exec(0, reps);
 }
 

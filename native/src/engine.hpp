@@ -2,7 +2,8 @@
 //
 // Everything is prepared at load: buffers are fixed places in one arena per replica, kernels
 // (and their oneDNN primitives) are created once, the program tree is turned into nodes.
-// `run` executes the main program with the GIL released; replicas run in lockstep.
+// `run` executes the main program with the GIL released; replicas run in lockstep. The static
+// program (values computed from weights alone) runs first when variables changed since it last ran.
 #pragma once
 
 #include <algorithm>
@@ -54,6 +55,12 @@ struct OpInstr {
   std::string type, name;
   std::vector<int> inputs, outputs;
   Attrs attrs;
+  // Positions of inputs lying in static storage: their bytes change only when the engine's
+  // weights epoch does (see Engine::variables_written).
+  std::vector<int> static_inputs;
+  bool is_static_input(int position) const {
+    return std::find(static_inputs.begin(), static_inputs.end(), position) != static_inputs.end();
+  }
 };
 
 // The scratch memory one kernel needs only while it runs: oneDNN scratchpads, operands reordered
@@ -100,6 +107,9 @@ class Kernel {
   // True when one call serves all replicas together (collectives, Python fallbacks): profiling then
   // shares the call's time out evenly instead of timing each replica on its own.
   virtual bool spans_replicas() const { return false; }
+  // The engine's weights epoch, set at load (null for a kernel run outside an engine): while it
+  // is unchanged, static inputs (OpInstr::static_inputs) hold the same bytes in each arena.
+  const uint64_t* weights_epoch = nullptr;
 };
 
 using KernelFactory = std::function<std::unique_ptr<Kernel>(const OpInstr&, const std::vector<Buffer>&)>;
@@ -148,6 +158,7 @@ class Engine {
   std::vector<StreamInfo> h2d, d2h;
   int64_t arena_bytes = 0;
   int replicas = 1;
+  int static_graph = -1;  // index into `graphs` of the static program, or -1
   // The largest scratch any kernel needs; one region of it is allocated at attach (not per
   // replica: replicas run in turn on this thread, so no two kernels ever use it at once).
   size_t scratch_bytes = 0;
@@ -155,6 +166,11 @@ class Engine {
   void attach();
   void detach();
   bool attached() const { return !arenas_.empty(); }
+  // Every write of device variables from outside a run must be followed by this (attach counts
+  // as one): it moves the weights epoch on, so the static program runs again before the next
+  // run and kernels drop what they derived from static storage.
+  void variables_written() { ++weights_epoch_; }
+  const uint64_t* weights_epoch() const { return &weights_epoch_; }
   uint8_t* arena(int r) { return arenas_.at(r).get(); }
 
   // Host buffers: contiguous (num_host_transfers, replicas, *shape) arrays.
@@ -181,6 +197,8 @@ class Engine {
   void transfer(const Node& n, const std::vector<int>& reps, bool load);
   void timed_op(int kernel, const std::vector<int>& reps);
   bool profiling_ = false;
+  uint64_t weights_epoch_ = 0;
+  uint64_t static_epoch_ = 0;  // the epoch the static program last ran at (0: never, epochs start at 1)
 };
 
 }  // namespace popxl

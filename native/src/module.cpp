@@ -76,6 +76,7 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
   auto e = std::make_unique<Engine>();
   e->arena_bytes = nb::cast<int64_t>(exe["arena_bytes"]);
   e->replicas = nb::cast<int>(exe["replication_factor"]);
+  if (exe.contains("static_graph")) e->static_graph = nb::cast<int>(exe["static_graph"]);
   for (nb::handle b : exe["buffers"]) {
     Buffer buf;
     buf.offset = nb::cast<int64_t>(b["offset"]);
@@ -118,6 +119,8 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
         op.name = nb::cast<std::string>(ins["name"]);
         for (auto v : ints(ins["inputs"])) op.inputs.push_back(static_cast<int>(v));
         for (auto v : ints(ins["outputs"])) op.outputs.push_back(static_cast<int>(v));
+        if (nb::cast<nb::dict>(ins).contains("static_inputs"))
+          for (auto v : ints(ins["static_inputs"])) op.static_inputs.push_back(static_cast<int>(v));
         nb::dict attrs = nb::cast<nb::dict>(ins["attrs"]);
         for (auto [k, v] : attrs) op.attrs[nb::cast<std::string>(k)] = to_attr(v);
         std::unique_ptr<Kernel> k;
@@ -131,6 +134,7 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
                                              : std::string("that kernel cannot run it (dtypes or oneDNN)")));
         const int index = static_cast<int>(e->kernels.size());
         if (!k) k = std::make_unique<PyFallback>(fallback, index);
+        k->weights_epoch = e->weights_epoch();
         n.kernel = index;
         e->scratch_bytes = std::max(e->scratch_bytes, k->scratch_bytes());
         e->kernels.push_back(std::move(k));
@@ -226,7 +230,7 @@ void run(Engine& e, nb::handle inputs, nb::handle outputs, int64_t transfers) {
 
 NB_MODULE(_native, m) {
   m.doc() = "popxl-cpu native engine";
-  m.def("abi_version", []() { return 1; }, "Version of the executable contract this engine implements.");
+  m.def("abi_version", []() { return 2; }, "Version of the executable contract this engine implements.");
   m.def("build_info", []() {
     nb::dict info;
 #if defined(__clang__)
@@ -258,6 +262,9 @@ NB_MODULE(_native, m) {
       .def("attach", &Engine::attach)
       .def("detach", &Engine::detach)
       .def_prop_ro("attached", &Engine::attached)
+      .def("variables_written", &Engine::variables_written,
+           "Say that device variables were written (through the arena): the static program runs "
+           "again before the next run, and kernels drop values derived from static storage.")
       .def_ro("replicas", &Engine::replicas)
       .def_ro("scratch_bytes", &Engine::scratch_bytes,
               "Bytes of the one scratch region all kernels share while they run (oneDNN scratchpads, "

@@ -13,6 +13,14 @@ engine can load exactly what the reference engine runs. Layout:
   remote slot (``"mirror_of": [buffer id, offset]``, the shards of replica-sharded variables).
 - ``h2d`` / ``d2h``: streams ``{"name", "shape", "dtype"}``; indices are used by instructions.
 - ``graphs``: list of ``{"id", "program"}``; graph 0 is the main program, run once per ``run``.
+- ``static_graph``: index of the static program (id ``"<static>"``) in ``graphs``, or -1 when
+  there is none. It computes values from the program's *static storage* alone, and engines run it
+  (for every replica) before the main program whenever variables may have changed since it last
+  ran: after attach and after any ``write_variable``; running it more often is also correct.
+  Static storage is the storage of variables (not remote) and constants that no instruction of
+  any program changes, and of the results of the static program's ops, which have permanent
+  places that nothing else changes (a by-reference input that its graph does not write may be
+  copied back, unchanged). So between two variable writes, static storage holds the same bytes.
 - ``num_host_transfers``, ``replication_factor``.
 
 Instructions (``program`` entries), executed in order:
@@ -22,6 +30,9 @@ Instructions (``program`` entries), executed in order:
   Attrs are JSON values; a dtype is encoded as ``{"dtype": name}``.
   Collective ops (registry flag) run across all replicas at once. Ops with a remote buffer
   attribute get that buffer's region as an extra last input (the attribute becomes its id).
+  ``"static_inputs": [input positions]`` (absent when empty) lists the inputs whose buffer lies
+  entirely within static storage: a kernel may keep values derived from them (e.g. weights
+  reordered into another layout) until variables are next written.
 - ``{"kind": "copy", "src": buf, "dst": buf}``: copy the (possibly strided) view ``src`` into
   ``dst`` (same shape and dtype). Ops that copy a view of their input (reshape, transpose,
   slice, identity, ...) lower to this.
@@ -43,7 +54,9 @@ from typing import Any, Dict, List
 import attrs
 
 FORMAT = "popxl-executable"
-VERSION = 1
+VERSION = 2  # 2: the static program and static inputs
+READABLE_VERSIONS = (1, 2)  # a version 1 executable is one with no static program or static inputs
+STATIC_GRAPH_ID = "<static>"
 
 
 @attrs.define
@@ -57,6 +70,7 @@ class Executable:
     graphs: List[Dict[str, Any]]
     num_host_transfers: int = 1
     replication_factor: int = 1
+    static_graph: int = -1
 
     def to_json(self) -> str:
         d = attrs.asdict(self)
@@ -66,7 +80,7 @@ class Executable:
     @classmethod
     def from_json(cls, text: str) -> "Executable":
         d = json.loads(text)
-        if d.pop("format", None) != FORMAT or d.pop("version", None) != VERSION:
+        if d.pop("format", None) != FORMAT or d.pop("version", None) not in READABLE_VERSIONS:
             raise ValueError("not a popxl executable of this version")
         d["constants"] = [{"buffer": c["buffer"], "data": base64.b64decode(c["data"])} for c in d["constants"]]
         d["buffers"] = [{**b, "shape": tuple(b["shape"]), "strides": tuple(b["strides"])} for b in d["buffers"]]

@@ -13,16 +13,22 @@
    and outputs for the whole graph). Regions of different graphs never overlap, so a graph may
    call another freely. A graph with a single call site reads inputs from, and writes outputs
    into, its caller's storage where that is legal, so the call copies nothing.
-4. Program tree: one instruction list per graph; see executable.py for the instruction set.
+4. Static values: main-graph ops that compute from unchanging storage alone (see
+   ``_find_static``) leave the main program for the static program, which engines run only when
+   variables may have changed; their results get permanent places. Every op instruction lists
+   which of its inputs lie in such unchanging storage (``static_inputs``), so kernels may keep
+   values derived from them (a reordered weight) for as long as the variables are unchanged.
+5. Program tree: one instruction list per graph; see executable.py for the instruction set.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+import bisect
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from popxl import dtypes
-from popxl.compiler.executable import Executable, encode_attr
+from popxl.compiler.executable import STATIC_GRAPH_ID, Executable, encode_attr
 from popxl.graph import Graph, op_called_graphs
 from popxl.op import Op
 from popxl.remote_buffer import RemoteBuffer, _buffers_of
@@ -86,6 +92,11 @@ class _Lowering:
         self.arena = 0
         self.graphs = self._reachable_graphs()
         self.graph_index = {g: i for i, g in enumerate(self.graphs)}
+        self.roots = {g: self._roots(g) for g in self.graphs}
+        self._written_memo: Dict[Graph, Set[Tensor]] = {}
+        self.static_roots: Set[Tensor] = set()
+        self.static_ops: List[Op] = []
+        self._static_extents: List[Tuple[int, int]] = []  # sorted, disjoint [start, end) byte ranges
 
     def _reachable_graphs(self) -> List[Graph]:
         order, todo = [], [self.ir.main_graph]
@@ -130,6 +141,12 @@ class _Lowering:
             shape = (rb.entries, *rb.tensor_shape)
             self.regions[rb] = _packed_desc(self.arena, shape, rb.tensor_dtype)
             self.arena += _align(int(np.prod(shape, dtype=np.int64)) * dtypes.ml_dtype(rb.tensor_dtype).itemsize)
+        # Results of static ops outlive every run (the static program does not run each time).
+        for op in self.static_ops:
+            for t in op.outputs:
+                self.desc[t] = _contiguous_desc(self.arena, t)
+                self.arena += _align(_nbytes(t))
+        self._static_extents = sorted((self.desc[r][0], self.desc[r][0] + _nbytes(r)) for r in self.static_roots)
 
     def _roots(self, g: Graph) -> Dict[Tensor, Tensor]:
         """Each tensor of ``g`` -> the tensor owning its storage (views and in-place results share)."""
@@ -142,7 +159,7 @@ class _Lowering:
                     root[out] = root[op.inputs[op.opdef.inplace]]
         return root
 
-    def _input_aliases(self, g: Graph, root: Dict[Tensor, Tensor]) -> Dict[Tensor, Desc]:
+    def _input_aliases(self, g: Graph) -> Dict[Tensor, Desc]:
         """Inputs of ``g`` that can use their caller's storage instead of a copy.
 
         Legal when ``g`` has exactly one call/repeat site (so there is one caller tensor), the
@@ -154,11 +171,7 @@ class _Lowering:
             return {}
         site = sites[0]
         carried = len(g._outputs) if site.type == "repeat" else 0
-        written = {root[op.inputs[op.opdef.inplace]] for op in g._ops if op.opdef.inplace is not None}
-        for op in g._ops:
-            if op.type in ("call", "repeat"):
-                index = op.attrs["input_index"]
-                written.update(root[op.inputs[index.index(i)]] for i in op.attrs["modified"])
+        written = self._written(g)
         aliases = {}
         for parent, i in zip(site.inputs, site.attrs["input_index"]):
             t = g._inputs[i]
@@ -168,6 +181,74 @@ class _Lowering:
                 continue
             aliases[t] = d
         return aliases
+
+    def _written(self, g: Graph) -> Set[Tensor]:
+        """Root storages of ``g``'s tensors that running ``g`` may write: the in-place input of each
+        in-place op, and the parent tensors a call or repeat writes back (``_site_writes``)."""
+        if g not in self._written_memo:
+            root = self.roots[g]
+            written = set()
+            for op in g._ops:
+                if op.opdef.inplace is not None:
+                    written.add(root[op.inputs[op.opdef.inplace]])
+                elif op.type in ("call", "repeat"):
+                    written.update(root[op.inputs[pos]] for pos in self._site_writes(op))
+            self._written_memo[g] = written
+        return self._written_memo[g]
+
+    def _site_writes(self, op: Op) -> List[int]:
+        """Positions of the inputs a call or repeat op writes: its ``modified`` inputs (copied
+        back) that the called graph writes or a repeat carries, and by-reference inputs the called
+        graph writes (they may share the caller's storage). A modified input the graph does not
+        write is copied back unchanged (or not at all, when aliased), which changes nothing."""
+        sub, index, modified = op.attrs["graph"], op.attrs["input_index"], op.attrs["modified"]
+        inner = self._written(sub)
+        carried = len(sub._outputs) if op.type == "repeat" else 0
+        positions = []
+        for pos, i in enumerate(index):
+            changed = sub._inputs[i] in inner
+            if (i in modified and (changed or i < carried)) or (changed and sub._inputs[i] in sub._by_ref_inputs):
+                positions.append(pos)
+        return positions
+
+    def _find_static(self) -> None:
+        """Find the storages whose contents change only when variables are written from the host,
+        and the main-graph ops computing from them alone.
+
+        Static storage: a variable (not remote) or constant that no op of the program writes, and
+        the outputs of static ops that nothing writes. Static op: a pure main-graph op (see
+        ``OpDef.pure``) with at least one input, every input a view of static storage and no
+        output written. A view shares its root's storage, so writing through a view writes the
+        root; by-reference call inputs count as written only when the called graph writes them."""
+        written: Set[Tensor] = set()
+        for g in self.graphs:
+            written |= self._written(g)
+        self.static_roots = {t for g in self.graphs for t in g._tensors.values()
+                             if (isinstance(t, Constant) or (isinstance(t, Variable) and t._remote_slot is None))
+                             and t not in written}
+        main = self.ir.main_graph
+        root = self.roots[main]
+        for op in main._ops:
+            if (op.opdef.pure and op.inputs and all(root[t] in self.static_roots for t in op.inputs)
+                    and not any(root[t] in written for t in op.outputs)):
+                self.static_ops.append(op)
+                self.static_roots.update(op.outputs)  # a pure op's outputs own their storage
+
+    def _static_inputs(self, buffers: Sequence[int]) -> List[int]:
+        """Positions of the buffers lying entirely within static storage."""
+        positions = []
+        for k, b in enumerate(buffers):
+            desc = self.buffers[b]
+            if 0 in desc["shape"]:
+                continue
+            lo = hi = desc["offset"]
+            for n, stride in zip(desc["shape"], desc["strides"]):
+                lo, hi = lo + min(0, (n - 1) * stride), hi + max(0, (n - 1) * stride)
+            hi += dtypes.ml_dtype(dtypes.dtype.from_name(desc["dtype"])).itemsize
+            i = bisect.bisect_right(self._static_extents, (lo, float("inf"))) - 1
+            if i >= 0 and self._static_extents[i][0] <= lo and hi <= self._static_extents[i][1]:
+                positions.append(k)
+        return positions
 
     def _output_aliases(self, g: Graph, root: Dict[Tensor, Tensor]) -> Dict[Tensor, Desc]:
         """Outputs of ``g`` that can be computed straight into their caller's storage instead of
@@ -193,8 +274,8 @@ class _Lowering:
 
     def place_graph(self, g: Graph) -> None:
         ops = g._ops
-        root = self._roots(g)
-        aliases = self._input_aliases(g, root)
+        root = self.roots[g]
+        aliases = self._input_aliases(g)
         out_aliases = self._output_aliases(g, root)
         self.desc.update(aliases)
         self.desc.update(out_aliases)
@@ -206,7 +287,7 @@ class _Lowering:
         for pos, op in enumerate(ops):
             for out in op.outputs:
                 r = root[out]
-                if r is out:
+                if r is out and r not in self.static_roots:  # static results have permanent places
                     live.setdefault(r, [pos, pos])
             for t in op.inputs:
                 r = root[t]
@@ -251,9 +332,9 @@ class _Lowering:
         """Buffer pairs to copy; a pair whose two sides are one storage (an aliased input) needs none."""
         return [[x, y] for x, y in ((self.buf(a), self.buf(b)) for a, b in pairs) if x != y]
 
-    def program(self, g: Graph) -> List[Dict]:
+    def program(self, ops: Sequence[Op]) -> List[Dict]:
         prog = []
-        for op in g._ops:
+        for op in ops:
             a = op.attrs
             if op.opdef.view is not None:
                 if op.opdef.copy:  # a copy of a view of the input: no kernel needed
@@ -294,23 +375,33 @@ class _Lowering:
                 raise NotImplementedError(f"lowering of control op {op.type!r} is not implemented")
             else:
                 regions = [self.buf_of_desc(self.regions[v]) for v in a.values() if isinstance(v, RemoteBuffer)]
-                prog.append({"kind": "op", "type": op.type, "name": op.name,
-                             "inputs": [self.buf(t) for t in op.inputs] + regions,
-                             "outputs": [self.buf(t) for t in op.outputs],
-                             "attrs": {k: encode_attr(v.remote_buffer_id if isinstance(v, RemoteBuffer) else v)
-                                       for k, v in a.items()}})
+                inputs = [self.buf(t) for t in op.inputs] + regions
+                instr = {"kind": "op", "type": op.type, "name": op.name, "inputs": inputs,
+                         "outputs": [self.buf(t) for t in op.outputs],
+                         "attrs": {k: encode_attr(v.remote_buffer_id if isinstance(v, RemoteBuffer) else v)
+                                   for k, v in a.items()}}
+                static = self._static_inputs(inputs)
+                if static:
+                    instr["static_inputs"] = static
+                prog.append(instr)
         return prog
 
     def run(self, progress: Optional[Callable[[str], None]] = None) -> Executable:
         step = progress or (lambda label: None)
+        self._find_static()
         self.place_permanent()
         for g in self.graphs:
             self.place_graph(g)
             step(f"memory plan: {g.id}")
         graphs = []
+        static = {id(op) for op in self.static_ops}
         for g in self.graphs:
-            graphs.append({"id": g.id, "program": self.program(g)})
+            graphs.append({"id": g.id, "program": self.program([op for op in g._ops if id(op) not in static])})
             step(f"program: {g.id}")
+        static_graph = -1
+        if self.static_ops:
+            static_graph = len(graphs)
+            graphs.append({"id": STATIC_GRAPH_ID, "program": self.program(self.static_ops)})
         constants, variables = [], []
         for g in self.graphs:
             for t in g._tensors.values():
@@ -336,7 +427,7 @@ class _Lowering:
         return Executable(arena_bytes=_align(self.arena), buffers=self.buffers, constants=constants,
                           variables=variables, h2d=streams(self.h2d), d2h=streams(self.d2h), graphs=graphs,
                           num_host_transfers=self.ir.num_host_transfers,
-                          replication_factor=self.ir.replication_factor)
+                          replication_factor=self.ir.replication_factor, static_graph=static_graph)
 
 
 def lower(ir, progress: Optional[Callable[[str], None]] = None) -> Executable:

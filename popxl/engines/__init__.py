@@ -11,6 +11,10 @@ Every engine offers the same small interface, used by the Session:
   memory the kernels use beyond the arena while they run.
 - ``run(inputs, outputs)``: run the main program once. ``inputs[i]`` / ``outputs[i]`` are the
   host buffers of ``executable.h2d[i]`` / ``d2h[i]``, shaped ``(num_host_transfers, replicas, *shape)``.
+  When the executable has a static program (``static_graph``), ``run`` first runs it, for all
+  replicas, whenever variables may have changed since it last ran: after ``attach`` and after
+  any ``write_variable``. Device variables are written only through ``write_variable``; an
+  engine may rely on that to keep values derived from static storage between runs.
 - ``profiling`` (settable; setting resets), ``reset_profile()``, ``op_profile()``: per-op timers,
   ``{(graph, instruction): (seconds per replica, calls per replica)}`` for the ops that ran.
 """

@@ -93,5 +93,9 @@ class NativeEngine(ReferenceEngine):
         self._views, self._arenas = [], []
         self._engine.detach()
 
+    def write_variable(self, index: int, replica: int, value: np.ndarray) -> None:
+        super().write_variable(index, replica, value)
+        self._engine.variables_written()  # the static program and kernels' derived values are stale
+
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         self._engine.run(inputs, outputs, self.exe.num_host_transfers)

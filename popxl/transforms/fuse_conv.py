@@ -5,9 +5,10 @@ with post-ops instead of three or four passes over the activations.
 1. ``batch_norm_inference(conv(x, w), scale, bias, mean, var)`` becomes
    ``conv_fused(x, w * s, bias - mean * s)`` with ``s = scale / sqrt(var + eps)`` per output
    channel. The folded weights and bias are computed *on the device from the variables*, by
-   ordinary ops in the graph, each time the graph runs: a user who later writes new weights
-   (``weightsFromHost``, ``writeWeights``, ``resetHostWeights``) gets them folded with no
-   refolding step, and the variables (what ``modelToHost`` saves) stay the user's.
+   ordinary ops in the graph, whenever they may have changed (lowering puts ops on unwritten
+   weights alone in the static program, run after weight writes): a user who later writes new
+   weights (``weightsFromHost``, ``writeWeights``, ``resetHostWeights``) gets them folded with
+   no refolding step, and the variables (what ``modelToHost`` saves) stay the user's.
 2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
    ``other`` as its residual; one whose output is read only by ``relu`` takes the relu.
 

@@ -5,7 +5,8 @@ once per call of the loop instead of once per iteration.
 The motivating case is inference: ``fuse_conv`` folds batch norms into convolution weights with
 ordinary ops on the variables, so that weight writes (``weightsFromHost``, ``writeWeights``) are
 folded with no extra step. Inside the ``batchesPerStep`` loop that work would be repeated every
-batch; hoisted, it runs once per ``run``, still after any weight write, so writes still take effect.
+batch; hoisted, it is in the main graph before the loop, where lowering puts the ops that read
+only unwritten weights into the static program, which engines run only after weight writes.
 
 An op is hoisted when it is pure (no side effect, not control flow, not in place, not a view that
 aliases its input), has at least one input, every input is invariant, and nothing impure reads
@@ -25,11 +26,6 @@ from popxl.tensor import Constant, Tensor
 __all__ = ["hoist_invariants"]
 
 
-def _pure(op: Op) -> bool:
-    d = op.opdef
-    return not (d.control or d.collective or d.side_effect) and d.inplace is None and (d.view is None or d.copy)
-
-
 def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
                      bind: Callable[[Tensor, str], Tensor]) -> List[Op]:
     """Move the invariant ops of ``body`` into ``parent`` (appended to it now, so they must run
@@ -47,12 +43,12 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
     outputs = {t.id for t in body.outputs}
 
     def only_pure_readers(t: Tensor) -> bool:
-        return t.id not in outputs and all(_pure(r) for r in readers.get(t.id, []))
+        return t.id not in outputs and all(r.opdef.pure for r in readers.get(t.id, []))
 
     invariant = {t.id for t in bound if only_pure_readers(t)}
     hoisted: List[Op] = []
     for op in body._ops:
-        if (_pure(op) and op.inputs and all(t.id in invariant or isinstance(t, Constant) for t in op.inputs)
+        if (op.opdef.pure and op.inputs and all(t.id in invariant or isinstance(t, Constant) for t in op.inputs)
                 and all(only_pure_readers(t) for t in op.outputs)):
             hoisted.append(op)
             invariant.update(t.id for t in op.outputs)

@@ -311,6 +311,58 @@ def test_small_cnn_matches_reference():
     np.testing.assert_allclose(arrays["r"], reference(model, {"input.1": x[-1]}, ["r"])[0], rtol=1e-4, atol=1e-5)
 
 
+def _with_initializers(model, values):
+    """A copy of ``model`` whose initializers named in ``values`` hold those values."""
+    from onnx import ModelProto, numpy_helper
+    out = ModelProto()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
+    return out
+
+
+def _conv_bn_relu_weights(seed):
+    r = np.random.default_rng(seed)
+    return {"cw": r.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.3,
+            "bs": r.random(16).astype(np.float32) + 0.5, "bb": r.standard_normal(16).astype(np.float32),
+            "bm": r.standard_normal(16).astype(np.float32) * 0.1, "bv": r.random(16).astype(np.float32) + 0.5}
+
+
+@pytest.mark.parametrize("engine", ["reference", "native"])
+def test_weight_writes_reach_the_batch_norm_folded_into_the_conv(engine, monkeypatch):
+    """The folding of the batch norm into the conv weights runs only when the weights change (the
+    executable's static program, which the native engine skips otherwise): runs after
+    writeWeights + weightsFromHost compute with the new conv and batch norm weights."""
+    monkeypatch.setenv("POPXL_ENGINE", engine)
+    nodes = [N("Conv", ["x", "cw"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             N("BatchNormalization", ["c", "bs", "bb", "bm", "bv"], ["b"], name="bn"),
+             N("Relu", ["b"], ["y"], name="relu")]
+    model = make_model(nodes, {"x": np.zeros((2, 8, 6, 6), np.float32)}, ["y"], _conv_bn_relu_weights(1), opset=14)
+    s = _session({"y": popart.AnchorReturnType("All")}, bps=2, model=model)
+    exe = s._px._exe
+    assert "mul" in [i.get("type") for i in exe.graphs[exe.static_graph]["program"]]
+    (conv,) = [i for g in exe.graphs for i in g["program"] if i.get("type") == "conv_fused"]
+    assert conv["static_inputs"] == [1, 2]  # folded weights and bias, read by the loop body in place
+    from popart.report import execution_steps
+    steps = execution_steps(exe)  # the static program is listed first, as it runs first
+    assert steps[0] == "static <static> (when weights changed)" and any(line.startswith("  mul") for line in steps)
+    arrays = s.initAnchorArrays()
+    x = rng.standard_normal((2, 2, 8, 6, 6)).astype(np.float32)
+
+    def check(m):
+        s.run(popart.PyStepIO({"x": x}, arrays))
+        for i in range(2):
+            np.testing.assert_allclose(arrays["y"][i], reference(m, {"x": x[i]})[0], rtol=1e-4, atol=1e-4)
+
+    check(model)
+    new = {k: v for k, v in _conv_bn_relu_weights(2).items() if k in ("cw", "bs", "bm")}
+    s.writeWeights(popart.PyWeightsIO(new))
+    s.weightsFromHost()
+    check(_with_initializers(model, new))
+    check(_with_initializers(model, new))  # and again, from what the first run after the write computed
+
+
 def test_initializers_become_variables_and_shape_data_is_folded():
     model = make_model([N("Reshape", ["x", "shape"], ["r"]), N("MatMul", ["r", "w"], ["y"])],
                        {"x": np.zeros((2, 3), np.float32)}, ["y"],

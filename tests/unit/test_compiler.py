@@ -3,6 +3,7 @@ reuses storage by liveness while keeping aliases in place."""
 import json
 
 import numpy as np
+import pytest
 
 import popxl
 import popxl.ops as ops
@@ -179,3 +180,177 @@ def test_single_site_call_outputs_are_computed_in_the_callers_storage():
     assert all(len(c_["copy_out"]) == 1 for c_ in calls)  # two sites: one output storage inside g
     with popxl.Session(ir, "ipu_model") as s:
         np.testing.assert_array_equal(s.run()[out], [4, 4, 4])
+
+
+# static values: computed from unwritten weights and constants, in a program of their own ---------
+def _types(exe, graph):
+    return [i.get("type", i["kind"]) for i in exe.graphs[graph]["program"]]
+
+
+def _static_types(exe):
+    return _types(exe, exe.static_graph) if exe.static_graph >= 0 else []
+
+
+def _op(exe, optype):
+    (instr,) = [i for g in exe.graphs for i in g["program"] if i.get("type") == optype]
+    return instr
+
+
+def _extent(exe, b):
+    """[start, end) bytes a buffer covers (its strides are non-negative here)."""
+    d = exe.buffers[b]
+    item = np.dtype(d["dtype"]).itemsize
+    return d["offset"], d["offset"] + sum((n - 1) * s for n, s in zip(d["shape"], d["strides"])) + item
+
+
+def test_ops_on_unwritten_weights_and_constants_form_the_static_program():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.ones((4, 4), np.float32), name="w")
+        k = ops.exp(popxl.constant(np.full(4, 2, np.float32)) + 1.0)  # constants only
+        folded = w * k  # a weight and constants
+        x = ops.host_load(popxl.h2d_stream((2, 4), popxl.float32, "x"))
+        ops.host_store(popxl.d2h_stream((2, 4), popxl.float32, "y"), x @ folded)  # reads a stream
+    exe = lower(ir)
+    assert exe.graphs[exe.static_graph]["id"] == "<static>" and exe.static_graph == len(exe.graphs) - 1
+    assert _static_types(exe) == ["add", "exp", "mul"]
+    assert _types(exe, 0) == ["host_load", "matmul", "host_store"]
+    assert _op(exe, "matmul")["static_inputs"] == [1]
+    assert _op(exe, "mul")["static_inputs"] == [0, 1]
+    # The static results have places of their own, apart from every buffer the main program writes.
+    start, end = _extent(exe, _op(exe, "mul")["outputs"][0])
+    main_writes = [b for i in exe.graphs[0]["program"] for b in i.get("outputs", [i.get("output")]) if b is not None]
+    assert main_writes and all(_extent(exe, b)[1] <= start or _extent(exe, b)[0] >= end for b in main_writes)
+
+
+def test_a_program_computing_from_streams_has_no_static_program():
+    exe = lower(_chain_ir(n=1))
+    assert exe.static_graph == -1
+    assert [(i["type"], i.get("static_inputs")) for i in exe.graphs[0]["program"] if i["kind"] == "op"] == [
+        ("mul", [1]), ("sub", [1]), ("relu", None)]  # the constant operands are static
+
+
+def _bump(t: popxl.TensorByRef):
+    ops.add_(t, popxl.constant(np.ones((2, 4), np.float32)))
+
+
+def _bump_a_copy(t):
+    ops.add_(t, popxl.constant(np.ones((2, 4), np.float32)))
+
+
+def _read(t: popxl.TensorByRef):
+    return t * 2.0
+
+
+def _variable_used(how):
+    """An IR whose variable ``w`` is read by ``exp`` (static unless ``w`` is written) and then
+    used ``how``; returns the IR and whether ``w`` is written."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.ones((2, 4), np.float32), name="w")
+        ops.host_store(popxl.d2h_stream((2, 4), popxl.float32, "y"), ops.exp(w))
+        x = ops.host_load(popxl.h2d_stream((2, 4), popxl.float32, "x"))
+        if how == "var_update":
+            ops.var_updates.copy_var_update_(w, x)
+        elif how == "in_place_on_a_view":
+            ops.relu_(ops.slice_(w.transpose_(), start=1, stop=3, axis=0))
+        elif how == "by_reference_call":
+            ops.call(ir.create_graph(_bump, w), w)
+        elif how == "by_reference_nested_call":
+            inner = ir.create_graph(_bump, w)
+
+            def outer(t: popxl.TensorByRef):
+                ops.call(inner, t)
+            ops.call(ir.create_graph(outer, w), w)
+        elif how == "carried_by_a_loop":
+            def step(t: popxl.TensorByRef):
+                return t + 1.0  # output 0 carries into input 0
+            ops.repeat(ir.create_graph(step, w), 2, w)
+        elif how == "read_by_reference":
+            ops.call(ir.create_graph(_read, w), w)
+        elif how == "copy_written_inside":  # by reference into a graph that writes only its own copy
+            inner = ir.create_graph(_bump_a_copy, w)
+
+            def outer(t: popxl.TensorByRef):
+                ops.call(inner, t)
+            ops.call(ir.create_graph(outer, w), w)
+        elif how == "read_in_a_loop":
+            def step(t: popxl.TensorByRef, s):
+                return s + t  # carries s, reads t
+            ops.repeat(ir.create_graph(step, w, x), 2, x, w)
+    return ir
+
+
+@pytest.mark.parametrize("how", ["var_update", "in_place_on_a_view", "by_reference_call", "by_reference_nested_call",
+                                 "carried_by_a_loop"])
+def test_a_written_variable_makes_none_of_its_readers_static(how):
+    exe = lower(_variable_used(how))
+    assert "exp" not in _static_types(exe)
+    assert "static_inputs" not in _op(exe, "exp")
+    with popxl.Session(_variable_used(how), "ipu_model"):
+        pass  # still a valid program
+
+
+@pytest.mark.parametrize("how", ["read_by_reference", "copy_written_inside", "read_in_a_loop"])
+def test_a_variable_passed_by_reference_but_not_written_stays_static(how):
+    exe = lower(_variable_used(how))
+    assert _static_types(exe) == ["exp"]
+
+
+def test_an_op_whose_result_is_written_later_is_not_static():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.ones(4, np.float32), name="w")
+        doubled = w * 2.0  # from a weight alone, but written in place below: must run every time
+        ops.add_(doubled, ops.host_load(popxl.h2d_stream((4,), popxl.float32, "x")))
+        halved = ops.reshape_(w, (2, 2)) / 2.0  # a view of the weight is static too
+        ops.host_store(popxl.d2h_stream((4,), popxl.float32, "y"), doubled)
+        ops.host_store(popxl.d2h_stream((2, 2), popxl.float32, "z"), halved)
+    exe = lower(ir)
+    assert _static_types(exe) == ["div"] and "mul" in _types(exe, 0)
+    assert _op(exe, "mul")["static_inputs"] == [0, 1]  # its inputs are static, its result is not
+
+
+def test_inputs_aliasing_static_storage_in_a_loop_body_are_static():
+    """A loop body called once reads the caller's storage: the weight and the folded weight are
+    static there too. A graph called from two sites copies its inputs in: not static."""
+    def body(s, w: popxl.TensorByRef, f: popxl.TensorByRef):
+        return s @ w + s @ f  # carried into s
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.ones((4, 4), np.float32), name="w")
+        folded = w * 3.0
+        s = ops.host_load(popxl.h2d_stream((4, 4), popxl.float32, "x"))
+        ops.repeat(ir.create_graph(body, s, w, folded), 3, s, w, folded)
+    exe = lower(ir)
+    assert _static_types(exe) == ["mul"]
+    matmuls = [i for i in exe.graphs[1]["program"] if i.get("type") == "matmul"]
+    assert [m.get("static_inputs") for m in matmuls] == [[1], [1]]
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.ones((4, 4), np.float32), name="w")
+        g = ir.create_graph(lambda s, t: s @ t, w, w)
+        ops.call(g, w, w)
+        ops.call(g, w, w)
+    exe = lower(ir)
+    assert [i.get("static_inputs") for i in exe.graphs[1]["program"] if i.get("type") == "matmul"] == [None]
+
+
+def test_static_program_round_trips_through_json():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.ones((4, 4), np.float32), name="w")
+        x = ops.host_load(popxl.h2d_stream((2, 4), popxl.float32, "x"))
+        ops.host_store(popxl.d2h_stream((2, 4), popxl.float32, "y"), x @ ops.exp(w))
+    exe = lower(ir)
+    text = exe.to_json()
+    again = Executable.from_json(text)
+    assert again.static_graph == exe.static_graph >= 0 and again.to_json() == text
+    assert _op(again, "matmul")["static_inputs"] == [1]
+    # Version 1 (before static programs) still loads: no static program, no static inputs.
+    old = json.loads(lower(_chain_ir()).to_json())
+    del old["static_graph"]
+    old["version"] = 1
+    assert Executable.from_json(json.dumps(old)).static_graph == -1

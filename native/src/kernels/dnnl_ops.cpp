@@ -325,60 +325,105 @@ std::vector<bool> nhwc_slots(const OpInstr& ins, size_t n) {
 
 constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
 // One operand: `user` is the arena tensor, `inner` the layout the primitive wants. When they
-// differ, `inner` is a piece of the kernel's scratch (the arena keeps no copies between ops) and
-// `convert` reorders user -> inner for an input, inner -> user for the output.
+// differ, `convert` reorders user -> inner for an input, inner -> user for the output, and
+// `keep` says where `inner` lives:
 //
-// With `keep` (weights), `inner` is the operand's own and is reordered again only when the bytes
-// of `user` differ from those it was last reordered from: weights, even when an inference
-// session computes them on the device each step (batch norm folded in), rarely change, and a
-// byte comparison is far cheaper than a reorder. `user` must then be contiguous.
+// - Keep::None: in a piece of the kernel's scratch (the arena keeps no copies between ops);
+//   reordered on every run.
+// - Keep::Bytes (weights): in storage of its own, reordered again only when the bytes of `user`
+//   differ from a saved copy of those it was last reordered from: weights rarely change, and a
+//   byte comparison is far cheaper than a reorder. `user` must be contiguous.
+// - Keep::Static (weights in static storage, OpInstr::static_inputs): their bytes change only
+//   with the engine's weights epoch, so a copy reordered at the current epoch from the same
+//   arena is current: no comparison, no saved bytes. Each arena (replica) keeps its own copy,
+//   since replicas may hold different weights.
 struct ReorderedOperand {
+  enum class Keep { None, Bytes, Static };
   struct Free { void operator()(void* p) const { std::free(p); } };
+  // A reordered copy kept between runs and what it was reordered from.
+  struct Kept {
+    std::unique_ptr<void, Free> data;
+    const void* from = nullptr;  // Static: the user data (in one arena)
+    uint64_t epoch = 0;          // Static: the weights epoch it was reordered at (0: never)
+    std::vector<uint8_t> bytes;  // Bytes: the user bytes
+  };
   memory user, inner;
   Primitive convert;
-  bool reordered = false, output = false, keep = false;
-  size_t at = 0;                    // `inner`'s scratch offset, unless kept
-  std::unique_ptr<void, Free> own;  // `inner`'s storage when kept
-  std::vector<uint8_t> last;        // the user bytes `inner` was reordered from
+  bool reordered = false, output = false;
+  Keep keep = Keep::None;
+  size_t at = 0;           // `inner`'s scratch offset (Keep::None)
+  std::vector<Kept> kept;  // Bytes: one; Static: one per arena in use
   ReorderedOperand() = default;
   ReorderedOperand(const memory::desc& user_d, const memory::desc& inner_d, bool output_, ScratchLayout& scratch,
-                   bool keep_ = false)
+                   Keep keep_ = Keep::None)
       : user(user_d, cpu(), DNNL_MEMORY_NONE), reordered(user_d != inner_d), output(output_), keep(keep_) {
     inner = reordered ? memory(inner_d, cpu(), DNNL_MEMORY_NONE) : user;
     if (!reordered) return;
     convert = output ? Primitive::reorder(inner, user, scratch) : Primitive::reorder(user, inner, scratch);
-    if (keep) {
-      own.reset(std::aligned_alloc(ScratchLayout::kAlign, ScratchLayout::aligned(inner_d.get_size())));
-      if (!own) throw std::bad_alloc();
-      inner.set_data_handle(own.get());
-    } else {
+    if (keep == Keep::None) {
       at = scratch.reserve(inner_d.get_size());
+    } else if (keep == Keep::Bytes) {
+      kept.push_back(new_copy());
+      inner.set_data_handle(kept[0].data.get());
     }
   }
   void bind(uint8_t* data, const ScratchLayout& scratch) {
     user.set_data_handle(data);
-    if (reordered && !keep) inner.set_data_handle(scratch.at(at));
+    if (reordered && keep == Keep::None) inner.set_data_handle(scratch.at(at));
   }
-  void to_inner(dnnl::stream& strm, const ScratchLayout& scratch) {
+  // `epoch`: the engine's weights epoch (Keep::Static; without one, every run reorders).
+  void to_inner(dnnl::stream& strm, const ScratchLayout& scratch, const uint64_t* epoch = nullptr) {
     if (!reordered || output) return;
-    if (keep) {
+    if (keep == Keep::Bytes) {
+      std::vector<uint8_t>& last = kept[0].bytes;
       const auto* bytes = static_cast<const uint8_t*>(user.get_data_handle());
       const size_t n = user.get_desc().get_size();
       if (last.size() == n && std::memcmp(last.data(), bytes, n) == 0) return;
       last.assign(bytes, bytes + n);
+    } else if (keep == Keep::Static) {
+      Kept& k = copy_of(user.get_data_handle(), epoch ? *epoch : 0);
+      inner.set_data_handle(k.data.get());
+      if (epoch && k.epoch == *epoch) return;
+      k.epoch = epoch ? *epoch : 0;
     }
     convert.execute(strm, scratch);
   }
   void to_user(dnnl::stream& strm, const ScratchLayout& scratch) {
     if (reordered && output) convert.execute(strm, scratch);
   }
+
+ private:
+  Kept new_copy() const {
+    Kept k;
+    k.data.reset(std::aligned_alloc(ScratchLayout::kAlign, ScratchLayout::aligned(inner.get_desc().get_size())));
+    if (!k.data) throw std::bad_alloc();
+    return k;
+  }
+  // The copy kept for user data at `from`. A new arena takes over a copy not reordered at the
+  // current epoch (`now`): every attach moves the epoch on, so the copies of released arenas are
+  // reused and there are never more than one per replica.
+  Kept& copy_of(const void* from, uint64_t now) {
+    Kept* spare = nullptr;
+    for (Kept& k : kept) {
+      if (k.from == from) return k;
+      if (k.epoch != now) spare = &k;
+    }
+    if (!spare) {
+      kept.push_back(new_copy());
+      spare = &kept.back();
+    }
+    spare->from = from;
+    spare->epoch = 0;
+    return *spare;
+  }
 };
 
 // A float32 convolution in the layouts oneDNN's JIT kernels want. The primitive chooses the
 // activation and weight formats (format_tag::any, usually channel-blocked); the arena holds plain
 // NCHW/OIHW tensors, which would send oneDNN to its slower im2col+GEMM implementation, so each
-// run reorders the operands in and the result out; contiguous weights only when their bytes
-// changed. Values that popxl.transforms.keep_channels_last keeps NHWC skip most of these.
+// run reorders the operands in and the result out; weights only when they changed (static
+// weights: when the weights epoch moved on; other contiguous weights: when their bytes differ).
+// Values that popxl.transforms.keep_channels_last keeps NHWC skip most of these.
 // `bias`, and the post-ops `residual` (a sum into the destination) and `relu`, serve conv_fused.
 //
 // When the batch divides evenly over the threads, each thread convolves its own slice of the
@@ -393,6 +438,7 @@ class BlockedConvKernel : public Kernel {
     Window win;
     bool relu;
     bool nhwc_x = false, nhwc_y = false, nhwc_residual = false;  // conv_fused's `layouts`
+    bool static_w = false;  // `w` lies in static storage
   };
 
   explicit BlockedConvKernel(const Spec& s) : w_(*s.w) {
@@ -403,13 +449,15 @@ class BlockedConvKernel : public Kernel {
     for (auto& part : parts_)  // equal slices choose the same implementation and weight format
       if (part->weights_desc != wd) throw std::runtime_error("conv: batch slices disagree on the weight format");
     auto [wdims, wstr] = conv_weights(w_, s.groups, false);
-    wei_ = ReorderedOperand(md(wdims, wstr, memory::data_type::f32), wd, false, scratch, w_.contiguous);
+    using Keep = ReorderedOperand::Keep;
+    const Keep keep = s.static_w ? Keep::Static : w_.contiguous ? Keep::Bytes : Keep::None;
+    wei_ = ReorderedOperand(md(wdims, wstr, memory::data_type::f32), wd, false, scratch, keep);
     for (auto& part : parts_) part->conv.arg(DNNL_ARG_WEIGHTS, wei_.inner);
   }
 
   void run(uint8_t* arena) override {
     wei_.bind(arena + w_.offset, scratch);
-    wei_.to_inner(strm_, scratch);
+    wei_.to_inner(strm_, scratch, weights_epoch);
     strm_.wait();
     if (parts_.size() == 1) {
       parts_[0]->run(arena);
@@ -537,6 +585,7 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
   s.nhwc_x = nhwc[0];
   s.nhwc_y = nhwc[1];
   s.nhwc_residual = nhwc[2];
+  s.static_w = ins.is_static_input(kWeightsSlot);
   // nullptr: the op falls back (the loader refuses that for channels-last operands).
   if (!all_f32({&x, &w, &y, bias, res})) return nullptr;
   fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(y.shape), false);
