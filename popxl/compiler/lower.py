@@ -92,8 +92,10 @@ class _Lowering:
         self.arena = 0
         self.graphs = self._reachable_graphs()
         self.graph_index = {g: i for i, g in enumerate(self.graphs)}
+        self.elided: Set[Op] = set()  # copying views that became plain views (see _elide_copies)
         self.roots = {g: self._roots(g) for g in self.graphs}
         self._written_memo: Dict[Graph, Set[Tensor]] = {}
+        self._elide_copies()
         self.static_roots: Set[Tensor] = set()
         self.static_ops: List[Op] = []
         self._static_extents: List[Tuple[int, int]] = []  # sorted, disjoint [start, end) byte ranges
@@ -153,11 +155,71 @@ class _Lowering:
         root: Dict[Tensor, Tensor] = {t: t for t in g._tensors.values()}
         for op in g._ops:
             for k, out in enumerate(op.outputs):
-                if k == 0 and op.opdef.view is not None and not op.opdef.copy:
+                if k == 0 and self._is_view(op):
                     root[out] = root[op.inputs[0]]
                 elif k == 0 and op.opdef.inplace is not None:
                     root[out] = root[op.inputs[op.opdef.inplace]]
         return root
+
+    def _is_view(self, op: Op) -> bool:
+        """Whether ``op``'s output shares its input's storage: a view op, or an elided copy."""
+        return op.opdef.view is not None and (not op.opdef.copy or op in self.elided)
+
+    def _elide_copies(self) -> None:
+        """Copying views (``reshape``, ``transpose``, ``slice``, ``identity`` ...) whose input storage
+        and result are never written become views of the input: the two then hold the same values
+        for as long as either is used, so the copy changes nothing but the time it takes (on an IPU
+        such ops are views too). Kernels read strided operands; a matmul reads a transposed one
+        without a copy. Kept copies: ``broadcast_to`` (zero strides would reach kernels, oneDNN's,
+        that expect none), copies whose result is a graph output (a repeat carries outputs into
+        inputs, which a view of an input would then read mid-assignment), and copies whose view
+        cannot be expressed on the input's layout or would leave a later view op unable to be
+        (layouts follow from the views between a tensor and its root; roots are contiguous)."""
+        blocked: Set[Op] = set()  # copies kept because a view op downstream needs a layout they lack
+        while True:
+            self.elided, failed = set(), None
+            for g in self.graphs:
+                failed = self._elide_in(g, blocked)
+                if failed is not None:
+                    break
+            if failed is None:
+                break
+            blocked.add(failed)
+        # Elision merges only storages nothing writes, so the written sets found above still hold.
+        self.roots = {g: self._roots(g) for g in self.graphs}
+
+    def _elide_in(self, g: Graph, blocked: Set[Op]) -> Optional[Op]:
+        """Elide the eligible copies of ``g`` (not in ``blocked``); returns an elided copy that a
+        later view op cannot be expressed on (to keep it and try again), else None."""
+        written, root, outputs = self._written(g), self.roots[g], set(g._outputs)
+        layout: Dict[Tensor, Desc] = {}  # place relative to the root's storage, at offset 0
+        source: Dict[Tensor, Op] = {}    # the nearest elided copy a tensor's layout comes from
+
+        def place(t: Tensor) -> Desc:
+            return layout[t] if t in layout else _contiguous_desc(0, t)
+        for op in g._ops:
+            d = op.opdef
+            if not op.outputs:
+                continue
+            src, out = (op.inputs[d.inplace] if d.inplace is not None else op.inputs[0] if op.inputs else None,
+                        op.outputs[0])
+            if d.inplace is not None:
+                layout[out] = place(src)
+            if d.view is None or (d.copy and (op in blocked or op.type == "broadcast_to" or root[src] in written
+                                              or out in written or out in outputs)):
+                continue
+            try:
+                layout[out] = _view_desc(op, place(src))
+            except ValueError:
+                if not d.copy and src in source:
+                    return source[src]
+                continue  # a copy that stays one (or a view op, which fails as before)
+            if d.copy:
+                self.elided.add(op)
+                source[out] = op
+            elif src in source:
+                source[out] = source[src]
+        return None
 
     def _input_aliases(self, g: Graph) -> Dict[Tensor, Desc]:
         """Inputs of ``g`` that can use their caller's storage instead of a copy.
@@ -229,6 +291,8 @@ class _Lowering:
         main = self.ir.main_graph
         root = self.roots[main]
         for op in main._ops:
+            if op in self.elided:
+                continue  # a view: its result is static when its input is
             if (op.opdef.pure and op.inputs and all(root[t] in self.static_roots for t in op.inputs)
                     and not any(root[t] in written for t in op.outputs)):
                 self.static_ops.append(op)
@@ -317,7 +381,7 @@ class _Lowering:
             self.desc[r] = _contiguous_desc(self.arena + offset, r)
         self.arena += region
         for op in ops:  # views: derived from their input's place
-            if op.opdef.view is not None and not op.opdef.copy:
+            if self._is_view(op):
                 self.desc[op.outputs[0]] = _view_desc(op, self.desc[op.inputs[0]])
             elif op.opdef.inplace is not None and op.outputs:
                 self.desc[op.outputs[0]] = self.desc[op.inputs[op.opdef.inplace]]
@@ -337,9 +401,13 @@ class _Lowering:
         for op in ops:
             a = op.attrs
             if op.opdef.view is not None:
-                if op.opdef.copy:  # a copy of a view of the input: no kernel needed
-                    src = _view_desc(op, self.desc[op.inputs[0]])
-                    prog.append({"kind": "copy", "src": self.buf_of_desc(src), "dst": self.buf(op.outputs[0])})
+                if op.opdef.copy and op not in self.elided:  # a copy of a view of the input: no kernel needed
+                    x, y = op.inputs[0], op.outputs[0]
+                    try:
+                        src, dst = _view_desc(op, self.desc[x]), self.desc[y]
+                    except ValueError:  # a reshape of a strided view: copy x, in C order, into y's bytes
+                        src, dst = self.desc[x], _packed_desc(self.desc[y][0], x.shape, x.dtype)
+                    prog.append({"kind": "copy", "src": self.buf_of_desc(src), "dst": self.buf_of_desc(dst)})
                 continue
             if op.type == "host_load":
                 prog.append({"kind": "host_load", "stream": self.stream_index(self.h2d, a["stream"]),

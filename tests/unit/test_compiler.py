@@ -86,6 +86,123 @@ def test_views_share_their_inputs_storage():
                for ins in exe.graphs[0]["program"])
 
 
+def _run_main(build, inputs=()):
+    """Run ``build() -> Ir`` once in a Session on each engine: (executable, [outputs of each
+    engine]), outputs in d2h stream name order, inputs fed to the h2d streams in name order."""
+    from engine_harness import engine
+    results = []
+    for name in ("reference", "native"):
+        with engine(name):
+            session = popxl.Session(build(), "ipu_model")
+        h2d = sorted(session.expected_inputs(), key=lambda s: s.tensor_id)
+        with session:
+            out = session.run(dict(zip(h2d, inputs)))
+        results.append([out[s] for s in sorted(out, key=lambda s: s.tensor_id)])
+    return session._exe, results
+
+
+def test_copying_views_of_unwritten_tensors_become_views():
+    """reshape / transpose / slice of values nothing writes are lowered as views (no copy), and a
+    matmul reads the transposed operand where it lies."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            x = ops.host_load(popxl.h2d_stream((4, 6), popxl.float32, "x"))
+            t = ops.transpose(x)                                            # (6, 4)
+            r = ops.reshape(ops.slice(x, start=1, stop=3, axis=0), (4, 3))  # rows 1-2 as (4, 3)
+            y = ops.matmul(t, r)                                            # (6, 3)
+            ops.host_store(popxl.d2h_stream((6, 3), popxl.float32, "y"), y + ops.identity(y))
+        return ir
+    exe, results = _run_main(build, [a])
+    assert not _instr(exe, "copy")
+    for (got,) in results:
+        np.testing.assert_allclose(got, 2 * (a.T @ a[1:3].reshape(4, 3)), rtol=1e-6)
+
+
+def test_copies_stay_where_a_side_is_written():
+    """A copy whose result is later written in place, or whose input is, must stay a copy: the
+    other side keeps its values."""
+    a = np.arange(6, dtype=np.float32)
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            x = ops.host_load(popxl.h2d_stream((6,), popxl.float32, "x"))
+            r = ops.reshape(x, (2, 3))
+            ops.add_(r, popxl.constant(np.ones((2, 3), np.float32)))  # the result written: x unchanged
+            v = popxl.variable(a.copy(), name="v")
+            before = ops.reshape(v, (3, 2))
+            ops.var_updates.accumulate_(v, popxl.constant(np.full(6, 10.0, np.float32)))  # the input written
+            for sh, n, t in (((6,), "a_x", x), ((2, 3), "b_r", r), ((3, 2), "c_before", before)):
+                ops.host_store(popxl.d2h_stream(sh, popxl.float32, n), t)
+        return ir
+    exe, results = _run_main(build, [a])
+    assert len(_instr(exe, "copy")) == 2
+    for got_x, got_r, got_before in results:
+        np.testing.assert_array_equal(got_x, a)
+        np.testing.assert_array_equal(got_r, a.reshape(2, 3) + 1)
+        np.testing.assert_array_equal(got_before, a.reshape(3, 2))
+
+
+def test_copies_and_views_of_elided_transposes():
+    """A reshape that must stay a copy (its result is written) of an elided transpose copies the
+    strided values in C order; a reshape_ view of a transpose keeps the transpose a copy, since a
+    view cannot flatten a transposed layout."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            x = ops.host_load(popxl.h2d_stream((4, 6), popxl.float32, "x"))
+            r = ops.reshape(ops.transpose(x), (24,))
+            ops.add_(r, popxl.constant(np.full(24, 100.0, np.float32)))
+            v = ops.reshape_(ops.transpose(x * 1.0), (24,))
+            for n, t in (("a_r", r), ("b_v", v)):
+                ops.host_store(popxl.d2h_stream((24,), popxl.float32, n), t)
+        return ir
+    exe, results = _run_main(build, [a])
+    assert len(_instr(exe, "copy")) == 2  # the reshape whose result is written, the transpose viewed by reshape_
+    for got_r, got_v in results:
+        np.testing.assert_array_equal(got_r, a.T.reshape(24) + 100)
+        np.testing.assert_array_equal(got_v, a.T.reshape(24))
+
+
+def test_a_carried_loop_output_is_not_a_view_of_an_input():
+    """In a repeat body, outputs are carried into inputs after each iteration: an output that
+    viewed an input would be read while the inputs are being assigned. Swapping two inputs
+    through transposes must still swap them."""
+    a0, b0 = np.arange(4, dtype=np.float32).reshape(2, 2), np.arange(4, 8, dtype=np.float32).reshape(2, 2)
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            a, b = popxl.variable(a0, name="a"), popxl.variable(b0, name="b")
+            body = ir.create_graph(lambda x, y: (ops.transpose(y), ops.transpose(x)), a.spec, b.spec)
+            x2, y2 = ops.repeat(body, 3, a, b)  # an odd number of swaps
+            for t, n in ((x2, "x"), (y2, "y")):
+                ops.host_store(popxl.d2h_stream((2, 2), popxl.float32, n), t)
+        return ir
+    _, results = _run_main(build)
+    for got_x, got_y in results:
+        np.testing.assert_array_equal(got_x, b0.T)
+        np.testing.assert_array_equal(got_y, a0.T)
+
+
+def test_broadcast_to_keeps_its_copy():
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            x = ops.host_load(popxl.h2d_stream((3,), popxl.float32, "x"))
+            ops.host_store(popxl.d2h_stream((2, 3), popxl.float32, "y"), popxl.ops.shape.broadcast_to(x, (2, 3)) * 2.0)
+        return ir
+    exe, results = _run_main(build, [np.arange(3, dtype=np.float32)])
+    assert len(_instr(exe, "copy")) == 1
+    for (got,) in results:
+        np.testing.assert_array_equal(got, np.tile(np.arange(3) * 2.0, (2, 1)))
+
+
 def _instr(exe, kind):
     return [i for g in exe.graphs for i in g["program"] if i["kind"] == kind]
 
