@@ -57,6 +57,10 @@ class OpDef:
     collective: bool = False
     side_effect: bool = False
     family: str = ""
+    # Each output value is computed from the input values at its own (broadcast) position alone,
+    # and every engine's kernel reads a position's inputs before writing it: lowering may then
+    # place the output in the storage of an input of the same shape and dtype that dies here.
+    elementwise: bool = False
 
     @property
     def pure(self) -> bool:

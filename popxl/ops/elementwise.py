@@ -97,7 +97,7 @@ _UNARY: Dict[str, tuple] = {
 
 _public: Dict[str, Callable] = {}
 for _name, (_kernel, _kind, _out, _has_inplace, _grad, _doc) in _UNARY.items():
-    register(OpDef(_name, _unary_infer(_kind, _out), _kernel, grad=_grad, family="elementwise"))
+    register(OpDef(_name, _unary_infer(_kind, _out), _kernel, grad=_grad, family="elementwise", elementwise=True))
     _public[_name] = _make_fn(_name, _doc)
     if _has_inplace:
         register(OpDef(_name + "_", _unary_infer(_kind, _out), _kernel, inplace=0, grad=Grad.STOP,
@@ -166,7 +166,7 @@ _BINARY = {
     "logical_or": (_as_bool(np.logical_or), _compare_infer, Grad.RAISE),
 }
 for _name, (_kernel, _infer, _grad) in _BINARY.items():
-    register(OpDef(_name, _infer, _kernel, grad=_grad, family="elementwise"))
+    register(OpDef(_name, _infer, _kernel, grad=_grad, family="elementwise", elementwise=True))
 register(OpDef("add_", _inplace_infer(_arith_infer()), np.add, inplace=0, grad=Grad.STOP, family="elementwise"))
 
 
@@ -325,7 +325,7 @@ def _clip_infer(specs, min, max):
     return [spec(specs[0].shape, specs[0].dtype)]
 
 
-register(OpDef("clip", _clip_infer, _clip_kernel, family="elementwise"))
+register(OpDef("clip", _clip_infer, _clip_kernel, family="elementwise", elementwise=True))
 
 
 def clip(t: Tensor, min: float = float("-inf"), max: float = float("inf")) -> Tensor:
@@ -354,7 +354,8 @@ def _scaled_add_infer(specs, a, b):
     return [spec(x.shape, x.dtype)]
 
 
-register(OpDef("scaled_add", _scaled_add_infer, _scaled_add_kernel, grad=Grad.STOP, family="elementwise"))
+register(OpDef("scaled_add", _scaled_add_infer, _scaled_add_kernel, grad=Grad.STOP, family="elementwise",
+               elementwise=True))
 register(OpDef("scaled_add_", _scaled_add_infer, _scaled_add_kernel, inplace=0, grad=Grad.STOP,
                family="elementwise"))
 
@@ -437,7 +438,7 @@ def _d_gelu_erf(x):
 # Dedicated gradient ops: one fused kernel instead of a dozen elementwise ops.
 for _name, _form in (("gelu", _d_gelu_tanh), ("geluerf", _d_gelu_erf)):
     register(OpDef(_name + "_grad", lambda specs: [specs[1]], _gelu_grad_kernel(_form), grad=Grad.RAISE,
-                   family="elementwise"))
+                   family="elementwise", elementwise=True))
     grad_rule(_name)(lambda ctx, _op=_name + "_grad": [create_op(_op, [ctx.grad(0), ctx.input(0)])[0]])
 
 

@@ -146,6 +146,57 @@ def test_copies_stay_where_a_side_is_written():
         np.testing.assert_array_equal(got_before, a.reshape(3, 2))
 
 
+def _op_instrs(exe, optype):
+    return [i for g in exe.graphs for i in g["program"] if i["kind"] == "op" and i["type"] == optype]
+
+
+def test_elementwise_results_take_the_storage_of_inputs_that_die():
+    """An elementwise op writes its result over an input of its shape that nothing reads later:
+    the chain below runs in one buffer (on both engines, with the NumPy results)."""
+    a = np.linspace(-3, 3, 4096, dtype=np.float32).reshape(64, 64)
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            x = ops.host_load(popxl.h2d_stream((64, 64), popxl.float32, "x"))
+            t = ops.gelu(x * 2.0 + 1.0)
+            t = ops.relu(t) - popxl.constant(np.ones((64,), np.float32))  # the constant broadcasts
+            ops.host_store(popxl.d2h_stream((64, 64), popxl.float32, "y"), t)
+        return ir
+    exe, results = _run_main(build, [a])
+    places = {ins["outputs"][0] for t in ("mul", "add", "gelu", "relu", "sub") for ins in _op_instrs(exe, t)}
+    assert len(places) == 1
+    z = a * 2 + 1
+    want = np.maximum(0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3))), 0) - 1
+    for (got,) in results:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_inputs_read_later_or_twice_keep_their_storage():
+    """No reuse when the input is read again later, or when another input of the op reads the
+    same storage (x + x.T writing over x would overwrite values x.T still has to read)."""
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            x = ops.host_load(popxl.h2d_stream((4, 4), popxl.float32, "x"))
+            y = x * 3.0
+            s = y + ops.transpose(y)  # the transpose is a view of y (an elided copy)
+            u = ops.exp(s * 0.01)
+            for n, t in (("a_s", s), ("b_u", u)):  # s is read after u's op
+                ops.host_store(popxl.d2h_stream((4, 4), popxl.float32, n), t)
+        return ir
+    exe, results = _run_main(build, [a])
+    (add,) = _op_instrs(exe, "add")
+    assert add["outputs"][0] not in add["inputs"]
+    (mul_s,) = [i for i in _op_instrs(exe, "mul") if add["outputs"][0] in i["inputs"]]
+    assert mul_s["outputs"][0] not in mul_s["inputs"]  # s is read later: s * 0.01 gets its own place
+    for got_s, got_u in results:
+        np.testing.assert_allclose(got_s, 3 * (a + a.T))
+        np.testing.assert_allclose(got_u, np.exp(3 * (a + a.T) * 0.01), rtol=1e-6)
+
+
 def test_copies_and_views_of_elided_transposes():
     """A reshape that must stay a copy (its result is written) of an elided transpose copies the
     strided values in C order; a reshape_ view of a transpose keeps the transpose a copy, since a
