@@ -30,7 +30,7 @@ import numpy as np
 from popxl import dtypes
 from popxl.compiler.executable import STATIC_GRAPH_ID, Executable, encode_attr
 from popxl.graph import Graph, op_called_graphs
-from popxl.op import Op
+from popxl.op import REGISTRY, Op
 from popxl.remote_buffer import RemoteBuffer, _buffers_of
 from popxl.tensor import Constant, Tensor, Variable
 
@@ -98,6 +98,8 @@ class _Lowering:
         self._elide_copies()
         self.static_roots: Set[Tensor] = set()
         self.static_ops: List[Op] = []
+        self.fused: Dict[Op, Op] = {}  # an add -> the matmul it absorbs (see _fuse_matmul_bias)
+        self.unplaced: Set[Tensor] = set()  # products no instruction writes: they need no storage
         self._static_extents: List[Tuple[int, int]] = []  # sorted, disjoint [start, end) byte ranges
 
     def _reachable_graphs(self) -> List[Graph]:
@@ -146,9 +148,11 @@ class _Lowering:
         # Results of static ops outlive every run (the static program does not run each time).
         for op in self.static_ops:
             for t in op.outputs:
-                self.desc[t] = _contiguous_desc(self.arena, t)
-                self.arena += _align(_nbytes(t))
-        self._static_extents = sorted((self.desc[r][0], self.desc[r][0] + _nbytes(r)) for r in self.static_roots)
+                if t not in self.unplaced:
+                    self.desc[t] = _contiguous_desc(self.arena, t)
+                    self.arena += _align(_nbytes(t))
+        self._static_extents = sorted((self.desc[r][0], self.desc[r][0] + _nbytes(r)) for r in self.static_roots
+                                      if r not in self.unplaced)
 
     def _roots(self, g: Graph) -> Dict[Tensor, Tensor]:
         """Each tensor of ``g`` -> the tensor owning its storage (views and in-place results share)."""
@@ -298,6 +302,34 @@ class _Lowering:
                 self.static_ops.append(op)
                 self.static_roots.update(op.outputs)  # a pure op's outputs own their storage
 
+    def _fuse_matmul_bias(self) -> None:
+        """A float32 matmul followed at once by the addition of a row vector (a Linear layer's
+        bias), the product read by nothing else: one ``matmul_bias`` instruction in the add's
+        place. The GEMM then starts from the bias rows instead of zeros, which saves a pass over
+        the result. Both ops must be in the static program or both out of it."""
+        static = {id(op) for op in self.static_ops}
+        for g in self.graphs:
+            readers: Dict[Tensor, int] = {}
+            for op in g._ops:
+                for t in op.inputs:
+                    readers[t] = readers.get(t, 0) + 1
+            outputs = set(g._outputs)
+            for mm, add in zip(g._ops, g._ops[1:]):
+                if (mm.type != "matmul" or add.type != "add" or (id(mm) in static) != (id(add) in static)
+                        or mm.attrs["output_type"] not in (None, dtypes.float32)):
+                    continue
+                product = mm.outputs[0]
+                others = [t for t in add.inputs if t is not product]
+                if (product.dtype != dtypes.float32 or product in outputs or readers.get(product) != 1
+                        or len(others) != 1 or add.outputs[0].shape != product.shape):
+                    continue
+                try:
+                    REGISTRY["matmul_bias"].infer([t.spec for t in (*mm.inputs, others[0])])
+                except ValueError:
+                    continue  # not a row vector of the product's last dimension
+                self.fused[add] = mm
+                self.unplaced.add(product)
+
     def _static_inputs(self, buffers: Sequence[int]) -> List[int]:
         """Positions of the buffers lying entirely within static storage."""
         positions = []
@@ -351,9 +383,10 @@ class _Lowering:
         for pos, op in enumerate(ops):
             for out in op.outputs:
                 r = root[out]
-                if r is out and r not in self.static_roots:  # static results have permanent places
+                if r is out and r not in self.static_roots and r not in self.unplaced:  # static: permanent
                     live.setdefault(r, [pos, pos])
-            for t in op.inputs:
+            reads = (*op.inputs, *self.fused[op].inputs) if op in self.fused else op.inputs  # the add runs the matmul
+            for t in reads:
                 r = root[t]
                 if r in live:
                     live[r][1] = max(live[r][1], pos)
@@ -434,8 +467,11 @@ class _Lowering:
 
     def program(self, ops: Sequence[Op]) -> List[Dict]:
         prog = []
+        absorbed = {id(mm) for mm in self.fused.values()}
         for op in ops:
             a = op.attrs
+            if id(op) in absorbed:
+                continue  # computed by the matmul_bias instruction of the add that follows
             if op.opdef.view is not None:
                 if op.opdef.copy and op not in self.elided:  # a copy of a view of the input: no kernel needed
                     x, y = op.inputs[0], op.outputs[0]
@@ -479,8 +515,12 @@ class _Lowering:
                 raise NotImplementedError(f"lowering of control op {op.type!r} is not implemented")
             else:
                 regions = [self.buf_of_desc(self.regions[v]) for v in a.values() if isinstance(v, RemoteBuffer)]
-                inputs = [self.buf(t) for t in op.inputs] + regions
-                instr = {"kind": "op", "type": op.type, "name": op.name, "inputs": inputs,
+                kind, operands = op.type, op.inputs
+                if op in self.fused:
+                    mm = self.fused[op]
+                    kind, operands, a = "matmul_bias", [*mm.inputs, *(t for t in op.inputs if t is not mm.outputs[0])], {}
+                inputs = [self.buf(t) for t in operands] + regions
+                instr = {"kind": "op", "type": kind, "name": op.name, "inputs": inputs,
                          "outputs": [self.buf(t) for t in op.outputs],
                          "attrs": {k: encode_attr(v.remote_buffer_id if isinstance(v, RemoteBuffer) else v)
                                    for k, v in a.items()}}
@@ -493,6 +533,7 @@ class _Lowering:
     def run(self, progress: Optional[Callable[[str], None]] = None) -> Executable:
         step = progress or (lambda label: None)
         self._find_static()
+        self._fuse_matmul_bias()
         self.place_permanent()
         for g in self.graphs:
             self.place_graph(g)

@@ -188,6 +188,22 @@ def _matmul_kernel(a, b, output_type, partials_type):
 register(OpDef("matmul", _matmul_infer, _matmul_kernel, family="nn"))
 
 
+def _matmul_bias_infer(specs):
+    a, b, bias = specs
+    (out,) = _matmul_infer([a, b], None, None)
+    if bias.dtype != out.dtype or not bias.shape or bias.shape[-1] != out.shape[-1] \
+            or any(d != 1 for d in bias.shape[:-1]) or len(bias.shape) > len(out.shape):
+        raise ValueError(f"matmul_bias: the bias ({bias.dtype.name} {bias.shape}) must be a row of the "
+                         f"product's last dimension ({out.dtype.name} {out.shape})")
+    return [out]
+
+
+# matmul then the addition of a row vector (a Linear layer's bias), as one instruction: lowering
+# makes it of an adjacent matmul and add (popxl/compiler/lower.py); it is not traced by users.
+register(OpDef("matmul_bias", _matmul_bias_infer, lambda a, b, bias: np.matmul(a, b) + bias, grad=Grad.RAISE,
+               family="nn"))
+
+
 def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float] = None,
            output_type: Optional[dtypes.dtype] = None, partials_type: Optional[dtypes.dtype] = None) -> Tensor:
     """numpy.matmul semantics: batch dims broadcast, 1-D operands are promoted then squeezed."""

@@ -840,6 +840,29 @@ def test_kernels_share_one_scratch_region():
     assert eng.scratch_bytes >= staged
 
 
+# ---- matmul_bias (lowering fuses x @ W + b into it) ---------------------------------------------------
+MATMUL_BIAS_CASES = [((5, 7), (7, 3), (3,)), ((300, 64), (64, 200), (200,)),  # bands of rows
+                     ((64, 64), (64, 300), (1, 300)),  # bands of columns
+                     ((4, 30, 16), (16, 24), (24,)),  # a batch (oneDNN: small matrices)
+                     ((2000, 40), (40, 10), (10,)),  # a thin side (oneDNN)
+                     ((3, 0), (0, 4), (4,))]  # no terms: the bias alone
+
+
+@pytest.mark.parametrize("case", MATMUL_BIAS_CASES, ids=str)
+def test_matmul_bias(case):
+    a_shape, b_shape, bias_shape = case
+    a, b, bias = rand(a_shape), rand(b_shape), rand(bias_shape)
+    compare_engines(lambda x, w, c: create_op("matmul_bias", [x, w, c])[0], [a, b, bias], native_ops=["matmul_bias"],
+                    rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_bias_of_strided_views():
+    a, b, bias = rand((40, 30)), rand((50, 40)), rand((2, 50))
+    compare_engines(lambda x, w, c: create_op("matmul_bias", [ops.transpose_(x), ops.transpose_(w),
+                                                              ops.slice_(c, start=1, stop=2, axis=0)])[0],
+                    [a, b, bias], native_ops=["matmul_bias"], rtol=1e-5, atol=1e-5)
+
+
 # ---- vectorised rows --------------------------------------------------------------------------------
 def _special_values(n):
     """Random values over gelu's whole range, with NaN, infinities, huge and tiny values mixed in."""

@@ -197,6 +197,41 @@ def test_inputs_read_later_or_twice_keep_their_storage():
         np.testing.assert_allclose(got_u, np.exp(3 * (a + a.T) * 0.01), rtol=1e-6)
 
 
+def test_matmul_then_a_row_bias_is_one_instruction():
+    """x @ W + b (either operand order, bias (N,) or (1, N)) runs as one matmul_bias; its inputs
+    stay live until it runs (the result never takes an input's place); a product read elsewhere,
+    a bias that is not a row and float16 keep two instructions."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            xt = ops.host_load(popxl.h2d_stream((6, 5), popxl.float32, "x"))
+            wt, bt = popxl.variable(w, name="w"), popxl.variable(bias, name="b")
+            outs = {"a_fused": xt @ wt + bt,
+                    "b_swapped": ops.reshape(bt, (1, 4)) + ops.matmul(xt, wt),
+                    "c_col": xt @ wt + popxl.constant(np.ones((6, 1), np.float32))}
+            p = xt @ wt
+            outs["d_reread"] = p + bt
+            outs["e_product"] = p
+            half = ops.cast(xt, popxl.float16) @ ops.cast(wt, popxl.float16)
+            outs["f_half"] = ops.cast(half + ops.cast(bt, popxl.float16), popxl.float32)
+            for n, t in outs.items():
+                ops.host_store(popxl.d2h_stream(t.shape, popxl.float32, n), t)
+        return ir
+    exe, results = _run_main(build, [x])
+    assert len(_op_instrs(exe, "matmul_bias")) == 2 and len(_op_instrs(exe, "matmul")) == 3
+    for ins in _op_instrs(exe, "matmul_bias"):
+        assert ins["outputs"][0] not in ins["inputs"]
+    p = x @ w
+    for got in results:
+        for g, want in zip(got, [p + bias, p + bias, p + 1, p + bias, p]):
+            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[5], p + bias, rtol=1e-2, atol=1e-2)
+
+
 def test_copies_and_views_of_elided_transposes():
     """A reshape that must stay a copy (its result is written) of an elided transpose copies the
     strided values in C order; a reshape_ view of a transpose keeps the transpose a copy, since a

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -201,18 +202,32 @@ MatOperand promote(const Buffer& b, bool is_lhs, size_t rank) {
   return m;
 }
 
-// matmul, and matmul_pow2scaled (float8 operands, float16 result times 2**log2_scale).
-KernelFactory matmul(bool pow2) {
-  return [pow2](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
+// matmul; matmul_pow2scaled (float8 operands, float16 result times 2**log2_scale); matmul_bias
+// (float32 a @ b + a row vector, which the GEMM starts from).
+enum class MatmulKind { Plain, Pow2, Bias };
+
+KernelFactory matmul(MatmulKind kind) {
+  return [kind](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
   const Buffer& a = bufs[ins.inputs[0]];
   const Buffer& b = bufs[ins.inputs[1]];
   const Buffer& y = bufs[ins.outputs[0]];
+  const Buffer* bias = kind == MatmulKind::Bias ? &bufs[ins.inputs[2]] : nullptr;
   memory::data_type ta, tb, ty;
   if (!dnnl_type(a.dtype, ta) || !dnnl_type(b.dtype, tb) || !dnnl_type(y.dtype, ty)) return nullptr;
-  if (!y.contiguous) return nullptr;
-  if (a.nelms == 0 || b.nelms == 0) {  // empty operands: an empty sum is 0
-    const int64_t off = y.offset, bytes = y.nbytes();
-    return std::make_unique<FnKernel>([off, bytes](uint8_t* arena) { std::memset(arena + off, 0, bytes); });
+  if (!y.contiguous || (bias && (y.dtype != DType::F32 || bias->dtype != DType::F32))) return nullptr;
+  if (a.nelms == 0 || b.nelms == 0) {  // empty operands: an empty sum is 0 (plus the bias)
+    const Buffer out = y;
+    const std::optional<Buffer> row = bias ? std::optional<Buffer>(*bias) : std::nullopt;
+    return std::make_unique<FnKernel>([out, row](uint8_t* arena) {
+      if (!row) {
+        std::memset(arena + out.offset, 0, out.nbytes());
+        return;
+      }
+      const int64_t n = out.shape.back(), step = row->strides.back();
+      float* dst = reinterpret_cast<float*>(arena + out.offset);
+      for (int64_t i = 0; i < out.nelms; ++i)
+        dst[i] = *reinterpret_cast<const float*>(arena + row->offset + (i % n) * step);
+    });
   }
   const size_t rank = std::max<size_t>({a.shape.size(), b.shape.size(), 2});
   MatOperand A = promote(a, true, rank), B = promote(b, false, rank);
@@ -223,17 +238,26 @@ KernelFactory matmul(bool pow2) {
   int64_t acc = 1;  // output buffers are contiguous
   for (size_t i = rank; i-- > 0;) { ystr[i] = acc; acc *= ydims[i]; }
   try {
-    if (!pow2 && a.dtype == DType::F32 && b.dtype == DType::F32 && y.dtype == DType::F32)
-      if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset)) return gemm;
+    if (kind != MatmulKind::Pow2 && a.dtype == DType::F32 && b.dtype == DType::F32 && y.dtype == DType::F32)
+      if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, bias)) return gemm;
     auto k = std::make_unique<DnnlKernel>();
     k->single_thread = prod(ydims) * A.dims[rank - 1] < kSingleThreadWork;
     SingleThreadScope scope(k->single_thread);
     auto ad = md(A.dims, A.strides, ta), bd = md(B.dims, B.strides, tb), yd = md(ydims, ystr, ty);
-    k->prim = Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, yd, user_scratchpad()), k->scratch);
+    if (bias) {  // (1, ..., 1, N), broadcast over the rows and batches
+      std::vector<int64_t> bdims(rank, 1), bstr(rank, ydims[rank - 1]);
+      bdims[rank - 1] = ydims[rank - 1];
+      bstr[rank - 1] = bias->strides.back() / static_cast<int64_t>(sizeof(float));
+      auto biasd = md(bdims, bstr, memory::data_type::f32);
+      k->prim = Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, biasd, yd, user_scratchpad()), k->scratch);
+      k->add(DNNL_ARG_BIAS, biasd, *bias);
+    } else {
+      k->prim = Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, yd, user_scratchpad()), k->scratch);
+    }
     k->add(DNNL_ARG_SRC, ad, a);
     k->add(DNNL_ARG_WEIGHTS, bd, b);
     k->add(DNNL_ARG_DST, yd, y, true);
-    if (pow2) {
+    if (kind == MatmulKind::Pow2) {
       if (!staged(y)) return nullptr;
       k->scaled = true;
       k->scale = bufs[ins.inputs[2]];
@@ -246,8 +270,9 @@ KernelFactory matmul(bool pow2) {
 }
 
 const RegisterKernel matmul_ops[] = {
-    {{"matmul"}, matmul(false)},
-    {{"matmul_pow2scaled"}, matmul(true)},
+    {{"matmul"}, matmul(MatmulKind::Plain)},
+    {{"matmul_pow2scaled"}, matmul(MatmulKind::Pow2)},
+    {{"matmul_bias"}, matmul(MatmulKind::Bias)},
 };
 
 // ---- convolution, transposed convolution, pooling ------------------------------------------------

@@ -41,12 +41,14 @@ bool blas_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_str
 }
 
 struct GemmKernel : Kernel {
-  struct Call {  // one sgemm: offsets in floats from the operands' bases, and its share of rows/cols
-    int64_t a, b, y, m, n;
+  struct Call {  // one sgemm: offsets in floats from the operands' bases, its share of rows/cols,
+    int64_t a, b, y, m, n, col;  // and the output column it starts at
   };
   Layout la{}, lb{};
   int64_t k = 0, ldy = 0;
   int64_t a_base = 0, b_base = 0, y_base = 0;  // byte offsets in the arena
+  bool has_bias = false;
+  int64_t bias_base = 0, bias_step = 1;  // the bias row: byte offset, element stride
   std::vector<Call> calls;
   bool parallel = false;
 
@@ -54,9 +56,17 @@ struct GemmKernel : Kernel {
     const float* A = reinterpret_cast<const float*>(arena + a_base);
     const float* B = reinterpret_cast<const float*>(arena + b_base);
     float* Y = reinterpret_cast<float*>(arena + y_base);
+    const float* bias = reinterpret_cast<const float*>(arena + bias_base);
     auto gemm = [&](const Call& c) {
+      // sgemm computes Y = A B + beta Y; with a bias, Y starts as its rows (beta = 1) rather than
+      // being zeroed first (beta = 0), so adding it costs no pass of its own.
+      if (has_bias)
+        for (int64_t r = 0; r < c.m; ++r) {
+          float* row = Y + c.y + r * ldy;
+          for (int64_t j = 0; j < c.n; ++j) row[j] = bias[(c.col + j) * bias_step];
+        }
       scipy_cblas_sgemm(CblasRowMajor, la.trans, lb.trans, c.m, c.n, k, 1.0f, A + c.a, la.ld, B + c.b, lb.ld,
-                        0.0f, Y + c.y, ldy);
+                        has_bias ? 1.0f : 0.0f, Y + c.y, ldy);
     };
     const int64_t n = static_cast<int64_t>(calls.size());
     if (!parallel) {  // outside any OpenMP construct: even a one-thread team costs a small GEMM's time
@@ -71,7 +81,7 @@ struct GemmKernel : Kernel {
 }  // namespace
 
 std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
-                                     int64_t a_base, int64_t b_base, int64_t y_base) {
+                                     int64_t a_base, int64_t b_base, int64_t y_base, const Buffer* bias) {
   static const bool single_threaded_blas = [] {
     scipy_openblas_set_num_threads(1);  // the kernel parallelises; OpenBLAS must not add threads
     return true;
@@ -101,6 +111,11 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   g->k = kk;
   g->ldy = n;
   g->a_base = a_base, g->b_base = b_base, g->y_base = y_base;
+  if (bias) {
+    g->has_bias = true;
+    g->bias_base = bias->offset;
+    g->bias_step = bias->strides.back() / static_cast<int64_t>(sizeof(float));
+  }
 
   // Offsets of every matrix of the (broadcast) batch; the output is packed.
   const int threads = omp_get_max_threads();
@@ -121,9 +136,9 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
     for (int64_t p = 0; p < bands; ++p) {
       const int64_t lo = len * p / bands, hi = len * (p + 1) / bands;
       if (by_rows)
-        g->calls.push_back({ao + lo * a.strides[r - 2], bo, yo + lo * n, hi - lo, n});
+        g->calls.push_back({ao + lo * a.strides[r - 2], bo, yo + lo * n, hi - lo, n, 0});
       else
-        g->calls.push_back({ao, bo + lo * b.strides[r - 1], yo + lo, m, hi - lo});
+        g->calls.push_back({ao, bo + lo * b.strides[r - 1], yo + lo, m, hi - lo, lo});
     }
   }
   g->parallel = g->parallel && g->calls.size() > 1;

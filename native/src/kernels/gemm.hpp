@@ -14,10 +14,11 @@ struct MatOperand {
   std::vector<int64_t> dims, strides;
 };
 
-// A kernel computing y = a @ b for float32 operands at the given arena byte offsets (y packed,
-// dims `ydims`), or nullptr when sgemm cannot read an operand's strides or oneDNN is the faster
-// of the two for the shape (the caller then uses oneDNN).
+// A kernel computing y = a @ b (+ bias, a float32 row of y's last dimension, when given) for
+// float32 operands at the given arena byte offsets (y packed, dims `ydims`), or nullptr when
+// sgemm cannot read an operand's strides or oneDNN is the faster of the two for the shape (the
+// caller then uses oneDNN).
 std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
-                                     int64_t a_base, int64_t b_base, int64_t y_base);
+                                     int64_t a_base, int64_t b_base, int64_t y_base, const Buffer* bias = nullptr);
 
 }  // namespace popxl
