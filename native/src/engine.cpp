@@ -1,5 +1,7 @@
 #include "engine.hpp"
 
+#include "kernels/loops.hpp"
+
 #include <chrono>
 #include <cstdlib>
 
@@ -75,27 +77,8 @@ void copy_elems(uint8_t* d, int64_t ds, const uint8_t* s, int64_t ss, int64_t n)
   for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * ds, s + i * ss, N);
 }
 
-void copy_rec(uint8_t* d, const Buffer& db, const uint8_t* s, const Buffer& sb, size_t dim, size_t item) {
-  const int64_t n = db.shape[dim];
-  if (dim + 1 == db.shape.size()) {
-    const int64_t ds = db.strides[dim], ss = sb.strides[dim];
-    if (ds == static_cast<int64_t>(item) && ss == static_cast<int64_t>(item)) {
-      std::memcpy(d, s, n * item);
-      return;
-    }
-    switch (item) {
-      case 1: copy_elems<1>(d, ds, s, ss, n); break;
-      case 2: copy_elems<2>(d, ds, s, ss, n); break;
-      case 4: copy_elems<4>(d, ds, s, ss, n); break;
-      case 8: copy_elems<8>(d, ds, s, ss, n); break;
-      default:
-        for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * ds, s + i * ss, item);
-    }
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i)
-    copy_rec(d + i * db.strides[dim], db, s + i * sb.strides[dim], sb, dim + 1, item);
-}
+// Copies of more bytes than this are shared out over the OpenMP threads.
+constexpr int64_t kParallelCopyBytes = int64_t(1) << 18;
 }  // namespace
 
 Buffer packed_like(const Buffer& b) {
@@ -115,15 +98,38 @@ void copy_buffer(uint8_t* arena_dst, const Buffer& dst, const uint8_t* arena_src
   uint8_t* d = arena_dst + dst.offset;
   const uint8_t* s = arena_src + src.offset;
   if (d == s && dst.strides == src.strides) return;
+  const int64_t bytes = dst.nbytes();
   if (dst.contiguous && src.contiguous) {
-    std::memmove(d, s, dst.nbytes());
+    if (bytes < kParallelCopyBytes || (d < s + bytes && s < d + bytes)) {  // small, or overlapping
+      std::memmove(d, s, bytes);
+      return;
+    }
+    const int64_t piece = 1 << 16;
+#pragma omp parallel for schedule(static)
+    for (int64_t at = 0; at < bytes; at += piece) std::memcpy(d + at, s + at, std::min(piece, bytes - at));
     return;
   }
   if (dst.shape.empty()) {
     std::memmove(d, s, itemsize(dst.dtype));
     return;
   }
-  copy_rec(d, dst, s, src, 0, itemsize(dst.dtype));
+  // Strided: rows of the merged innermost dimension, on the threads when the copy is big.
+  const size_t item = itemsize(dst.dtype);
+  nd_loop<2>(dst.shape, {dst.strides, src.strides}, {d, const_cast<uint8_t*>(s)},
+             [item](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& st, int64_t n) {
+               if (st[0] == static_cast<int64_t>(item) && st[1] == static_cast<int64_t>(item)) {
+                 std::memcpy(p[0], p[1], n * item);
+                 return;
+               }
+               switch (item) {
+                 case 1: copy_elems<1>(p[0], st[0], p[1], st[1], n); break;
+                 case 2: copy_elems<2>(p[0], st[0], p[1], st[1], n); break;
+                 case 4: copy_elems<4>(p[0], st[0], p[1], st[1], n); break;
+                 case 8: copy_elems<8>(p[0], st[0], p[1], st[1], n); break;
+                 default:
+                   for (int64_t i = 0; i < n; ++i) std::memcpy(p[0] + i * st[0], p[1] + i * st[1], item);
+               }
+             }, bytes >= kParallelCopyBytes);
 }
 
 void Engine::attach() {

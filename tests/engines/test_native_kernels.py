@@ -1233,3 +1233,19 @@ def test_print_tensor_interleaves_with_python_output():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "before t: [1 2 3]\nbetween\nt: [1 2 3]\nafter\n"
+
+
+# ---- copies -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
+def test_big_copies_over_threads(dtype):
+    """Copies past 256 KB are shared out over the threads: strided ones (a transpose that must
+    stay a copy because its result is written) and dense ones (a graph input copied in)."""
+    x = rand((300, 501), dtype)
+
+    def build(t):
+        moved = ops.transpose(t)                       # (501, 300), written below: a real copy
+        ops.add_(moved, popxl.constant(np.ones((501, 300), dtype)))
+        g = popxl.gcg().ir.create_graph(lambda u: ops.negate(u) if dtype != np.int8 else u * 2, t)
+        return moved, ops.call(g, t)[0]
+    got = compare_engines(build, [x])
+    np.testing.assert_array_equal(got[0], (x.T + dtype(1)).astype(dtype))
