@@ -103,6 +103,19 @@ def test_big_reductions_split_over_threads(name, dtype, axis):
     compare_engines(lambda t: getattr(ops, name)(t, axis), [x], native_ops=[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape,axis", [((1027, 300), 0), ((9, 130, 257), (0, 1)), ((8, 128, 256), 0),
+                                        ((5, 3), (0, 1)), ((2, 1, 7), (0, 1)), ((6, 1, 5), (0, 1)), ((1, 9), 0)])
+@pytest.mark.parametrize("name", ["sum", "mean"])
+def test_sums_over_leading_axes(name, shape, axis):
+    """Bias gradients: float32 sums of leading axes (rows added in float blocks of 8, blocks in
+    double), against NumPy's float64 sum as well as the reference."""
+    x = rand(shape, np.float32, -2.0, 2.0)
+    # the reference sums in float32 (pairwise): ~1e-4 off for 1000-value sums of magnitude ~40
+    got = compare_engines(lambda t: getattr(ops, name)(t, axis), [x], native_ops=[name], rtol=1e-5, atol=2e-4)[0]
+    want = getattr(np, name)(x.astype(np.float64), axis=axis)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=2e-5)  # 10x closer than the float32 reference
+
+
 @pytest.mark.parametrize("name", ["sum", "max", "min", "prod"])
 def test_integer_reductions_are_exact(name):
     x = rand((6, 7), np.int32, -3, 3)

@@ -160,11 +160,66 @@ std::unique_ptr<Kernel> make_reduction(Red kind, const OpInstr& ins, const Buffe
   return k;
 }
 
+// Sum or mean of a dense float32 (rows, cols) view over its rows: the reduction of leading axes
+// onto trailing ones (a bias gradient). Rows are added in float in blocks of 8 and each block's
+// sums added to a double accumulator, in row order: each output's sum does not depend on the
+// thread count (threads take columns), and the accumulator is touched once per block, not per row.
+struct RowSum : Kernel {
+  Buffer x, y;
+  int64_t rows = 0, cols = 0;
+  bool mean = false;
+  std::vector<double> acc;
+
+  void run(uint8_t* a) override {
+    const float* xs = reinterpret_cast<const float*>(a + x.offset);
+    float* ys = reinterpret_cast<float*>(a + y.offset);
+    constexpr int64_t kBlock = 8, kPiece = 256;  // rows per float block; columns per task
+    const int64_t pieces = (cols + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelElements && pieces > 1)
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t c0 = p * kPiece, n = std::min(kPiece, cols - c0);
+      double* t = acc.data() + c0;
+      float block[kPiece];
+      std::fill(t, t + n, 0.0);
+      for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+        const float* row = xs + r0 * cols + c0;
+        for (int64_t j = 0; j < n; ++j) block[j] = row[j];
+        for (int64_t r = 1; r < std::min(kBlock, rows - r0); ++r)
+          for (int64_t j = 0; j < n; ++j) block[j] += row[r * cols + j];
+        for (int64_t j = 0; j < n; ++j) t[j] += double(block[j]);
+      }
+      for (int64_t j = 0; j < n; ++j) ys[c0 + j] = float(mean ? t[j] / double(rows) : t[j]);
+    }
+  }
+};
+
+// The RowSum view of a reduction, when it is one: float32, contiguous, the reduced axes leading.
+std::unique_ptr<Kernel> row_sum(Red kind, const OpInstr& ins, const Buffer& x, const Buffer& y) {
+  if ((kind != Red::Sum && kind != Red::Mean) || x.dtype != DType::F32 || y.dtype != DType::F32 || !x.contiguous)
+    return nullptr;
+  std::vector<bool> reduced(x.shape.size(), false);
+  for (auto ax : ins.attrs.at("axis").ints()) reduced[ax] = true;
+  size_t lead = 0;
+  while (lead < reduced.size() && reduced[lead]) ++lead;
+  for (size_t d = lead; d < reduced.size(); ++d)
+    if (reduced[d] && x.shape[d] != 1) return nullptr;  // a reduced axis after a kept one
+  auto k = std::make_unique<RowSum>();
+  k->x = x;
+  k->y = y;
+  k->rows = prod(x.shape, 0, lead);
+  k->cols = prod(x.shape, lead);
+  k->mean = kind == Red::Mean;
+  if (k->rows == 0 || k->cols == 0) return nullptr;  // the general path writes 0 / NaN
+  k->acc.assign(k->cols, 0.0);
+  return k;
+}
+
 KernelFactory reduction(Red kind) {
   return [kind](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
     const Buffer& x = bufs[ins.inputs[0]];
     const Buffer& y = bufs[ins.outputs[0]];
     if (!y.contiguous) return nullptr;
+    if (auto k = row_sum(kind, ins, x, y)) return k;
     std::unique_ptr<Kernel> k;
     if (is_int(x.dtype)) {
       if (kind != Red::Sum && kind != Red::Prod && kind != Red::Max && kind != Red::Min) return nullptr;
