@@ -79,6 +79,7 @@ Groups groups_of(const Buffer& x, int64_t G) { return {x.shape[0], x.shape[1], G
 template <class W>
 std::pair<W, W> group_moments(const W* p, int64_t M, double eps) {
   if (M == 0) return {W(NAN), W(NAN)};
+  if constexpr (std::is_same_v<W, float>) return row_moments(p, M, eps);  // eight lanes at a time
   const W m = W(lane_sum<W>(M, [&](int64_t i) { return p[i]; }) / double(M));
   const double var = lane_sum<W>(M, [&](int64_t i) { const W d = p[i] - m; return d * d; }) / double(M);
   return {m, W(1.0 / std::sqrt(double(W(var)) + double(W(eps))))};
@@ -210,6 +211,20 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
         double* dw = st->part.data() + size_t(omp_get_thread_num()) * 2 * g.C;
         double* db = dw + g.C;
         std::vector<W> x_tmp, g_tmp, out_tmp;
+        // float32 rows of one value per channel (a layer norm): the row kernel of vec_math.hpp,
+        // its dweight/dbias sums kept in float for 16 rows at a time, then added in double.
+        const bool rows = std::is_same_v<W, float> && S == 1;
+        std::vector<float> fdw(rows ? g.C : 0), fdb(rows ? g.C : 0);
+        int64_t pending = 0;
+        auto flush = [&] {
+          for (int64_t c = 0; c < int64_t(fdw.size()); ++c) {
+            dw[c] += fdw[c];
+            db[c] += fdb[c];
+          }
+          std::fill(fdw.begin(), fdw.end(), 0.f);
+          std::fill(fdb.begin(), fdb.end(), 0.f);
+          pending = 0;
+        };
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < g.count(); ++j) {
           const W* p = group_as_wide<T, W>(xs + j * M, M, x_tmp);
@@ -217,6 +232,14 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
           W* q = group_out<T, W>(dxs + j * M, M, out_tmp);
           const auto [m, r] = group_moments(p, M, eps);
           const int64_t c0 = j % g.G * cpg;
+          if constexpr (std::is_same_v<W, float>) {
+            if (rows) {
+              layer_norm_grad_row(p, gy, wv + c0, q, fdw.data() + c0, fdb.data() + c0, M, m, r);
+              if (++pending == 16) flush();
+              group_commit<T, W>(dxs + j * M, q, M);
+              continue;
+            }
+          }
           // channel of the i-th value of the group: c0 + i / S
           auto weight = [&](int64_t i) { return S == 1 ? wv[c0 + i] : wv[c0 + i / S]; };
           const W mean_d = W(lane_sum<W>(M, [&](int64_t i) { return gy[i] * weight(i); }) / double(M));
@@ -240,6 +263,7 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
           }
           group_commit<T, W>(dxs + j * M, q, M);
         }
+        if (pending) flush();
       }
       st->dwv.assign(g.C, 0);
       st->dbv.assign(g.C, 0);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "loops.hpp"
 
@@ -129,6 +130,101 @@ inline void softmax_row(float* y, const float* x, int64_t n) {
   }
   const float scale = float(1.0 / total);
   for (i = 0; i < n; ++i) y[i] *= scale;
+}
+
+// ---- rows of normalisations (float32) --------------------------------------------------------------
+// Sums run in eight float lanes, flushed into a double every 1024 values: as exact as lane_sum.
+#ifdef POPXL_VEC8
+namespace vec8 {
+inline double hsum(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  double t = 0;
+  for (float f : lanes) t += f;
+  return t;
+}
+}  // namespace vec8
+#endif
+
+// Sum over n values of x, or of (x - m)^2 when `squares`.
+inline double row_sum(const float* x, int64_t n, bool squares = false, float m = 0) {
+  double total = 0;
+  int64_t i = 0;
+#ifdef POPXL_VEC8
+  const __m256 mv = _mm256_set1_ps(m);
+  while (i + 8 <= n) {
+    const int64_t end = std::min(n, i + 1024) / 8 * 8;
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= end; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      if (squares) {
+        const __m256 d = _mm256_sub_ps(v, mv);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, d));
+      } else {
+        acc = _mm256_add_ps(acc, v);
+      }
+    }
+    total += vec8::hsum(acc);
+  }
+#endif
+  for (; i < n; ++i) total += squares ? double((x[i] - m) * (x[i] - m)) : double(x[i]);
+  return total;
+}
+
+// Mean and 1 / sqrt(biased variance + eps) of n values (two passes, as the reference).
+inline std::pair<float, float> row_moments(const float* x, int64_t n, double eps) {
+  const float m = float(row_sum(x, n) / double(n));
+  const float var = float(row_sum(x, n, true, m) / double(n));
+  return {m, float(1.0 / std::sqrt(double(var) + double(float(eps))))};
+}
+
+// One row of a layer norm's gradient with one weight per value: with h = (x - m) r and
+// d = dy w, dx = (d - mean(d) - h mean(d h)) r; dw += dy h and db += dy (float partial sums
+// the caller flushes).
+inline void layer_norm_grad_row(const float* x, const float* dy, const float* w, float* dx, float* dw, float* db,
+                                int64_t n, float m, float r) {
+  if (n == 0) return;
+  double sd = 0, sdh = 0;
+  int64_t i = 0;
+#ifdef POPXL_VEC8
+  const __m256 mv = _mm256_set1_ps(m), rv = _mm256_set1_ps(r);
+  while (i + 8 <= n) {
+    const int64_t end = std::min(n, i + 1024) / 8 * 8;
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (; i + 8 <= end; i += 8) {
+      const __m256 h = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv), rv);
+      const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(w + i));
+      a = _mm256_add_ps(a, d);
+      b = _mm256_add_ps(b, _mm256_mul_ps(d, h));
+    }
+    sd += vec8::hsum(a);
+    sdh += vec8::hsum(b);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float h = (x[i] - m) * r, d = dy[i] * w[i];
+    sd += d;
+    sdh += d * h;
+  }
+  const float mean_d = float(sd / double(n)), mean_dh = float(sdh / double(n));
+  i = 0;
+#ifdef POPXL_VEC8
+  const __m256 md = _mm256_set1_ps(mean_d), mdh = _mm256_set1_ps(mean_dh);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 h = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv), rv);
+    const __m256 g = _mm256_loadu_ps(dy + i);
+    const __m256 d = _mm256_mul_ps(g, _mm256_loadu_ps(w + i));
+    _mm256_storeu_ps(dx + i, _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(d, md), _mm256_mul_ps(h, mdh)), rv));
+    _mm256_storeu_ps(dw + i, _mm256_add_ps(_mm256_loadu_ps(dw + i), _mm256_mul_ps(g, h)));
+    _mm256_storeu_ps(db + i, _mm256_add_ps(_mm256_loadu_ps(db + i), g));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float h = (x[i] - m) * r, d = dy[i] * w[i];
+    dx[i] = (d - mean_d - h * mean_dh) * r;
+    dw[i] += dy[i] * h;
+    db[i] += dy[i];
+  }
 }
 
 // y = gelu(x) over n dense values.
