@@ -255,6 +255,13 @@ class _GradBuilder:
             return self.values[t]
         if t.graph is not self.fwd:
             raise ValueError(f"autodiff: {t.id!r} is not a tensor of the forward graph {self.fwd.id!r}.")
+        replay = self._replayable_view(t)
+        if replay is not None:  # recompute the view from its source's value: no extra forward output
+            source = self.forward_value(replay.inputs[0])
+            with self.graph:
+                v = create_op(replay.type, [source], dict(replay.attrs))[0]
+            self.values[t] = v
+            return v
         with self.graph:
             if isinstance(t, Constant):
                 v = constant(t._host_data_value, t.dtype, name=t.name)
@@ -267,6 +274,24 @@ class _GradBuilder:
                 self.expected_inputs.append(ExpectedConnection._create(exposed, ExpectedConnectionType.Fwd))
         self.values[t] = v
         return v
+
+    def _replayable_view(self, t: Tensor) -> Optional[Op]:
+        """The copying view op (reshape, transpose, slice, ...) that made ``t`` from another value,
+        when the gradient graph can simply redo it: a forward intermediate whose source nothing
+        writes in place. Redone there, it is a view again after lowering, where an extra forward
+        output would be a copy (attention's transposed heads) and more memory kept per step."""
+        op = t.producer
+        if (op is None or op.graph is not self.fwd or op.opdef.view is None or not op.opdef.copy
+                or len(op.inputs) != 1 or t in self.fwd._outputs):
+            return None
+        root = _root(op.inputs[0])
+        for o in self.fwd._ops:
+            written = [o.inputs[o.opdef.inplace]] if o.opdef.inplace is not None else []
+            if o.type in ("call", "repeat"):  # inputs a called graph may write (by reference)
+                written += [o.inputs[o.attrs["input_index"].index(i)] for i in o.attrs["modified"]]
+            if any(_root(w) is root for w in written):
+                return None
+        return op
 
     def _stable(self, t: Tensor) -> Tensor:
         """``t`` itself if no later op overwrites it in place, else a copy taken right after it

@@ -196,6 +196,47 @@ def test_activation_overwritten_in_place_is_copied_first():
     np.testing.assert_allclose(dx, dy * 2 * np.exp(2 * x), rtol=1e-5)
 
 
+def test_views_of_activations_are_recomputed_not_exposed():
+    """A value the gradient needs that is a copying view (reshape / transpose) of another is
+    redone in the gradient graph from its source: the forward graph exposes the source only."""
+    x, dy = R.standard_normal((2, 6)).astype(np.float32), R.standard_normal((3, 3)).astype(np.float32)
+
+    def f(a):
+        e = ops.exp(a)
+        t = ops.transpose(ops.reshape(e, (3, 4)))  # (4, 3), needed by the matmul's gradient
+        return ops.matmul(ops.reshape(e, (3, 4)), t) * 0.5
+
+    dx, infos = _run_nested(f, x, dy)
+    (info,) = infos.values()
+    exposed = [c.fwd_tensor for c in info.expected_inputs if c.connection_type == ECT.Fwd]
+    assert exposed and all(t.producer is None or t.producer.type not in ("reshape", "transpose") for t in exposed)
+    e = np.exp(x).reshape(3, 4)
+    de = 0.5 * (dy @ e + (e.T @ dy).T)  # d/de of 0.5 * e @ e.T against dy
+    np.testing.assert_allclose(dx, de.reshape(2, 6) * np.exp(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("write_first", [False, True])
+def test_a_view_of_a_value_written_in_place_is_exposed_as_it_was(write_first):
+    """When the source is written in place (before or after the view is taken), the view's own
+    value is what the gradient gets."""
+    x, dy = R.standard_normal(3).astype(np.float32), R.standard_normal(3).astype(np.float32)
+    five = np.full(3, 5.0, np.float32)
+
+    def f(a):
+        y = ops.exp(a)
+        if write_first:
+            ops.add_(y, popxl.constant(five))
+        r = ops.reshape(y, (3,))
+        z = r * r  # needs r
+        if not write_first:
+            ops.add_(y, popxl.constant(five))
+        return z
+
+    dx, _ = _run_nested(f, x, dy)
+    r = np.exp(x) + (5 if write_first else 0)
+    np.testing.assert_allclose(dx, dy * 2 * r * np.exp(x), rtol=1e-5)
+
+
 def test_every_op_has_a_gradient_decision():
     missing = sorted(name for name, d in REGISTRY.items() if d.grad is None)
     assert not missing, f"ops without a gradient decision: {missing}"
