@@ -327,7 +327,9 @@ class Session:
         outputs = dict(outputs or {})
         self._check_keys(inputs, self._h2d, "inputs")
         self._check_keys(outputs, self._d2h, "outputs")
-        in_views = [self._device_view(s, to_numpy(inputs[s], downcast=downcast_inputs, copy=False), True)
+        # 64-bit data is downcast for 32-bit streams only: a 64-bit stream keeps its data.
+        in_views = [self._device_view(s, to_numpy(inputs[s], downcast=downcast_inputs and s.dtype.as_numpy().itemsize < 8,
+                                                   copy=False), True)
                     for s in self._h2d]
         out_bufs = []
         for s in self._d2h:

@@ -116,6 +116,23 @@ def test_stream_inputs_checked(nht, rf, shape):
         np.testing.assert_allclose(y.reshape(nht, rf, 2, 2), expected, rtol=1e-6)
 
 
+def test_64_bit_streams_keep_64_bit_inputs_beside_converted_ones():
+    """Downcasting applies to 32-bit streams only: an int64 stream takes int64 data whether the
+    run goes through the checked-once fast path (all exact arrays) or converts another input (a
+    Python float for a float32 stream)."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.h2d_stream((), popxl.float32, "a")
+        b = popxl.h2d_stream((2,), popxl.int64, "b")
+        y = popxl.d2h_stream((2,), popxl.float32, "y")
+        ops.host_store(y, ops.host_load(a) + ops.cast(ops.host_load(b), popxl.float32))
+    with popxl.Session(ir, "cpu") as s:
+        for av in (np.array(1.5, np.float32), np.float32(1.5), 1.5, np.float64(1.5)):
+            np.testing.assert_array_equal(s.run({a: av, b: np.array([1, 2], np.int64)})[y], [2.5, 3.5])
+        with pytest.raises(TypeError, match="'b' carries int64"):
+            s.run({a: 1.5, b: np.array([1, 2], np.int32)})
+
+
 def test_extra_leading_rows_are_allowed_for_inputs():
     ir, x_s, y_s, _ = _stream_ir(2)
     with popxl.Session(ir) as s:
