@@ -61,6 +61,9 @@ class OpDef:
     # and every engine's kernel reads a position's inputs before writing it: lowering may then
     # place the output in the storage of an input of the same shape and dtype that dies here.
     elementwise: bool = False
+    # For other ops: attrs -> the positions of inputs whose storage the first output may take
+    # when they die at this op (every kernel reads such an input before writing the output over it).
+    overwritable: Optional[Callable[..., Tuple[int, ...]]] = None
 
     @property
     def pure(self) -> bool:

@@ -365,7 +365,15 @@ def _conv_fused_kernel(x, w, bias, *rest, strides, pads, dilations, groups, resi
     return (np.maximum(y, 0) if relu else y).astype(x.dtype)
 
 
-register(OpDef("conv_fused", _conv_fused_infer, _conv_fused_kernel, grad=Grad.RAISE, family="nn"))
+def _conv_fused_overwritable(residual: bool, layouts=None, **_) -> Tuple[int, ...]:
+    """The result may be written over a residual laid out as it is: the kernels add the residual
+    into the destination before the convolution writes it (oneDNN's sum post-op)."""
+    same = layouts is None or layouts[1] == layouts[2]
+    return (3,) if residual and same else ()
+
+
+register(OpDef("conv_fused", _conv_fused_infer, _conv_fused_kernel, grad=Grad.RAISE, family="nn",
+               overwritable=_conv_fused_overwritable))
 
 
 def conv_fused(t: Tensor, weight: Tensor, bias: Tensor, residual: Optional[Tensor] = None, relu: bool = False,

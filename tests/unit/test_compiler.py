@@ -232,6 +232,34 @@ def test_matmul_then_a_row_bias_is_one_instruction():
         np.testing.assert_allclose(got[5], p + bias, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("residual_read_later", [False, True])
+def test_a_fused_convolution_writes_over_a_residual_that_dies(residual_read_later):
+    """conv_fused's result takes its residual's storage when nothing reads the residual later
+    (the kernel adds it in place rather than copying it into the destination first)."""
+    from popxl.ops.nn import conv_fused
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 3, 6, 6)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b, r = rng.standard_normal(4).astype(np.float32), rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            xt, rt = (ops.host_load(popxl.h2d_stream(a.shape, popxl.float32, n)) for a, n in ((x, "a_x"), (r, "b_r")))
+            res = rt * 2.0
+            y = conv_fused(xt, popxl.constant(w), popxl.constant(b), res, relu=True, strides=(1, 1),
+                           pads=(1, 1, 1, 1), dilations=(1, 1), groups=1)
+            ops.host_store(popxl.d2h_stream(y.shape, popxl.float32, "y"), y + res if residual_read_later else y)
+        return ir
+    exe, results = _run_main(build, [x, r])
+    (conv,) = _op_instrs(exe, "conv_fused")
+    assert (conv["outputs"][0] == conv["inputs"][3]) != residual_read_later
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    conv_ref = np.einsum("nchwij,kcij->nkhw", np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3)), w)
+    want = np.maximum(conv_ref + b[None, :, None, None] + 2 * r, 0)
+    for (got,) in results:
+        np.testing.assert_allclose(got, want + 2 * r if residual_read_later else want, rtol=1e-4, atol=1e-4)
+
+
 def test_copies_and_views_of_elided_transposes():
     """A reshape that must stay a copy (its result is written) of an elided transpose copies the
     strided values in C order; a reshape_ view of a transpose keeps the transpose a copy, since a

@@ -574,7 +574,9 @@ class BlockedConvKernel : public Kernel {
       src.to_inner(strm, scratch);
       if (residual_mem) {  // the sum post-op adds what the destination holds
         if (residual_copied) {  // the same dense layout: a memcpy beats oneDNN's generic reorder
-          std::memcpy(dst.inner.get_data_handle(), arena + residual.offset, residual.nbytes());
+          void* to = dst.inner.get_data_handle();
+          if (to != arena + residual.offset)  // the memory plan may put the result over the residual
+            std::memcpy(to, arena + residual.offset, residual.nbytes());
         } else {
           residual_mem.set_data_handle(arena + residual.offset);
           residual_in.execute(strm, scratch);
