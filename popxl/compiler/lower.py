@@ -99,6 +99,8 @@ class _Lowering:
         self.static_roots: Set[Tensor] = set()
         self.static_ops: List[Op] = []
         self.fused: Dict[Op, Op] = {}  # an add -> the matmul it absorbs (see _fuse_matmul_bias)
+        self.updates: Dict[Op, Tuple[Tensor, float]] = {}  # a matmul -> (weight, b): see _fuse_weight_updates
+        self.absorbed_updates: Set[Op] = set()  # the scaled_add_ ops those matmuls perform
         self.unplaced: Set[Tensor] = set()  # products no instruction writes: they need no storage
         self._static_extents: List[Tuple[int, int]] = []  # sorted, disjoint [start, end) byte ranges
 
@@ -330,6 +332,58 @@ class _Lowering:
                 self.fused[add] = mm
                 self.unplaced.add(product)
 
+    def _fuse_weight_updates(self) -> None:
+        """SGD's ``scaled_add_(w, g, b=-lr)`` (a = 1) of a gradient ``g`` that a called graph computes
+        with a float32 matmul: that matmul accumulates straight into the weight (sgemm's
+        C = b A B + C), so the gradient is neither stored nor read back, and the update costs no
+        pass of its own. Legal when the call is the graph's only site (a ``call``, not a loop), the
+        matmul's result is only that graph output and ``g`` only the update's operand, and nothing
+        reads or writes the weight between the matmul and the update: no later op of the called
+        graph reads the input bound to it, no op between the call and the update touches it, and
+        the call does not copy it back."""
+        for parent in self.graphs:
+            root = self.roots[parent]
+            readers: Dict[Tensor, int] = {}
+            for op in parent._ops:
+                for t in op.inputs:
+                    readers[t] = readers.get(t, 0) + 1
+            for pos, upd in enumerate(parent._ops):
+                a, b = upd.attrs.get("a"), upd.attrs.get("b")
+                if upd.type != "scaled_add_" or len(upd.inputs) != 2 or a is None or b is None or float(a) != 1.0:
+                    continue
+                w, g = upd.inputs
+                call = g.producer
+                if (call is None or call.type != "call" or call.graph is not parent or w.dtype != dtypes.float32
+                        or g.dtype != dtypes.float32 or w.shape != g.shape or readers.get(g) != 1
+                        or g in parent._outputs):
+                    continue
+                callee = call.attrs["graph"]
+                sites = [op for h in self.graphs for op in h._ops if any(v is callee for v in op_called_graphs(op))]
+                out = callee._outputs[call.outputs.index(g)]
+                mm = out.producer
+                if (len(sites) != 1 or mm is None or mm.type != "matmul" or mm.graph is not callee
+                        or mm.attrs["output_type"] not in (None, dtypes.float32) or out in self.unplaced
+                        or sum(o is out for o in callee._outputs) != 1
+                        or any(out in op.inputs for op in callee._ops)):
+                    continue
+                # the weight, and the callee inputs bound to it, must not be read after the matmul
+                bound = [callee._inputs[i] for i, t in zip(call.attrs["input_index"], call.inputs)
+                         if root[t] is root[w]]
+                if any(i in call.attrs["modified"] for i, t in zip(call.attrs["input_index"], call.inputs)
+                       if root[t] is root[w]):
+                    continue
+                croot = self.roots[callee]
+                later = callee._ops[callee._ops.index(mm) + 1:]
+                if any(croot[t] in {croot[x] for x in bound} for op in later for t in (*op.inputs, *op.outputs)) \
+                        or any(x in callee._outputs for x in bound):
+                    continue
+                between = parent._ops[parent._ops.index(call) + 1:pos]
+                if any(root[t] is root[w] for op in between for t in (*op.inputs, *op.outputs)):
+                    continue
+                self.updates[mm] = (w, float(b))
+                self.absorbed_updates.add(upd)
+                self.unplaced.update((out, g))
+
     def _static_inputs(self, buffers: Sequence[int]) -> List[int]:
         """Positions of the buffers lying entirely within static storage."""
         positions = []
@@ -466,7 +520,9 @@ class _Lowering:
         return table[stream]
 
     def copies(self, pairs) -> List[List[int]]:
-        """Buffer pairs to copy; a pair whose two sides are one storage (an aliased input) needs none."""
+        """Buffer pairs to copy; a pair whose two sides are one storage (an aliased input) needs none,
+        and a value no instruction writes (a gradient a matmul adds into its weight) none either."""
+        pairs = [(a, b) for a, b in pairs if a not in self.unplaced and b not in self.unplaced]
         return [[x, y] for x, y in ((self.buf(a), self.buf(b)) for a, b in pairs) if x != y]
 
     def program(self, ops: Sequence[Op]) -> List[Dict]:
@@ -474,8 +530,8 @@ class _Lowering:
         absorbed = {id(mm) for mm in self.fused.values()}
         for op in ops:
             a = op.attrs
-            if id(op) in absorbed:
-                continue  # computed by the matmul_bias instruction of the add that follows
+            if id(op) in absorbed or op in self.absorbed_updates:
+                continue  # done by the matmul_bias of the add that follows / by the gradient's matmul
             if op.opdef.view is not None:
                 if op.opdef.copy and op not in self.elided:  # a copy of a view of the input: no kernel needed
                     x, y = op.inputs[0], op.outputs[0]
@@ -519,13 +575,16 @@ class _Lowering:
                 raise NotImplementedError(f"lowering of control op {op.type!r} is not implemented")
             else:
                 regions = [self.buf_of_desc(self.regions[v]) for v in a.values() if isinstance(v, RemoteBuffer)]
-                kind, operands = op.type, op.inputs
+                kind, operands, results = op.type, op.inputs, op.outputs
                 if op in self.fused:
                     mm = self.fused[op]
                     kind, operands, a = "matmul_bias", [*mm.inputs, *(t for t in op.inputs if t is not mm.outputs[0])], {}
+                elif op in self.updates:
+                    weight, scale = self.updates[op]
+                    kind, operands, results, a = "matmul_update_", [*op.inputs, weight], [weight], {"b": scale}
                 inputs = [self.buf(t) for t in operands] + regions
                 instr = {"kind": "op", "type": kind, "name": op.name, "inputs": inputs,
-                         "outputs": [self.buf(t) for t in op.outputs],
+                         "outputs": [self.buf(t) for t in results],
                          "attrs": {k: encode_attr(v.remote_buffer_id if isinstance(v, RemoteBuffer) else v)
                                    for k, v in a.items()}}
                 static = self._static_inputs(inputs)
@@ -538,6 +597,7 @@ class _Lowering:
         step = progress or (lambda label: None)
         self._find_static()
         self._fuse_matmul_bias()
+        self._fuse_weight_updates()
         self.place_permanent()
         for g in self.graphs:
             self.place_graph(g)

@@ -204,6 +204,21 @@ register(OpDef("matmul_bias", _matmul_bias_infer, lambda a, b, bias: np.matmul(a
                family="nn"))
 
 
+def _matmul_update_infer(specs, b):
+    a, w_, t = specs
+    (out,) = _matmul_infer([a, w_], None, None)
+    if t.shape != out.shape or t.dtype != out.dtype:
+        raise ValueError(f"matmul_update_: the updated tensor ({t.dtype.name} {t.shape}) must match the product "
+                         f"({out.dtype.name} {out.shape})")
+    return [t]
+
+
+# t += b * (a @ w), in place on t: lowering makes it of a gradient's matmul and the SGD update
+# scaled_add_(t, gradient, b=...) that consumes it (popxl/compiler/lower.py); not traced by users.
+register(OpDef("matmul_update_", _matmul_update_infer, lambda a, w, t, b: t + np.float32(b) * np.matmul(a, w),
+               inplace=2, grad=Grad.RAISE, family="nn"))
+
+
 def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float] = None,
            output_type: Optional[dtypes.dtype] = None, partials_type: Optional[dtypes.dtype] = None) -> Tensor:
     """numpy.matmul semantics: batch dims broadcast, 1-D operands are promoted then squeezed."""

@@ -260,6 +260,83 @@ def test_a_fused_convolution_writes_over_a_residual_that_dies(residual_read_late
         np.testing.assert_allclose(got, want + 2 * r if residual_read_later else want, rtol=1e-4, atol=1e-4)
 
 
+def _sgd_ir(read_weight_between: bool, steps: int = 3):
+    """x @ W -> gelu, autodiff, and an SGD update of W from the gradient graph's dW, repeated."""
+    from popxl import transforms
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    w0 = rng.standard_normal((4, 3)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(w0, name="w")
+        fwd = ir.create_graph(lambda xx, ww: ops.gelu(xx @ ww), popxl.TensorSpec(x.shape, popxl.float32), w)
+        grad = transforms.autodiff(fwd, grads_required=fwd.inputs[1:])
+        seen = popxl.d2h_stream(w.shape, popxl.float32, "w_before_update")
+
+        def step(ww: popxl.TensorByRef):
+            info = ops.call_with_info(fwd, popxl.constant(x), ww)
+            (dw,) = ops.call(grad.graph, popxl.constant(np.ones((5, 3), np.float32)), inputs_dict=grad.inputs_dict(info))
+            if read_weight_between:
+                ops.host_store(seen, ww)
+            ops.scaled_add_(ww, dw, b=-0.1)
+        ops.repeat(ir.create_graph(step, w), steps, w)
+    return ir, w, x, w0
+
+
+@pytest.mark.parametrize("read_weight_between", [False, True])
+def test_the_gradient_matmul_performs_the_sgd_update(read_weight_between):
+    """scaled_add_(w, dW, b) of a gradient computed by a matmul becomes matmul_update_ (w += b A B)
+    unless something reads w between the matmul and the update; either way the weights are those
+    of plain SGD."""
+    from engine_harness import engine
+    ir0, _, x, w0 = _sgd_ir(read_weight_between)
+    exe = lower(ir0)
+    assert bool(_op_instrs(exe, "matmul_update_")) != read_weight_between
+    w_ref = w0.astype(np.float64)
+    for _ in range(3):
+        z = x @ w_ref
+        c = np.sqrt(2 / np.pi)
+        t = np.tanh(c * (z + 0.044715 * z ** 3))
+        dgelu = 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
+        w_ref = w_ref - 0.1 * x.T @ dgelu
+    for name in ("reference", "native"):
+        ir, w, _, _ = _sgd_ir(read_weight_between)
+        ir.num_host_transfers = 3 if read_weight_between else 1
+        with engine(name):
+            session = popxl.Session(ir, "ipu_model")
+        with session:
+            session.run()
+        np.testing.assert_allclose(session.get_tensor_data(w), w_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_no_fused_update_when_the_called_graph_reads_the_weight_after_the_matmul():
+    """A hand-written gradient graph computing dW first and then reading W (dX = g W^T) keeps its
+    plain matmul: updating W early would change dX."""
+    from engine_harness import engine
+    rng = np.random.default_rng(8)
+    x, g, w0 = (rng.standard_normal(s).astype(np.float32) for s in ((5, 4), (5, 3), (4, 3)))
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            w = popxl.variable(w0, name="w")
+            back = ir.create_graph(lambda xx, gg, ww: (ops.transpose(xx) @ gg, gg @ ops.transpose(ww)),
+                                   popxl.TensorSpec(x.shape, popxl.float32), popxl.TensorSpec(g.shape, popxl.float32), w)
+            dw, dx = ops.call(back, popxl.constant(x), popxl.constant(g), w)
+            ops.scaled_add_(w, dw, b=-0.5)
+            ops.host_store(popxl.d2h_stream(dx.shape, popxl.float32, "dx"), dx)
+        return ir, w
+    assert not _op_instrs(lower(build()[0]), "matmul_update_")
+    for name in ("reference", "native"):
+        ir, w = build()
+        with engine(name):
+            session = popxl.Session(ir, "ipu_model")
+        with session:
+            (dx,) = session.run().values()
+        np.testing.assert_allclose(dx, g @ w0.T, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(session.get_tensor_data(w), w0 - 0.5 * x.T @ g, rtol=1e-5, atol=1e-6)
+
+
 def test_copies_and_views_of_elided_transposes():
     """A reshape that must stay a copy (its result is written) of an elided transpose copies the
     strided values in C order; a reshape_ view of a transpose keeps the transpose a copy, since a

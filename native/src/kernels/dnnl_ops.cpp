@@ -203,8 +203,9 @@ MatOperand promote(const Buffer& b, bool is_lhs, size_t rank) {
 }
 
 // matmul; matmul_pow2scaled (float8 operands, float16 result times 2**log2_scale); matmul_bias
-// (float32 a @ b + a row vector, which the GEMM starts from).
-enum class MatmulKind { Plain, Pow2, Bias };
+// (float32 a @ b + a row vector, which the GEMM starts from); matmul_update_ (float32
+// t += b * (a @ w), in place: a gradient's matmul that performs its SGD update, sgemm only).
+enum class MatmulKind { Plain, Pow2, Bias, Update };
 
 KernelFactory matmul(MatmulKind kind) {
   return [kind](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
@@ -212,9 +213,13 @@ KernelFactory matmul(MatmulKind kind) {
   const Buffer& b = bufs[ins.inputs[1]];
   const Buffer& y = bufs[ins.outputs[0]];
   const Buffer* bias = kind == MatmulKind::Bias ? &bufs[ins.inputs[2]] : nullptr;
+  const bool update = kind == MatmulKind::Update;
   memory::data_type ta, tb, ty;
   if (!dnnl_type(a.dtype, ta) || !dnnl_type(b.dtype, tb) || !dnnl_type(y.dtype, ty)) return nullptr;
-  if (!y.contiguous || (bias && (y.dtype != DType::F32 || bias->dtype != DType::F32))) return nullptr;
+  if (!y.contiguous || ((bias || update) && y.dtype != DType::F32) || (bias && bias->dtype != DType::F32))
+    return nullptr;
+  if (update && (a.nelms == 0 || b.nelms == 0))  // adds b times an empty sum: nothing changes
+    return std::make_unique<FnKernel>([](uint8_t*) {});
   if (a.nelms == 0 || b.nelms == 0) {  // empty operands: an empty sum is 0 (plus the bias)
     const Buffer out = y;
     const std::optional<Buffer> row = bias ? std::optional<Buffer>(*bias) : std::nullopt;
@@ -238,8 +243,14 @@ KernelFactory matmul(MatmulKind kind) {
   int64_t acc = 1;  // output buffers are contiguous
   for (size_t i = rank; i-- > 0;) { ystr[i] = acc; acc *= ydims[i]; }
   try {
-    if (kind != MatmulKind::Pow2 && a.dtype == DType::F32 && b.dtype == DType::F32 && y.dtype == DType::F32)
-      if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, bias)) return gemm;
+    if (kind != MatmulKind::Pow2 && a.dtype == DType::F32 && b.dtype == DType::F32 && y.dtype == DType::F32) {
+      GemmInto into;
+      into.bias = bias;
+      into.accumulate = update;
+      if (update) into.alpha = float(ins.attrs.at("b").f());
+      if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, into)) return gemm;
+    }
+    if (update) return nullptr;  // operands sgemm cannot read: the NumPy kernel
     auto k = std::make_unique<DnnlKernel>();
     k->single_thread = prod(ydims) * A.dims[rank - 1] < kSingleThreadWork;
     SingleThreadScope scope(k->single_thread);
@@ -273,6 +284,7 @@ const RegisterKernel matmul_ops[] = {
     {{"matmul"}, matmul(MatmulKind::Plain)},
     {{"matmul_pow2scaled"}, matmul(MatmulKind::Pow2)},
     {{"matmul_bias"}, matmul(MatmulKind::Bias)},
+    {{"matmul_update_"}, matmul(MatmulKind::Update)},
 };
 
 // ---- convolution, transposed convolution, pooling ------------------------------------------------

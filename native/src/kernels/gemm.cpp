@@ -49,6 +49,7 @@ struct GemmKernel : Kernel {
   int64_t a_base = 0, b_base = 0, y_base = 0;  // byte offsets in the arena
   bool has_bias = false;
   int64_t bias_base = 0, bias_step = 1;  // the bias row: byte offset, element stride
+  float alpha = 1.0f, beta = 0.0f;
   std::vector<Call> calls;
   bool parallel = false;
 
@@ -65,8 +66,8 @@ struct GemmKernel : Kernel {
           float* row = Y + c.y + r * ldy;
           for (int64_t j = 0; j < c.n; ++j) row[j] = bias[(c.col + j) * bias_step];
         }
-      scipy_cblas_sgemm(CblasRowMajor, la.trans, lb.trans, c.m, c.n, k, 1.0f, A + c.a, la.ld, B + c.b, lb.ld,
-                        has_bias ? 1.0f : 0.0f, Y + c.y, ldy);
+      scipy_cblas_sgemm(CblasRowMajor, la.trans, lb.trans, c.m, c.n, k, alpha, A + c.a, la.ld, B + c.b, lb.ld,
+                        beta, Y + c.y, ldy);
     };
     const int64_t n = static_cast<int64_t>(calls.size());
     if (!parallel) {  // outside any OpenMP construct: even a one-thread team costs a small GEMM's time
@@ -81,7 +82,7 @@ struct GemmKernel : Kernel {
 }  // namespace
 
 std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
-                                     int64_t a_base, int64_t b_base, int64_t y_base, const Buffer* bias) {
+                                     int64_t a_base, int64_t b_base, int64_t y_base, const GemmInto& into) {
   static const bool single_threaded_blas = [] {
     scipy_openblas_set_num_threads(1);  // the kernel parallelises; OpenBLAS must not add threads
     return true;
@@ -97,12 +98,12 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   const int64_t macs = batches * m * n * kk;
   // A big product with a thin side (a 10-class layer, say) is mostly memory traffic, which
   // oneDNN's matmul streams 2-3x faster than sgemm's packing does.
-  if (macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
+  if (!into.accumulate && macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
   // Many small matrices (attention's per-head products): oneDNN's batched matmul keeps both
   // threads busy with less packing per matrix than a sgemm call per matrix, 5-15% faster
   // (32 x (128, 64, 128): 174 vs 149 GFLOP/s on two threads); from ~100M multiply-adds a
   // matrix, sgemm is the faster again.
-  if (batches > 1 && m * n * kk < kSmallBatchedMatrix) return nullptr;
+  if (!into.accumulate && batches > 1 && m * n * kk < kSmallBatchedMatrix) return nullptr;
   auto g = std::make_unique<GemmKernel>();
   if (!blas_layout(m, kk, a.strides[r - 2], a.strides[r - 1], g->la) ||
       !blas_layout(kk, n, b.strides[r - 2], b.strides[r - 1], g->lb))
@@ -111,11 +112,13 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   g->k = kk;
   g->ldy = n;
   g->a_base = a_base, g->b_base = b_base, g->y_base = y_base;
-  if (bias) {
+  if (into.bias) {
     g->has_bias = true;
-    g->bias_base = bias->offset;
-    g->bias_step = bias->strides.back() / static_cast<int64_t>(sizeof(float));
+    g->bias_base = into.bias->offset;
+    g->bias_step = into.bias->strides.back() / static_cast<int64_t>(sizeof(float));
   }
+  g->alpha = into.alpha;
+  g->beta = into.bias || into.accumulate ? 1.0f : 0.0f;
 
   // Offsets of every matrix of the (broadcast) batch; the output is packed.
   const int threads = omp_get_max_threads();

@@ -14,11 +14,19 @@ struct MatOperand {
   std::vector<int64_t> dims, strides;
 };
 
-// A kernel computing y = a @ b (+ bias, a float32 row of y's last dimension, when given) for
-// float32 operands at the given arena byte offsets (y packed, dims `ydims`), or nullptr when
-// sgemm cannot read an operand's strides or oneDNN is the faster of the two for the shape (the
-// caller then uses oneDNN).
+// How the product meets y: written over it, added to a bias row first written into it, or
+// scaled and added to what y holds (y += alpha * a @ b).
+struct GemmInto {
+  const Buffer* bias = nullptr;
+  bool accumulate = false;
+  float alpha = 1.0f;
+};
+
+// A kernel computing y = a @ b (see GemmInto) for float32 operands at the given arena byte
+// offsets (y packed, dims `ydims`), or nullptr when sgemm cannot read an operand's strides or,
+// unless accumulating (which only sgemm does here), oneDNN is the faster of the two for the shape
+// (the caller then uses oneDNN).
 std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
-                                     int64_t a_base, int64_t b_base, int64_t y_base, const Buffer* bias = nullptr);
+                                     int64_t a_base, int64_t b_base, int64_t y_base, const GemmInto& into = {});
 
 }  // namespace popxl
