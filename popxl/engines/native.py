@@ -20,22 +20,40 @@ from popxl.compiler.executable import Executable
 from popxl.engines.reference import ReferenceEngine
 
 
+# How long (in spins, ~25 us here) an idle OpenMP thread waits busily before it sleeps: libgomp's
+# default, 300,000 spins (milliseconds), is good on an idle machine and ruinous on a busy one,
+# where a thread spinning at a barrier takes the core its partner needs to finish (mlp_big with one
+# other busy process: ~60 -> ~90 steps/s at 1,000 spins; on an idle machine the engine's regions
+# follow each other within a few microseconds, so the short spin costs within noise).
+_GOMP_SPINCOUNT = "1000"
+
+
 def _import_native():
-    """``popxl._native``, its OpenBLAS (which it links) loaded with OPENBLAS_NUM_THREADS=1: the
-    kernels split GEMMs over OpenMP threads themselves, and a BLAS thread pool started at load
-    would spin on a core for a while. The variable is restored at once, so a BLAS loaded later
-    (SciPy's, say) still sees the user's setting."""
+    """``popxl._native``, loaded with the settings its libraries read once, at load, and only then:
+
+    - OPENBLAS_NUM_THREADS=1 for its OpenBLAS: the kernels split GEMMs over OpenMP threads
+      themselves, and a BLAS thread pool started at load would spin on a core for a while;
+    - GOMP_SPINCOUNT (see ``_GOMP_SPINCOUNT``) for libgomp, unless the user set OMP_WAIT_POLICY or
+      GOMP_SPINCOUNT. The OpenMP runtime is one per process: a library that loaded it earlier
+      (PyTorch, say) keeps its settings, and one that loads after popxl shares popxl's.
+
+    The variables are restored at once, so libraries loaded later (SciPy's BLAS, say) still see the
+    user's environment."""
     if "popxl._native" in sys.modules:
         return sys.modules["popxl._native"]
-    saved = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    load_env = {"OPENBLAS_NUM_THREADS": "1"}
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        load_env["GOMP_SPINCOUNT"] = _GOMP_SPINCOUNT
+    saved = {k: os.environ.get(k) for k in load_env}
+    os.environ.update(load_env)
     try:
         from popxl import _native
     finally:
-        if saved is None:
-            del os.environ["OPENBLAS_NUM_THREADS"]
-        else:
-            os.environ["OPENBLAS_NUM_THREADS"] = saved
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
     return _native
 
 
