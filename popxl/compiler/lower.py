@@ -56,6 +56,15 @@ def _packed_desc(offset: int, shape: Tuple[int, ...], dtype: dtypes.dtype) -> De
     return offset, tuple(shape), tuple(reversed(strides)), dtype.name
 
 
+def _reader_counts(g: Graph) -> Dict[Tensor, int]:
+    """How many op inputs of ``g`` each tensor is."""
+    readers: Dict[Tensor, int] = {}
+    for op in g._ops:
+        for t in op.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    return readers
+
+
 def _nbytes(t: Tensor) -> int:
     return t.nelms * dtypes.ml_dtype(t.dtype).itemsize
 
@@ -92,6 +101,12 @@ class _Lowering:
         self.arena = 0
         self.graphs = self._reachable_graphs()
         self.graph_index = {g: i for i, g in enumerate(self.graphs)}
+        self.sites: Dict[Graph, List[Op]] = {g: [] for g in self.graphs}  # the ops calling each graph
+        for h in self.graphs:
+            for op in h._ops:
+                for sub in op_called_graphs(op):
+                    if not self.sites[sub] or self.sites[sub][-1] is not op:  # an if may call one graph twice
+                        self.sites[sub].append(op)
         self.elided: Set[Op] = set()  # copying views that became plain views (see _elide_copies)
         self.roots = {g: self._roots(g) for g in self.graphs}
         self._written_memo: Dict[Graph, Set[Tensor]] = {}
@@ -234,7 +249,7 @@ class _Lowering:
         input is not loop-carried (carries overwrite it), the caller tensor is contiguous and bound
         only once, and the input is by-reference or never written inside ``g`` (a by-value input
         written in place would change the caller's tensor)."""
-        sites = [op for h in self.graphs for op in h._ops if any(v is g for v in op_called_graphs(op))]
+        sites = self.sites[g]
         if len(sites) != 1 or sites[0].type not in ("call", "repeat"):
             return {}
         site = sites[0]
@@ -311,10 +326,7 @@ class _Lowering:
         the result. Both ops must be in the static program or both out of it."""
         static = {id(op) for op in self.static_ops}
         for g in self.graphs:
-            readers: Dict[Tensor, int] = {}
-            for op in g._ops:
-                for t in op.inputs:
-                    readers[t] = readers.get(t, 0) + 1
+            readers = _reader_counts(g)
             outputs = set(g._outputs)
             for mm, add in zip(g._ops, g._ops[1:]):
                 if (mm.type != "matmul" or add.type != "add" or (id(mm) in static) != (id(add) in static)
@@ -343,10 +355,7 @@ class _Lowering:
         the call does not copy it back."""
         for parent in self.graphs:
             root = self.roots[parent]
-            readers: Dict[Tensor, int] = {}
-            for op in parent._ops:
-                for t in op.inputs:
-                    readers[t] = readers.get(t, 0) + 1
+            readers = _reader_counts(parent)
             for pos, upd in enumerate(parent._ops):
                 a, b = upd.attrs.get("a"), upd.attrs.get("b")
                 if upd.type != "scaled_add_" or len(upd.inputs) != 2 or a is None or b is None or float(a) != 1.0:
@@ -358,7 +367,7 @@ class _Lowering:
                         or g in parent._outputs):
                     continue
                 callee = call.attrs["graph"]
-                sites = [op for h in self.graphs for op in h._ops if any(v is callee for v in op_called_graphs(op))]
+                sites = self.sites[callee]
                 out = callee._outputs[call.outputs.index(g)]
                 mm = out.producer
                 if (len(sites) != 1 or mm is None or mm.type != "matmul" or mm.graph is not callee
@@ -367,15 +376,14 @@ class _Lowering:
                         or any(out in op.inputs for op in callee._ops)):
                     continue
                 # the weight, and the callee inputs bound to it, must not be read after the matmul
-                bound = [callee._inputs[i] for i, t in zip(call.attrs["input_index"], call.inputs)
-                         if root[t] is root[w]]
-                if any(i in call.attrs["modified"] for i, t in zip(call.attrs["input_index"], call.inputs)
-                       if root[t] is root[w]):
+                bound_at = [i for i, t in zip(call.attrs["input_index"], call.inputs) if root[t] is root[w]]
+                if any(i in call.attrs["modified"] for i in bound_at):
                     continue
                 croot = self.roots[callee]
+                bound = {croot[callee._inputs[i]] for i in bound_at}
                 later = callee._ops[callee._ops.index(mm) + 1:]
-                if any(croot[t] in {croot[x] for x in bound} for op in later for t in (*op.inputs, *op.outputs)) \
-                        or any(x in callee._outputs for x in bound):
+                if (any(croot[t] in bound for op in later for t in (*op.inputs, *op.outputs))
+                        or any(callee._inputs[i] in callee._outputs for i in bound_at)):
                     continue
                 between = parent._ops[parent._ops.index(call) + 1:pos]
                 if any(root[t] is root[w] for op in between for t in (*op.inputs, *op.outputs)):
@@ -408,7 +416,7 @@ class _Lowering:
         inputs), the output owns its storage (not an input, a variable or a view) and is output
         once. The caller's output storage is live from the call on, so the caller's planner kept
         it apart from everything live during the call; other graphs have their own regions."""
-        sites = [op for h in self.graphs for op in h._ops if any(v is g for v in op_called_graphs(op))]
+        sites = self.sites[g]
         if len(sites) != 1 or sites[0].type != "call":
             return {}
         inputs = set(g._inputs)
@@ -492,7 +500,6 @@ class _Lowering:
             while r in owner:
                 r = owner[r]
             return r
-        reused: Dict[Tensor, Tensor] = {}
         for pos, op in enumerate(ops):
             d = op.opdef
             candidates = (range(len(op.inputs)) if d.elementwise
@@ -508,10 +515,9 @@ class _Lowering:
                         and live[s][0] >= 0 and live[s][1] == pos
                         and all(storage(u) is not s for u in op.inputs if u is not t)):
                     owner[out] = s
-                    reused[out] = s
                     live[s][1] = live.pop(out)[1]
                     break
-        return reused
+        return owner
 
     # programs -------------------------------------------------------------------------------------
     def stream_index(self, table: Dict, stream) -> int:
