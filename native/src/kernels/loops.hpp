@@ -180,6 +180,19 @@ __attribute__((always_inline)) inline float exp_in_range(float z) {
   return y;
 }
 
+// exp(z) for softmax's z = x - max (<= 0, or NaN): in float, what the eight-lane form in
+// vec_math.hpp computes lane by lane (underflow to exactly 0 below e**-87, NaN kept), so a row's
+// tail and other axes agree with its vectorised body.
+template <class W>
+__attribute__((always_inline)) inline W softmax_exp(W z) {
+  if constexpr (std::is_same_v<W, float>) {
+    if (std::isnan(z)) return z;
+    return z < kExpLo ? 0.0f : exp_in_range(z < 0.0f ? z : 0.0f);
+  } else {
+    return std::exp(z);
+  }
+}
+
 // 0.5 * (1 + tanh(u)), the gate of tanh-form gelu (gelu(x) = x * gate), computed as the equal
 // 1 / (1 + exp(-2u)): no cancellation in 1 + tanh(u) for u << 0. A NaN u gives a finite gate
 // (the callers multiply by x, which carries the NaN); the gate is exactly 0 once exp(-2u) would

@@ -211,9 +211,9 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
         double* dw = st->part.data() + size_t(omp_get_thread_num()) * 2 * g.C;
         double* db = dw + g.C;
         std::vector<W> x_tmp, g_tmp, out_tmp;
-        // float32 rows of one value per channel (a layer norm): the row kernel of vec_math.hpp,
+        // float32 rows of one value per channel in one group (a layer norm): the row kernel of vec_math.hpp,
         // its dweight/dbias sums kept in float for 16 rows at a time, then added in double.
-        const bool rows = std::is_same_v<W, float> && S == 1;
+        const bool rows = std::is_same_v<W, float> && S == 1 && g.G == 1;
         std::vector<float> fdw(rows ? g.C : 0), fdb(rows ? g.C : 0);
         int64_t pending = 0;
         auto flush = [&] {
@@ -344,7 +344,7 @@ void softmax_block(W* y, const W* x, int64_t A, int64_t inner) {
       nan = nan || std::isnan(v);
     }
     double total = 0;
-    for (int64_t i = 0; i < A; ++i) total += double(y[i * inner + e] = nan ? W(NAN) : std::exp(x[i * inner + e] - m));
+    for (int64_t i = 0; i < A; ++i) total += double(y[i * inner + e] = nan ? W(NAN) : softmax_exp(x[i * inner + e] - m));
     for (int64_t i = 0; i < A; ++i) y[i * inner + e] = y[i * inner + e] / W(total);
   }
 }

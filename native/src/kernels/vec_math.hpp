@@ -125,7 +125,7 @@ inline void softmax_row(float* y, const float* x, int64_t n) {
   for (float v : lanes) total += v;
 #endif
   for (; i < n; ++i) {
-    y[i] = std::exp(x[i] - m);
+    y[i] = softmax_exp(x[i] - m);
     total += y[i];
   }
   const float scale = float(1.0 / total);
