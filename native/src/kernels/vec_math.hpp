@@ -72,11 +72,20 @@ inline __m256 gelu_inner(__m256 x) {  // sqrt(2/pi) (x + 0.044715 x^3), multipli
   return _mm256_mul_ps(set(float(kSqrt2OverPi)), _mm256_add_ps(x, cubic));
 }
 
+// The eight lanes of v added in double, in lane order.
+inline double hsum(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  double t = 0;
+  for (float f : lanes) t += f;
+  return t;
+}
+
 }  // namespace vec8
 #endif
 
 // softmax of one dense float32 row: y = exp(x - max) / sum. NaN anywhere gives a NaN row and
-// exp underflows to 0 below e**-87, as in the reference.
+// exp underflows to 0 below e**-87 (softmax_exp, the tail's form).
 inline void softmax_row(float* y, const float* x, int64_t n) {
   if (n == 0) return;
   int64_t i = 0;
@@ -91,7 +100,7 @@ inline void softmax_row(float* y, const float* x, int64_t n) {
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, m8);
-  for (float v : lanes) m = v > m ? v : m;
+  for (float v : lanes) m = v > m ? v : m;  // NaN lanes are caught by nan8
   nan = _mm256_movemask_ps(nan8) != 0;
 #endif
   for (; i < n; ++i) {
@@ -116,13 +125,11 @@ inline void softmax_row(float* y, const float* x, int64_t n) {
     _mm256_storeu_ps(y + i, e);
     sum8 = _mm256_add_ps(sum8, e);
     if ((i & 1023) == 1016) {  // float lanes over blocks of 1024 values, blocks summed in double
-      _mm256_store_ps(lanes, sum8);
-      for (float v : lanes) total += v;
+      total += vec8::hsum(sum8);
       sum8 = _mm256_setzero_ps();
     }
   }
-  _mm256_store_ps(lanes, sum8);
-  for (float v : lanes) total += v;
+  total += vec8::hsum(sum8);
 #endif
   for (; i < n; ++i) {
     y[i] = softmax_exp(x[i] - m);
@@ -134,18 +141,6 @@ inline void softmax_row(float* y, const float* x, int64_t n) {
 
 // ---- rows of normalisations (float32) --------------------------------------------------------------
 // Sums run in eight float lanes, flushed into a double every 1024 values: as exact as lane_sum.
-#ifdef POPXL_VEC8
-namespace vec8 {
-inline double hsum(__m256 v) {
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, v);
-  double t = 0;
-  for (float f : lanes) t += f;
-  return t;
-}
-}  // namespace vec8
-#endif
-
 // Sum over n values of x, or of (x - m)^2 when `squares`.
 inline double row_sum(const float* x, int64_t n, bool squares = false, float m = 0) {
   double total = 0;
