@@ -168,7 +168,6 @@ struct RowSum : Kernel {
   Buffer x, y;
   int64_t rows = 0, cols = 0;
   bool mean = false;
-  std::vector<double> acc;
 
   void run(uint8_t* a) override {
     const float* xs = reinterpret_cast<const float*>(a + x.offset);
@@ -178,9 +177,8 @@ struct RowSum : Kernel {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelElements && pieces > 1)
     for (int64_t p = 0; p < pieces; ++p) {
       const int64_t c0 = p * kPiece, n = std::min(kPiece, cols - c0);
-      double* t = acc.data() + c0;
+      double t[kPiece] = {};
       float block[kPiece];
-      std::fill(t, t + n, 0.0);
       for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
         const float* row = xs + r0 * cols + c0;
         for (int64_t j = 0; j < n; ++j) block[j] = row[j];
@@ -210,7 +208,6 @@ std::unique_ptr<Kernel> row_sum(Red kind, const OpInstr& ins, const Buffer& x, c
   k->cols = prod(x.shape, lead);
   k->mean = kind == Red::Mean;
   if (k->rows == 0 || k->cols == 0) return nullptr;  // the general path writes 0 / NaN
-  k->acc.assign(k->cols, 0.0);
   return k;
 }
 
