@@ -28,10 +28,10 @@ namespace {
 using std::unique_ptr;
 
 // ---- remote_load / remote_load_ / remote_store ---------------------------------------------------
-// The slot of `region` that the one-element integer tensor `offset` names; an offset outside
-// [0, entries) raises IndexError (std::out_of_range) with the reference's message.
-Buffer remote_slot(const uint8_t* arena, const Buffer& region, const Buffer& offset, int64_t buffer_id, const char* op) {
-  const int64_t entries = region.shape.at(0);
+// Which slot of a remote buffer's region (`entries` slots) the one-element integer tensor
+// `offset` names; an offset outside [0, entries) raises IndexError (std::out_of_range) with the
+// reference's message.
+int64_t remote_slot(const uint8_t* arena, int64_t entries, const Buffer& offset, int64_t buffer_id, const char* op) {
   int64_t slot = -1;
   std::string value;
   dispatch_arith(offset.dtype, [&](auto tag) {
@@ -42,19 +42,14 @@ Buffer remote_slot(const uint8_t* arena, const Buffer& region, const Buffer& off
       bool in_range = static_cast<uint64_t>(v) < static_cast<uint64_t>(entries);
       if constexpr (std::is_signed_v<T>) in_range = in_range && v >= 0;
       if (in_range) slot = static_cast<int64_t>(v);
-      value = std::to_string(v);
+      else value = std::to_string(v);
     }
   });
   if (slot < 0)
     throw std::out_of_range(std::string(op) + ": offset " + value + " is out of range for remote buffer " +
                             std::to_string(buffer_id) + ", which has " + std::to_string(entries) +
                             " entries (valid offsets 0.." + std::to_string(entries - 1) + ").");
-  Buffer s = region;
-  s.offset += slot * region.strides[0];
-  s.shape.erase(s.shape.begin());
-  s.strides.erase(s.strides.begin());
-  refresh(s);
-  return s;
+  return slot;
 }
 
 enum class Remote { Load, LoadInPlace, Store };
@@ -70,9 +65,13 @@ KernelFactory remote(Remote which) {
     if (std::vector<int64_t>(region.shape.begin() + 1, region.shape.end()) != tensor.shape ||
         region.dtype != tensor.dtype)
       throw std::logic_error(std::string(op) + " '" + ins.name + "': the tensor does not match its remote buffer's slots");
-    const int64_t id = ins.attrs.at("remote_buffer").i();
-    return std::make_unique<FnKernel>([=](uint8_t* a) {
-      const Buffer slot = remote_slot(a, region, offset, id, op);
+    const int64_t id = ins.attrs.at("remote_buffer").i(), entries = region.shape.at(0);
+    Buffer first = region;  // slot 0; slot k lies k region strides further on
+    first.shape.erase(first.shape.begin());
+    first.strides.erase(first.strides.begin());
+    refresh(first);
+    return std::make_unique<FnKernel>([=, slot = first](uint8_t* a) mutable {
+      slot.offset = first.offset + remote_slot(a, entries, offset, id, op) * region.strides[0];
       if (which == Remote::Store) copy_buffer(a, slot, a, tensor);
       else copy_buffer(a, tensor, a, slot);
     });
