@@ -416,7 +416,7 @@ for _name, _derivative in _UNARY_DERIVATIVES.items():
 
 
 def _gelu_grad_kernel(form: Callable) -> Callable:
-    def k(g, x):
+    def k(g, x, *gelu_of_x):  # the reference computes from x alone
         wide = np.promote_types(x.dtype, np.float32)
         xf = x.astype(wide)
         return (g.astype(wide) * form(xf)).astype(x.dtype)
@@ -435,11 +435,24 @@ def _d_gelu_erf(x):
     return cdf + x * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)
 
 
-# Dedicated gradient ops: one fused kernel instead of a dozen elementwise ops.
-for _name, _form in (("gelu", _d_gelu_tanh), ("geluerf", _d_gelu_erf)):
-    register(OpDef(_name + "_grad", lambda specs: [specs[1]], _gelu_grad_kernel(_form), grad=Grad.RAISE,
-                   family="elementwise", elementwise=True))
-    grad_rule(_name)(lambda ctx, _op=_name + "_grad": [create_op(_op, [ctx.grad(0), ctx.input(0)])[0]])
+# Dedicated gradient ops, gelu_grad(g, x, gelu(x)) and geluerf_grad(g, x): one fused kernel instead
+# of a dozen elementwise ops. gelu_grad also reads the forward's output, which training keeps anyway
+# for the next layer's weight gradient: the native float32 kernel takes tanh's gate as gelu(x) / x
+# from it instead of recomputing an exponential (about 3x faster).
+def _gelu_grad_infer(name: str, operands: int) -> Callable:
+    def infer(specs):
+        if len(specs) != operands or any(s.shape != specs[1].shape for s in specs):
+            raise ValueError(f"{name} takes {operands} tensors of one shape (the gradient, x"
+                             f"{', gelu(x)' if operands == 3 else ''}), got {[s.shape for s in specs]}")
+        return [specs[1]]
+    return infer
+
+
+for _name, _form, _reads_output in (("gelu", _d_gelu_tanh, True), ("geluerf", _d_gelu_erf, False)):
+    register(OpDef(_name + "_grad", _gelu_grad_infer(_name + "_grad", 2 + _reads_output), _gelu_grad_kernel(_form),
+                   grad=Grad.RAISE, family="elementwise", elementwise=True))
+    grad_rule(_name)(lambda ctx, _op=_name + "_grad", _out=_reads_output: [
+        create_op(_op, [ctx.grad(0), ctx.input(0), *([ctx.output(0)] if _out else [])])[0]])
 
 
 @grad_rule("add", "add_n")

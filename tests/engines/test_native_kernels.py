@@ -601,7 +601,8 @@ def test_gelu_gradients(name, dtype):
     g, x = rand((7, 9), dtype), rand((7, 9), dtype, low=-6, high=6)
     # float32 terms of size ~1 cancel where the derivative crosses 0: absolute error ~1e-6 there
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=2e-3, atol=2e-3)
-    compare_engines(lambda a, b: create_op(name, [a, b])[0], [g, x], native_ops=[name], **tol)
+    given = (lambda x: [ops.gelu(x)]) if name == "gelu_grad" else (lambda x: [])  # noqa: E731
+    compare_engines(lambda a, b: create_op(name, [a, b, *given(b)])[0], [g, x], native_ops=[name], **tol)
 
 
 # ---- collectives across replicas ---------------------------------------------------------------------
@@ -817,7 +818,8 @@ def test_gelu_over_the_whole_float32_range(name):
         compare_engines(lambda a: ops.gelu(a), [x], native_ops=["gelu"], **tol)
     else:
         g = np.ones_like(x)
-        compare_engines(lambda a, b: create_op("gelu_grad", [a, b])[0], [g, x], native_ops=["gelu_grad"], **tol)
+        compare_engines(lambda a, b: create_op("gelu_grad", [a, b, ops.gelu(b)])[0], [g, x], native_ops=["gelu_grad"],
+                        **tol)
 
 
 def test_kernels_share_one_scratch_region():
@@ -883,10 +885,13 @@ def test_gelu_vector_rows_match_the_scalar_form(name):
         xs, gs = (ops.slice_(t, start=[0, 0], stop=[4099, 1]) for t in (xx2, gg2))  # a stride of 2 values
         if name == "gelu":
             return ops.gelu(xx), ops.gelu(xs)
-        return create_op("gelu_grad", [gg, xx], {})[0], create_op("gelu_grad", [gs, xs], {})[0]
+        return (create_op("gelu_grad", [gg, xx, ops.gelu(xx)], {})[0],
+                create_op("gelu_grad", [gs, xs, ops.gelu(xs)], {})[0])
     dense, scalar = run_program(both, [x, g, *pairs], "native")[0]
     np.testing.assert_array_equal(dense, scalar.reshape(-1))
-    compare_engines(both, [x, g, *pairs], native_ops=[name], rtol=2e-6, atol=1e-6)
+    # gelu_grad's gate is gelu(x) / x: gelu(x)'s rounding, amplified up to ~20x around x = 4.7,
+    # leaves gelu'(x) within ~4e-6 of exact (gelu_grad_row; |g| <= 2 here)
+    compare_engines(both, [x, g, *pairs], native_ops=[name], rtol=2e-6, atol=1e-6 if name == "gelu" else 8e-6)
 
 
 # ---- resampling: interpolate (ONNX Resize) and roi_align ------------------------------------------------

@@ -250,25 +250,27 @@ const RegisterKernel logical_not_op{{"logical_not"}, [](const OpInstr& ins, cons
   });
 }};
 
-// g * d/dx gelu(x), in float32 (float64 for float64), rounded once to x's dtype. `float_row`, when
-// given, computes float32 rows (a vectorised form, same results).
-using GradRow = void (*)(float*, const float*, const float*, int64_t);
+// g * d/dx gelu(x), in float32 (float64 for float64), rounded once to x's dtype. For float32,
+// `given_row`, when given, computes rows from the third input, gelu(x) (gelu_grad_row).
+using GradRow = void (*)(float*, const float*, const float*, const float*, int64_t);
 
 template <class Form>
-KernelFactory gelu_grad(Form form, GradRow float_row = nullptr) {
-  return [form, float_row](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+KernelFactory gelu_grad(Form form, GradRow given_row = nullptr) {
+  return [form, given_row](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &g = bufs[ins.inputs[0]], &x = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+    if (given_row && x.dtype == DType::F32 && ins.inputs.size() == 3) {
+      const Buffer& gelu_x = bufs[ins.inputs[2]];
+      return std::make_unique<FnKernel>([=](uint8_t* a) {
+        map_rows<float, 3>(a, y, {g, x, gelu_x}, [&](float* out, const float* const* in, int64_t n) {
+          given_row(out, in[0], in[1], in[2], n);
+        });
+      });
+    }
     unique_ptr<Kernel> k;
     dispatch_float(x.dtype, [&](auto tag) {
       using W = typename Wide<typename decltype(tag)::type>::type;
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         map_rows<W, 2>(a, y, {g, x}, [&](W* out, const W* const* in, int64_t n) {
-          if constexpr (std::is_same_v<W, float>) {
-            if (float_row) {
-              float_row(out, in[0], in[1], n);
-              return;
-            }
-          }
           for (int64_t i = 0; i < n; ++i) out[i] = in[0][i] * form(in[1][i]);
         });
       });

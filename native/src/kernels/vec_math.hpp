@@ -31,11 +31,25 @@ template <class W>
 W gelu_value(W x) {
   return x * gelu_gate(W(kSqrt2OverPi) * (x + W(kGeluCubic) * x * x * x));
 }
+// gelu'(x) from x and its gate g = 0.5 (1 + tanh(u)): with t = tanh(u), 0.5 (1 + t) = g and
+// 0.5 (1 - t^2) = 2 g (1 - g).
+template <class W>
+W gelu_slope_of_gate(W x, W g) {
+  return g + W(2) * x * g * (W(1) - g) * W(kSqrt2OverPi) * (W(1) + W(3 * kGeluCubic) * x * x);
+}
 template <class W>
 W gelu_slope(W x) {
-  // with t = tanh(u) and g = (1 + t) / 2: 0.5 (1 + t) = g and 0.5 (1 - t^2) = 2 g (1 - g)
-  const W g = gelu_gate(W(kSqrt2OverPi) * (x + W(kGeluCubic) * x * x * x));
-  return g + W(2) * x * g * (W(1) - g) * W(kSqrt2OverPi) * (W(1) + W(3 * kGeluCubic) * x * x);
+  return gelu_slope_of_gate(x, gelu_gate(W(kSqrt2OverPi) * (x + W(kGeluCubic) * x * x * x)));
+}
+
+// Below this |x| the gate is taken as 0.5 + 0.5 sqrt(2/pi) x (its next term is ~x^3, far below a
+// float's precision there) rather than as gelu(x) / x, which loses digits once gelu(x) is subnormal.
+constexpr float kGeluTinyArg = 9.5367431640625e-07f;  // 2**-20
+
+// gelu'(x) given y = gelu(x) = x * gate: the gate is y / x, so no exponential is needed.
+inline float gelu_slope_given(float x, float y) {
+  const float gate = std::fabs(x) < kGeluTinyArg ? madd(float(0.5 * kSqrt2OverPi), x, 0.5f) : y / x;
+  return gelu_slope_of_gate(x, gate);
 }
 
 #ifdef POPXL_VEC8
@@ -234,22 +248,24 @@ inline void gelu_row(float* y, const float* x, int64_t n) {
   for (; i < n; ++i) y[i] = gelu_value(x[i]);
 }
 
-// y = g * gelu'(x) over n dense values.
-inline void gelu_grad_row(float* y, const float* g, const float* x, int64_t n) {
+// out = g * gelu'(x) over n dense values, given y = gelu(x) (gelu_slope_given).
+inline void gelu_grad_row(float* out, const float* g, const float* x, const float* y, int64_t n) {
   int64_t i = 0;
 #ifdef POPXL_VEC8
   using namespace vec8;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(x + i);
-    const __m256 gate = vec8::gelu_gate(gelu_inner(v));
-    // g + 2 x g (1 - g) c (1 + 3 * 0.044715 x^2), left to right as in gelu_slope
+    const __m256 tiny = _mm256_cmp_ps(_mm256_andnot_ps(set(-0.0f), v), set(kGeluTinyArg), _CMP_LT_OQ);
+    const __m256 gate = _mm256_blendv_ps(_mm256_div_ps(_mm256_loadu_ps(y + i), v),
+                                         _mm256_fmadd_ps(set(float(0.5 * kSqrt2OverPi)), v, set(0.5f)), tiny);
+    // gelu_slope_of_gate, left to right
     __m256 t = _mm256_mul_ps(_mm256_mul_ps(set(2.0f), v), gate);
     t = _mm256_mul_ps(_mm256_mul_ps(t, _mm256_sub_ps(set(1.0f), gate)), set(float(kSqrt2OverPi)));
     t = _mm256_mul_ps(t, _mm256_add_ps(set(1.0f), _mm256_mul_ps(_mm256_mul_ps(set(float(3 * kGeluCubic)), v), v)));
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_add_ps(gate, t)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_add_ps(gate, t)));
   }
 #endif
-  for (; i < n; ++i) y[i] = g[i] * gelu_slope(x[i]);
+  for (; i < n; ++i) out[i] = g[i] * gelu_slope_given(x[i], y[i]);
 }
 
 }  // namespace popxl
