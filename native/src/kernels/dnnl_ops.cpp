@@ -52,8 +52,7 @@ void unstage(const uint8_t* packed, DType d, float* out, int64_t n) {
     load_row<float>(packed, static_cast<int64_t>(itemsize(d)), d, out, n);
     return;
   }
-  const Fp8Format& f = fp8_format(d);
-  for (int64_t i = 0; i < n; ++i) out[i] = float(f.decode(packed[i]));
+  fp8_format(d).decode_row(packed, out, n);
 }
 
 // One OpenMP thread for the lifetime of the guard (when `single`), then the previous count.

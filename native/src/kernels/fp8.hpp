@@ -37,6 +37,22 @@ struct Fp8Format {
     }
     return code != 0 && v < 0 ? uint8_t(code | 0x80) : uint8_t(code);  // no negative zero
   }
+  // A value's code as the reference's astype (ml_dtypes) rounds: through float32, then to the
+  // nearest code with ties to even; NaN from half a step above the largest magnitude on.
+  uint8_t round(double v) const {
+    const double a = std::fabs(double(static_cast<float>(v)));
+    const double top = magnitude[127], half_step = (top - magnitude[126]) / 2;
+    if (a > top && a < top + half_step) return encode(v < 0 ? -top : top);
+    return encode(double(static_cast<float>(v)));
+  }
+  template <class T>
+  void decode_row(const uint8_t* codes, T* out, int64_t n) const {
+    for (int64_t i = 0; i < n; ++i) out[i] = T(decode(codes[i]));
+  }
+  template <class T>
+  void round_row(const T* v, uint8_t* codes, int64_t n) const {
+    for (int64_t i = 0; i < n; ++i) codes[i] = round(double(v[i]));
+  }
 };
 
 inline const Fp8Format& fp8_format(DType d) {

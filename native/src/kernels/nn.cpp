@@ -379,9 +379,9 @@ const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::v
           out.resize(block);
           if (is_fp8(d)) {
             const Fp8Format& f = fp8_format(d);
-            for (int64_t i = 0; i < block; ++i) in[i] = W(f.decode(xo[i]));
+            f.decode_row(xo, in.data(), block);
             softmax_block(out.data(), in.data(), A, inner);
-            for (int64_t i = 0; i < block; ++i) yo[i] = f.encode(double(out[i]));
+            f.round_row(out.data(), yo, block);
           } else {
             load_row<W>(xo, item, d, in.data(), block);
             softmax_block(out.data(), in.data(), A, inner);

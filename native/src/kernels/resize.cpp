@@ -24,30 +24,16 @@ namespace {
 using std::unique_ptr;
 
 // ---- float64 staging that also covers the float8 formats ------------------------------------------
-// float64 -> float8 as the reference's astype (ml_dtypes) rounds: through float32, then to the
-// nearest code with ties to even; a value at or beyond half a step above the largest magnitude
-// becomes NaN (Fp8Format::encode makes every value beyond the largest magnitude NaN).
-uint8_t fp8_round(const Fp8Format& f, double v) {
-  const double a = std::fabs(double(static_cast<float>(v)));
-  const double top = f.magnitude[127], half_step = (top - f.magnitude[126]) / 2;
-  if (a > top && a < top + half_step) return f.encode(v < 0 ? -top : top);
-  return f.encode(double(static_cast<float>(v)));
-}
-
 // A buffer's elements in C order as float64 (float8 decoded), and back (rounded as astype does).
 void read_doubles(uint8_t* arena, Packed& p, std::vector<double>& out) {
   if (!is_fp8(p.buf.dtype)) return read_all<double>(arena, p, out);
-  const Fp8Format& f = fp8_format(p.buf.dtype);
-  const uint8_t* src = p.read(arena);
   out.resize(p.buf.nelms);
-  for (int64_t i = 0; i < p.buf.nelms; ++i) out[i] = f.decode(src[i]);
+  fp8_format(p.buf.dtype).decode_row(p.read(arena), out.data(), p.buf.nelms);
 }
 
 void write_doubles(uint8_t* arena, Packed& p, const std::vector<double>& v) {
   if (!is_fp8(p.buf.dtype)) return write_all<double>(arena, p, v);
-  const Fp8Format& f = fp8_format(p.buf.dtype);
-  uint8_t* dst = p.write(arena);
-  for (int64_t i = 0; i < p.buf.nelms; ++i) dst[i] = fp8_round(f, v[i]);
+  fp8_format(p.buf.dtype).round_row(v.data(), p.write(arena), p.buf.nelms);
   p.commit(arena);
 }
 
