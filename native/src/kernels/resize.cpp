@@ -255,14 +255,18 @@ void resize_axis_adjoint(const AxisTaps& t, int64_t pre, int64_t post, const dou
 
 // Runs `plan`'s non-identity axes in order over a packed float64 array whose shape starts as
 // `shape`; `step(taps, pre, post, in, out)` maps one axis, the output having `next(taps)` along it.
+// The output starts zeroed when the step adds into it (`accumulates`); otherwise it writes all of it.
 template <class Step, class Next>
 void each_axis(const std::vector<AxisTaps>& plan, std::vector<int64_t> shape, std::vector<double>& cur,
-               std::vector<double>& tmp, Step&& step, Next&& next) {
+               std::vector<double>& tmp, Step&& step, Next&& next, bool accumulates) {
   for (size_t d = 0; d < plan.size(); ++d) {
     if (plan[d].identity) continue;
     const int64_t pre = prod(shape, 0, d), post = prod(shape, d + 1);
     shape[d] = next(plan[d]);
-    tmp.assign(prod(shape), 0.0);
+    if (accumulates)
+      tmp.assign(prod(shape), 0.0);
+    else
+      tmp.resize(prod(shape));
     step(plan[d], pre, post, cur.data(), tmp.data());
     cur.swap(tmp);
   }
@@ -278,7 +282,7 @@ const RegisterKernel interpolate_op{{"interpolate"}, [](const OpInstr& ins, cons
   auto st = std::make_shared<State>(State{Packed(x), Packed(y), {}, {}});
   return std::make_unique<FnKernel>([=](uint8_t* a) {
     read_doubles(a, st->x, st->cur);
-    each_axis(plan, x.shape, st->cur, st->tmp, resize_axis, [](const AxisTaps& t) { return t.n_out; });
+    each_axis(plan, x.shape, st->cur, st->tmp, resize_axis, [](const AxisTaps& t) { return t.n_out; }, false);
     write_doubles(a, st->y, st->cur);
   });
 }};
@@ -293,7 +297,7 @@ const RegisterKernel interpolate_grad_op{{"interpolate_grad"}, [](const OpInstr&
   auto st = std::make_shared<State>(State{Packed(g), Packed(dx), {}, {}});
   return std::make_unique<FnKernel>([=](uint8_t* a) {
     read_doubles(a, st->g, st->cur);
-    each_axis(plan, g.shape, st->cur, st->tmp, resize_axis_adjoint, [](const AxisTaps& t) { return t.n_in; });
+    each_axis(plan, g.shape, st->cur, st->tmp, resize_axis_adjoint, [](const AxisTaps& t) { return t.n_in; }, true);
     write_doubles(a, st->dx, st->cur);
   });
 }};
