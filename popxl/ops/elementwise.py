@@ -449,8 +449,8 @@ def _gelu_grad_infer(name: str, operands: int) -> Callable:
 
 
 for _name, _form, _reads_output in (("gelu", _d_gelu_tanh, True), ("geluerf", _d_gelu_erf, False)):
-    register(OpDef(_name + "_grad", _gelu_grad_infer(_name + "_grad", 2 + _reads_output), _gelu_grad_kernel(_form),
-                   grad=Grad.RAISE, family="elementwise", elementwise=True))
+    register(OpDef(_name + "_grad", _gelu_grad_infer(_name + "_grad", 3 if _reads_output else 2),
+                   _gelu_grad_kernel(_form), grad=Grad.RAISE, family="elementwise", elementwise=True))
     grad_rule(_name)(lambda ctx, _op=_name + "_grad", _out=_reads_output: [
         create_op(_op, [ctx.grad(0), ctx.input(0), *([ctx.output(0)] if _out else [])])[0]])
 

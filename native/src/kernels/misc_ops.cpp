@@ -70,8 +70,8 @@ KernelFactory remote(Remote which) {
     first.shape.erase(first.shape.begin());
     first.strides.erase(first.strides.begin());
     refresh(first);
-    return std::make_unique<FnKernel>([=, slot = first](uint8_t* a) mutable {
-      slot.offset = first.offset + remote_slot(a, entries, offset, id, op) * region.strides[0];
+    return std::make_unique<FnKernel>([=, slot = first, base = first.offset](uint8_t* a) mutable {
+      slot.offset = base + remote_slot(a, entries, offset, id, op) * region.strides[0];
       if (which == Remote::Store) copy_buffer(a, slot, a, tensor);
       else copy_buffer(a, tensor, a, slot);
     });
