@@ -822,6 +822,43 @@ def test_gelu_over_the_whole_float32_range(name):
                         **tol)
 
 
+# Float16 rows are converted eight values at a time and computed in float a chunk (256 values) at a
+# time: rows longer than a chunk, with vector remainders, broadcast operands and strided views.
+F16_ROW_CASES = {
+    "gelu": lambda a, b: ops.gelu(a),
+    "gelu_grad": lambda a, b: create_op("gelu_grad", [b, a, ops.gelu(a)])[0],
+    "add": lambda a, b: a + b,
+    "mul_by_row": lambda a, b: a * b[0:1],
+    "sub_scalar": lambda a, b: a - popxl.constant(np.float16(0.75)),
+    "div_of_strided_view": lambda a, b: ops.transpose(ops.transpose(a) / ops.transpose(b)),
+    "sum_last_axis": lambda a, b: ops.sum(a, -1),
+    "sum_leading_axis": lambda a, b: ops.sum(a, 0),
+    "max_last_axis": lambda a, b: ops.max(a, -1),
+    "softmax": lambda a, b: ops.softmax(a, -1),
+    "softmax_grad": lambda a, b: create_op("softmax_grad", [b, ops.softmax(a, -1)], {"axis": 1})[0],
+    "layer_norm": lambda a, b: ops.layer_norm(a, b[0], b[1]),
+}
+
+
+@pytest.mark.parametrize("case", list(F16_ROW_CASES))
+def test_float16_rows_longer_than_a_staging_chunk(case):
+    a, b = rand((5, 613), np.float16), rand((5, 613), np.float16)
+    op = {"mul_by_row": "mul", "sub_scalar": "sub", "div_of_strided_view": "div", "sum_last_axis": "sum",
+          "sum_leading_axis": "sum", "max_last_axis": "max"}.get(case, case)
+    compare_engines(F16_ROW_CASES[case], [a, b], rtol=4e-3, atol=4e-3, native_ops=[op])
+
+
+def test_float16_sums_are_rounded_once():
+    # 1 + 2**-11 + 2**-24: just above the float16 tie between 1 and 1 + 2**-10, but a float32
+    # tie, so rounding to float32 and then to float16 would give 1. The native sum rounds once.
+    row = np.array([1.0, 2.0**-11, 2.0**-24] + [0.0] * 13, np.float16)
+    x = np.stack([row, -row, row[::-1].copy()])
+    got, eng = run_program(lambda a: (ops.sum(a, -1), ops.sum(ops.transpose(a), 0)), [x], "native")
+    assert "sum" not in eng.fallback_ops
+    for y in got:
+        np.testing.assert_array_equal(y, np.array([1 + 2.0**-10, -(1 + 2.0**-10), 1 + 2.0**-10], np.float16))
+
+
 def test_kernels_share_one_scratch_region():
     """Float16 staging (of contiguous and strided operands), conv operands reordered into oneDNN's
     blocked layouts and oneDNN scratchpads all live in one engine-owned region that every kernel

@@ -18,6 +18,7 @@ const Buffer& out(const OpInstr& i, const std::vector<Buffer>& b) { return b[i.o
 
 // ---- unary ------------------------------------------------------------------------------------
 // `float_row`, when given, computes dense float32 rows (a vectorised form of `op`, same results).
+// Dense float16 rows are computed in float a chunk at a time.
 using FloatRow = void (*)(float*, const float*, int64_t);
 
 template <class Op>
@@ -36,11 +37,18 @@ KernelFactory unary(Op op, bool ints_too = false, FloatRow float_row = nullptr) 
                      if (dense_rows<T>(s)) {
                        T* y = reinterpret_cast<T*>(p[0]);
                        const T* x = reinterpret_cast<const T*>(p[1]);
+                       // float rows: the vectorised form when there is one, else op value by value
+                       const auto float_rows = [&](float* out, const float* in, int64_t m) {
+                         if (float_row) float_row(out, in, m);
+                         else for (int64_t i = 0; i < m; ++i) out[i] = op(in[i]);
+                       };
                        if constexpr (std::is_same_v<T, float>) {
-                         if (float_row) {
-                           float_row(y, x, n);
-                           return;
-                         }
+                         float_rows(y, x, n);
+                         return;
+                       } else if constexpr (std::is_same_v<T, f16>) {  // through float chunks
+                         f16_rows_in_float<1>(y, {x}, {int64_t(sizeof(T))}, n,
+                                              [&](float* out, const float* const* in, int64_t m) { float_rows(out, in[0], m); });
+                         return;
                        }
                        for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(x[i])));
                        return;

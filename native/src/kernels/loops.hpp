@@ -12,6 +12,10 @@
 #include <type_traits>
 #include <vector>
 
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
 #include "../engine.hpp"
 
 namespace popxl {
@@ -21,6 +25,25 @@ using f16 = _Float16;
 // Compute type: arithmetic on float16 happens in float32, as in the reference engine.
 template <class T> struct Wide { using type = T; };
 template <> struct Wide<f16> { using type = float; };
+
+// Dense float16 <-> float32 rows. GCC 12 converts _Float16 one value at a time; F16C converts
+// eight (rounding to nearest even, as static_cast does).
+inline void f16_to_f32(const f16* x, float* y, int64_t n) {
+  int64_t i = 0;
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+#endif
+  for (; i < n; ++i) y[i] = float(x[i]);
+}
+inline void f32_to_f16(const float* x, f16* y, int64_t n) {
+  int64_t i = 0;
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; ++i) y[i] = static_cast<f16>(x[i]);
+}
 
 // Byte strides of `b` broadcast (NumPy rules, right-aligned) to an output of `rank` dims.
 inline std::vector<int64_t> broadcast_strides(const Buffer& b, const std::vector<int64_t>& out_shape) {
@@ -258,6 +281,28 @@ struct FnKernel : Kernel {
 template <class T>
 inline T& at(uint8_t* p, int64_t i, int64_t stride) { return *reinterpret_cast<T*>(p + i * stride); }
 
+// y = fn over n float16 values computed in float, a chunk at a time: each of the K operands is a
+// dense row (stride 2 bytes) or one value repeated (stride 0); fn(float* y, const float* const*
+// x, m) sees float rows. Vectorised conversions, and a float loop GCC can vectorise.
+template <size_t K, class F>
+void f16_rows_in_float(f16* y, const std::array<const f16*, K>& x, const std::array<int64_t, K>& stride, int64_t n,
+                       F&& fn) {
+  constexpr int64_t kChunk = 256;
+  float in[K][kChunk], out[kChunk];
+  const float* ptrs[K];
+  for (size_t k = 0; k < K; ++k) {
+    ptrs[k] = in[k];
+    if (stride[k] == 0) std::fill(in[k], in[k] + std::min(kChunk, n), float(*x[k]));
+  }
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - i0);
+    for (size_t k = 0; k < K; ++k)
+      if (stride[k] != 0) f16_to_f32(x[k] + i0, in[k], m);
+    fn(out, ptrs, m);
+    f32_to_f16(out, y + i0, m);
+  }
+}
+
 // One nd_loop row of y = op(l, r) for operands of type T computed in W: a vectorisable loop when
 // the rows are dense, or when one operand is a single value per row (a per-channel scale or bias
 // broadcast over a tensor); the strided loop otherwise.
@@ -265,6 +310,15 @@ template <class T, class W, class Op>
 void combine_rows(const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n, Op&& op) {
   T* y = reinterpret_cast<T*>(p[0]);
   const T *l = reinterpret_cast<const T*>(p[1]), *r = reinterpret_cast<const T*>(p[2]);
+  if constexpr (std::is_same_v<T, f16>) {
+    const auto dense_or_one = [](int64_t st) { return st == 0 || st == int64_t(sizeof(T)); };
+    if (s[0] == int64_t(sizeof(T)) && dense_or_one(s[1]) && dense_or_one(s[2])) {
+      f16_rows_in_float<2>(y, {l, r}, {s[1], s[2]}, n, [&](float* out, const float* const* in, int64_t m) {
+        for (int64_t i = 0; i < m; ++i) out[i] = op(in[0][i], in[1][i]);
+      });
+      return;
+    }
+  }
   if (dense_rows<T>(s)) {
     for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(l[i]), W(r[i])));
   } else if (dense_rows<T>(std::array<int64_t, 2>{s[0], s[1]}) && s[2] == 0) {
@@ -279,11 +333,28 @@ void combine_rows(const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>
   }
 }
 
+// double -> float16, rounded once as a direct conversion is, without libgcc's per-value software
+// routine (~40 cycles): to float by truncation with the discarded bits kept as a sticky low bit
+// ("round to odd"; float has 13 more bits than float16), then float -> float16 in hardware.
+inline f16 f16_of_double(double d) {
+  float f = static_cast<float>(d);
+  if (double(f) != d && std::isfinite(f)) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    if (std::fabs(double(f)) > std::fabs(d)) --bits;  // rounded away from zero: one step back (f != 0 here)
+    bits |= 1;
+    std::memcpy(&f, &bits, sizeof bits);
+  }
+  return static_cast<f16>(f);
+}
+
 // Value conversion as NumPy's astype does it for values in range; float -> int truncates toward
 // zero, and NaN or out-of-range values give 0 rather than undefined behaviour.
 template <class To, class From>
 To convert(From v) {
-  if constexpr (std::is_same_v<To, bool>) {
+  if constexpr (std::is_same_v<To, f16> && std::is_same_v<From, double>) {
+    return f16_of_double(v);
+  } else if constexpr (std::is_same_v<To, bool>) {
     return v != From(0);
   } else if constexpr (std::is_integral_v<To> && !std::is_integral_v<From>) {
     double d = double(v);
@@ -302,6 +373,7 @@ void load_row(const uint8_t* p, int64_t stride, DType d, W* out, int64_t n) {
     using T = typename decltype(tag)::type;
     if (stride == static_cast<int64_t>(sizeof(T))) {  // contiguous: a loop the compiler vectorises
       const T* q = reinterpret_cast<const T*>(p);
+      if constexpr (std::is_same_v<T, f16> && std::is_same_v<W, float>) return f16_to_f32(q, out, n);
       for (int64_t i = 0; i < n; ++i) out[i] = convert<W>(q[i]);
       return;
     }
@@ -316,6 +388,7 @@ void store_row(uint8_t* p, int64_t stride, DType d, const W* in, int64_t n) {
     using T = typename decltype(tag)::type;
     if (stride == static_cast<int64_t>(sizeof(T))) {
       T* q = reinterpret_cast<T*>(p);
+      if constexpr (std::is_same_v<T, f16> && std::is_same_v<W, float>) return f32_to_f16(in, q, n);
       for (int64_t i = 0; i < n; ++i) q[i] = convert<T>(in[i]);
       return;
     }

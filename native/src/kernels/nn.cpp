@@ -92,7 +92,8 @@ const W* group_as_wide(const T* p, int64_t M, std::vector<W>& tmp) {
     return p;
   } else {
     tmp.resize(M);
-    for (int64_t i = 0; i < M; ++i) tmp[i] = W(p[i]);
+    if constexpr (std::is_same_v<T, f16> && std::is_same_v<W, float>) f16_to_f32(p, tmp.data(), M);
+    else for (int64_t i = 0; i < M; ++i) tmp[i] = W(p[i]);
     return tmp.data();
   }
 }
@@ -110,7 +111,8 @@ W* group_out(T* dst, int64_t M, std::vector<W>& tmp) {
 
 template <class T, class W>
 void group_commit(T* dst, const W* v, int64_t M) {
-  if constexpr (!std::is_same_v<T, W>)
+  if constexpr (std::is_same_v<T, f16> && std::is_same_v<W, float>) f32_to_f16(v, dst, M);
+  else if constexpr (!std::is_same_v<T, W>)
     for (int64_t i = 0; i < M; ++i) dst[i] = T(v[i]);
 }
 
@@ -304,13 +306,26 @@ const RegisterKernel softmax_grad_op{{"softmax_grad"}, [](const OpInstr& ins, co
 #pragma omp parallel if (outer > 1 && outer * block > kParallelElements)
       {
         std::vector<double> sums(inner > 1 ? inner : 0);
+        std::vector<float> staged(std::is_same_v<T, f16> && inner == 1 ? 3 * A : 0);  // float16 rows as float
+        const auto dense_row = [A](auto* out, const auto* g, const auto* y) {
+          using O = std::remove_reference_t<decltype(*out)>;
+          const W s = W(lane_sum<W>(A, [&](int64_t i) { return W(g[i]) * W(y[i]); }));
+          for (int64_t i = 0; i < A; ++i) out[i] = O(W(g[i]) * W(y[i]) - W(y[i]) * s);
+        };
 #pragma omp for schedule(static)
         for (int64_t o = 0; o < outer; ++o) {
           const T *g = gs + o * block, *y = ys + o * block;
           T* out = os + o * block;
           if (inner == 1) {
-            const W s = W(lane_sum<W>(A, [&](int64_t i) { return W(g[i]) * W(y[i]); }));
-            for (int64_t i = 0; i < A; ++i) out[i] = T(W(g[i]) * W(y[i]) - W(y[i]) * s);
+            if constexpr (std::is_same_v<T, f16>) {  // vectorised conversions, then float rows
+              float *gf = staged.data(), *yf = gf + A, *of = yf + A;
+              f16_to_f32(g, gf, A);
+              f16_to_f32(y, yf, A);
+              dense_row(of, gf, yf);
+              f32_to_f16(of, out, A);
+            } else {
+              dense_row(out, g, y);
+            }
             continue;
           }
           std::fill(sums.begin(), sums.end(), 0.0);
@@ -384,7 +399,12 @@ const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::v
             f.round_row(out.data(), yo, block);
           } else {
             load_row<W>(xo, item, d, in.data(), block);
-            softmax_block(out.data(), in.data(), A, inner);
+            if constexpr (std::is_same_v<W, float>) {
+              if (inner == 1) softmax_row(out.data(), in.data(), A);  // float16's last axis
+              else softmax_block(out.data(), in.data(), A, inner);
+            } else {
+              softmax_block(out.data(), in.data(), A, inner);
+            }
             store_row<W>(yo, item, d, out.data(), block);
           }
         }

@@ -23,33 +23,35 @@ struct Reduction : Kernel {
   std::vector<Acc> acc, mx;
   static Acc load(const uint8_t* p) { return Acc(*reinterpret_cast<const T*>(p)); }
   static void store(uint8_t* p, Acc v) {  // integers wrap into T, as NumPy's int64 sum + cast
-    if constexpr (std::is_floating_point_v<Acc>) *reinterpret_cast<T*>(p) = T(v);
+    if constexpr (std::is_floating_point_v<Acc>) *reinterpret_cast<T*>(p) = convert<T>(v);
     else *reinterpret_cast<T*>(p) = static_cast<T>(static_cast<uint64_t>(v));
   }
 
   void run(uint8_t* a) override {
     const int64_t m = static_cast<int64_t>(acc.size());
+    const auto max = [](Acc s, Acc v) { return (v > s || is_nan(v)) ? v : s; };
+    const auto min = [](Acc s, Acc v) { return (v < s || is_nan(v)) ? v : s; };
+    const auto add = [](Acc s, Acc v) { return wrap(s, v, false); };
+    const auto mul = [](Acc s, Acc v) { return wrap(s, v, true); };
+    const Acc lowest = std::numeric_limits<Acc>::has_infinity ? -std::numeric_limits<Acc>::infinity()
+                                                              : std::numeric_limits<Acc>::lowest();
+    const Acc highest = std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity()
+                                                               : std::numeric_limits<Acc>::max();
     if (kind == Red::LogSumExp) {  // pass 1: the max, for stability
-      std::fill(mx.begin(), mx.end(), -std::numeric_limits<double>::infinity());
-      accumulate(a, mx.data(), [](double acc_v, double v) { return v > acc_v ? v : acc_v; });
-      for (auto& v : mx) if (!std::isfinite(v)) v = 0;
+      std::fill(mx.begin(), mx.end(), lowest);
+      accumulate(a, mx.data(), max, max, lowest);
+      for (auto& v : mx) if (!std::isfinite(double(v))) v = 0;
     }
-    Acc init = 0;
-    if (kind == Red::Prod) init = 1;
-    if (kind == Red::Max) init = std::numeric_limits<Acc>::has_infinity ? -std::numeric_limits<Acc>::infinity()
-                                                                        : std::numeric_limits<Acc>::lowest();
-    if (kind == Red::Min) init = std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity()
-                                                                        : std::numeric_limits<Acc>::max();
+    const Acc init = kind == Red::Prod ? Acc(1) : kind == Red::Max ? lowest : kind == Red::Min ? highest : Acc(0);
     std::fill(acc.begin(), acc.end(), init);
     switch (kind) {
       // Integer sums and products wrap modulo 2**64 (unsigned arithmetic: no signed overflow).
-      case Red::Sum: case Red::Mean: case Red::LogSum:
-        accumulate(a, acc.data(), [](Acc s, Acc v) { return wrap(s, v, false); }); break;
-      case Red::Prod: accumulate(a, acc.data(), [](Acc s, Acc v) { return wrap(s, v, true); }); break;
-      case Red::Max: accumulate(a, acc.data(), [](Acc s, Acc v) { return (v > s || is_nan(v)) ? v : s; }); break;
-      case Red::Min: accumulate(a, acc.data(), [](Acc s, Acc v) { return (v < s || is_nan(v)) ? v : s; }); break;
-      case Red::L1: accumulate(a, acc.data(), [](Acc s, Acc v) { return s + (v < 0 ? -v : v); }); break;
-      case Red::L2: case Red::SumSquare: accumulate(a, acc.data(), [](Acc s, Acc v) { return s + v * v; }); break;
+      case Red::Sum: case Red::Mean: case Red::LogSum: accumulate(a, acc.data(), add, add, init); break;
+      case Red::Prod: accumulate(a, acc.data(), mul, mul, init); break;
+      case Red::Max: accumulate(a, acc.data(), max, max, init); break;
+      case Red::Min: accumulate(a, acc.data(), min, min, init); break;
+      case Red::L1: accumulate(a, acc.data(), [](Acc s, Acc v) { return s + (v < 0 ? -v : v); }, add, init); break;
+      case Red::L2: case Red::SumSquare: accumulate(a, acc.data(), [](Acc s, Acc v) { return s + v * v; }, add, init); break;
       case Red::LogSumExp: accumulate_lse(a); break;
     }
     uint8_t* out = a + y.offset;
@@ -103,15 +105,51 @@ struct Reduction : Kernel {
     }
   }
 
-  template <class F>
-  void accumulate(uint8_t* a, Acc* accp, F f) {
+  // body(x, i0, m) over a dense row of n values of T from p, as T, or for float16 as float a chunk
+  // at a time (GCC converts _Float16 one value at a time; f16_to_f32 eight).
+  template <class Body>
+  static void dense_chunks(const uint8_t* p, int64_t n, Body&& body) {
+    const T* x = reinterpret_cast<const T*>(p);
+    if constexpr (std::is_same_v<T, f16>) {
+      constexpr int64_t kChunk = 256;
+      float xf[kChunk];
+      for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+        const int64_t m = std::min(kChunk, n - i0);
+        f16_to_f32(x + i0, xf, m);
+        body(static_cast<const float*>(xf), i0, m);
+      }
+    } else {
+      body(x, int64_t{0}, n);
+    }
+  }
+
+  // acc = f(acc, value) over x; `merge` combines two partial results and `init` starts one.
+  template <class F, class M>
+  void accumulate(uint8_t* a, Acc* accp, F f, M merge, Acc init) {
     over_slabs([&](const std::vector<int64_t>& sh, int64_t xo, int64_t ao) {
       nd_loop<2>(sh, {x.strides, acc_strides}, {a + x.offset + xo, reinterpret_cast<uint8_t*>(accp) + ao},
                  [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
+                   if (s[0] == int64_t(sizeof(T)) && s[1] == 0) {
+                     // A row into one accumulator (the last axis reduced): eight independent lanes,
+                     // merged at the end, since a serial chain waits on each add's latency. In
+                     // double (or exact integer arithmetic) the order does not show in the output.
+                     Acc lanes[8];
+                     std::fill(lanes, lanes + 8, init);
+                     dense_chunks(p[0], n, [&](const auto* x, int64_t, int64_t m) {
+                       int64_t i = 0;
+                       for (; i + 8 <= m; i += 8)
+                         for (int j = 0; j < 8; ++j) lanes[j] = f(lanes[j], Acc(x[i + j]));
+                       for (; i < m; ++i) lanes[i & 7] = f(lanes[i & 7], Acc(x[i]));
+                     });
+                     Acc& t = *reinterpret_cast<Acc*>(p[1]);
+                     for (const Acc l : lanes) t = merge(t, l);
+                     return;
+                   }
                    if (s[0] == int64_t(sizeof(T)) && s[1] == int64_t(sizeof(Acc))) {  // a row into a row of accumulators
-                     const T* x = reinterpret_cast<const T*>(p[0]);
                      Acc* t = reinterpret_cast<Acc*>(p[1]);
-                     for (int64_t i = 0; i < n; ++i) t[i] = f(t[i], Acc(x[i]));
+                     dense_chunks(p[0], n, [&](const auto* x, int64_t i0, int64_t m) {
+                       for (int64_t i = 0; i < m; ++i) t[i0 + i] = f(t[i0 + i], Acc(x[i]));
+                     });
                      return;
                    }
                    for (int64_t i = 0; i < n; ++i) {

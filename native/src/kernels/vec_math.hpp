@@ -248,6 +248,18 @@ inline void gelu_row(float* y, const float* x, int64_t n) {
   for (; i < n; ++i) y[i] = gelu_value(x[i]);
 }
 
+#ifdef POPXL_VEC8
+namespace vec8 {
+// gelu_slope_of_gate of eight values, left to right as the scalar form multiplies.
+inline __m256 gelu_slope_of_gate(__m256 x, __m256 gate) {
+  __m256 t = _mm256_mul_ps(_mm256_mul_ps(set(2.0f), x), gate);
+  t = _mm256_mul_ps(_mm256_mul_ps(t, _mm256_sub_ps(set(1.0f), gate)), set(float(kSqrt2OverPi)));
+  t = _mm256_mul_ps(t, _mm256_add_ps(set(1.0f), _mm256_mul_ps(_mm256_mul_ps(set(float(3 * kGeluCubic)), x), x)));
+  return _mm256_add_ps(gate, t);
+}
+}  // namespace vec8
+#endif
+
 // out = g * gelu'(x) over n dense values, given y = gelu(x) (gelu_slope_given).
 inline void gelu_grad_row(float* out, const float* g, const float* x, const float* y, int64_t n) {
   int64_t i = 0;
@@ -258,14 +270,25 @@ inline void gelu_grad_row(float* out, const float* g, const float* x, const floa
     const __m256 tiny = _mm256_cmp_ps(_mm256_andnot_ps(set(-0.0f), v), set(kGeluTinyArg), _CMP_LT_OQ);
     const __m256 gate = _mm256_blendv_ps(_mm256_div_ps(_mm256_loadu_ps(y + i), v),
                                          _mm256_fmadd_ps(set(float(0.5 * kSqrt2OverPi)), v, set(0.5f)), tiny);
-    // gelu_slope_of_gate, left to right
-    __m256 t = _mm256_mul_ps(_mm256_mul_ps(set(2.0f), v), gate);
-    t = _mm256_mul_ps(_mm256_mul_ps(t, _mm256_sub_ps(set(1.0f), gate)), set(float(kSqrt2OverPi)));
-    t = _mm256_mul_ps(t, _mm256_add_ps(set(1.0f), _mm256_mul_ps(_mm256_mul_ps(set(float(3 * kGeluCubic)), v), v)));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_add_ps(gate, t)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), vec8::gelu_slope_of_gate(v, gate)));
   }
 #endif
   for (; i < n; ++i) out[i] = g[i] * gelu_slope_given(x[i], y[i]);
+}
+
+// out = g * gelu'(x) over n dense values from x alone (gelu_slope: the gate through exp), for the
+// float rows of float16, whose gelu(x) is too coarse to give the gate.
+inline void gelu_grad_row_of_x(float* out, const float* g, const float* x, int64_t n) {
+  int64_t i = 0;
+#ifdef POPXL_VEC8
+  using namespace vec8;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 gate = vec8::gelu_gate(gelu_inner(v));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), vec8::gelu_slope_of_gate(v, gate)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = g[i] * gelu_slope(x[i]);
 }
 
 }  // namespace popxl
