@@ -837,6 +837,9 @@ F16_ROW_CASES = {
     "softmax": lambda a, b: ops.softmax(a, -1),
     "softmax_grad": lambda a, b: create_op("softmax_grad", [b, ops.softmax(a, -1)], {"axis": 1})[0],
     "layer_norm": lambda a, b: ops.layer_norm(a, b[0], b[1]),
+    "cast": lambda a, b: ops.cast(ops.cast(a, popxl.float32) * 3.0, popxl.float16),
+    "clip": lambda a, b: ops.clip(a, -1.0, 2.0),
+    "scaled_add": lambda a, b: ops.scaled_add(a, b, 0.5, -0.25),
 }
 
 

@@ -227,6 +227,14 @@ const RegisterKernel cast_op{{"cast"}, [](const OpInstr& ins, const std::vector<
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         nd_loop<2>(y.shape, {y.strides, x.strides}, {a + y.offset, a + x.offset},
                    [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
+                     // float16 <-> float32 rows (mixed precision's casts): eight values at a time
+                     if constexpr (std::is_same_v<F, f16> && std::is_same_v<T, float>) {
+                       if (s[1] == int64_t(sizeof(F)) && s[0] == int64_t(sizeof(T)))
+                         return f16_to_f32(reinterpret_cast<const F*>(p[1]), reinterpret_cast<T*>(p[0]), n);
+                     } else if constexpr (std::is_same_v<F, float> && std::is_same_v<T, f16>) {
+                       if (s[1] == int64_t(sizeof(F)) && s[0] == int64_t(sizeof(T)))
+                         return f32_to_f16(reinterpret_cast<const F*>(p[1]), reinterpret_cast<T*>(p[0]), n);
+                     }
                      for (int64_t i = 0; i < n; ++i) at<T>(p[0], i, s[0]) = convert<T>(at<F>(p[1], i, s[1]));
                    });
       });
@@ -235,26 +243,15 @@ const RegisterKernel cast_op{{"cast"}, [](const OpInstr& ins, const std::vector<
   return k;
 }};
 
+// clip: a unary op of its bounds (NaN stays NaN: neither comparison holds).
 const RegisterKernel clip_op{{"clip"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-  const Buffer x = in(ins, bufs, 0), y = out(ins, bufs);
   const double lo = ins.attrs.at("min").f(), hi = ins.attrs.at("max").f();
-  unique_ptr<Kernel> k;
-  dispatch_float(x.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    using W = typename Wide<T>::type;
-    k = std::make_unique<FnKernel>([=](uint8_t* a) {
-      nd_loop<2>(y.shape, {y.strides, x.strides}, {a + y.offset, a + x.offset},
-                 [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
-                   for (int64_t i = 0; i < n; ++i) {
-                     W v = W(at<T>(p[1], i, s[1]));
-                     if (v < W(lo)) v = W(lo);
-                     if (v > W(hi)) v = W(hi);
-                     at<T>(p[0], i, s[0]) = T(v);
-                   }
-                 });
-    });
-  });
-  return k;
+  return unary([lo, hi](auto v) {
+    using W = decltype(v);
+    if (v < W(lo)) v = W(lo);
+    if (v > W(hi)) v = W(hi);
+    return v;
+  })(ins, bufs);
 }};
 
 // Read a scalar tensor of any float dtype as double.
@@ -288,14 +285,7 @@ const RegisterKernel scaled_add_op{{"scaled_add", "scaled_add_"},
         const W kb = W(b_t ? read_scalar(a + sb.offset, sb.dtype) : b_c);
         nd_loop<3>(y.shape, {y.strides, x.strides, z.strides}, {a + y.offset, a + x.offset, a + z.offset},
                    [&](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
-                     if (dense_rows<T>(s)) {
-                       T* y = reinterpret_cast<T*>(p[0]);
-                       const T *u = reinterpret_cast<const T*>(p[1]), *v = reinterpret_cast<const T*>(p[2]);
-                       for (int64_t i = 0; i < n; ++i) y[i] = T(ka * W(u[i]) + kb * W(v[i]));
-                       return;
-                     }
-                     for (int64_t i = 0; i < n; ++i)
-                       at<T>(p[0], i, s[0]) = T(ka * W(at<T>(p[1], i, s[1])) + kb * W(at<T>(p[2], i, s[2])));
+                     combine_rows<T, W>(p, s, n, [ka, kb](W u, W v) { return ka * u + kb * v; });
                    });
       });
     });
