@@ -131,8 +131,10 @@ struct Reduction : Kernel {
                  [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
                    if (s[0] == int64_t(sizeof(T)) && s[1] == 0) {
                      // A row into one accumulator (the last axis reduced): eight independent lanes,
-                     // merged at the end, since a serial chain waits on each add's latency. In
-                     // double (or exact integer arithmetic) the order does not show in the output.
+                     // merged at the end, since a serial chain waits on each add's latency. Integer
+                     // results are unchanged; a double sum in this order differs from the serial
+                     // one in its last bits, so float64 outputs can differ by an ulp or so (as
+                     // NumPy's pairwise sums do) and float32/float16 outputs very rarely.
                      Acc lanes[8];
                      std::fill(lanes, lanes + 8, init);
                      dense_chunks(p[0], n, [&](const auto* x, int64_t, int64_t m) {
