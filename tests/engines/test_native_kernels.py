@@ -843,12 +843,24 @@ F16_ROW_CASES = {
 }
 
 
+# float16 ulps (of the reference value) the native result may be off: both engines compute in float32
+# and round once, so arithmetic and data movement agree exactly; exp-based ops and sums taken in
+# another order can round the other way; layer norm's (x - mean) cancels, which magnifies that.
+F16_ROW_ULPS = {"gelu": 2, "gelu_grad": 2, "softmax": 2, "softmax_grad": 2, "layer_norm": 8}
+
+
 @pytest.mark.parametrize("case", list(F16_ROW_CASES))
 def test_float16_rows_longer_than_a_staging_chunk(case):
     a, b = rand((5, 613), np.float16), rand((5, 613), np.float16)
     op = {"mul_by_row": "mul", "sub_scalar": "sub", "div_of_strided_view": "div", "sum_last_axis": "sum",
           "sum_leading_axis": "sum", "max_last_axis": "max"}.get(case, case)
-    compare_engines(F16_ROW_CASES[case], [a, b], rtol=4e-3, atol=4e-3, native_ops=[op])
+    want, _ = run_program(F16_ROW_CASES[case], [a, b], "reference")
+    got, eng = run_program(F16_ROW_CASES[case], [a, b], "native")
+    assert op not in eng.fallback_ops
+    for w, g in zip(want, got):
+        assert g.dtype == w.dtype == np.float16 and g.shape == w.shape
+        ulps = np.abs(g.astype(np.float64) - w.astype(np.float64)) / np.spacing(np.abs(w)).astype(np.float64)
+        assert ulps.max() <= F16_ROW_ULPS.get(case, 0), (case, ulps.max())
 
 
 def test_float16_sums_are_rounded_once():
