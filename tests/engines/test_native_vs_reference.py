@@ -164,6 +164,16 @@ def test_large_float32_matmuls(case):
     compare_engines(build, [rand(shapes[0]), rand(shapes[1])], native_ops=native, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("case", range(len(SPLIT_MATMULS)))
+def test_large_float16_matmuls(case):
+    """float16 operands are staged as packed float32 (so even the negative-stride view runs
+    natively) and multiplied by sgemm; both engines sum in float32 and round once, so only the
+    order of the float32 sums differs: within an ulp of float16, or 1e-4 where the sum cancels."""
+    shapes, build = SPLIT_MATMULS[case]
+    compare_engines(build, [rand(shapes[0], np.float16), rand(shapes[1], np.float16)], native_ops=["matmul"],
+                    rtol=2.0**-10, atol=1e-4)
+
+
 def test_matmul_of_transposed_views_and_float16():
     build = lambda a, b: ops.matmul(ops.transpose_(a), ops.transpose_(b))  # noqa: E731
     compare_engines(build, [rand((6, 4)), rand((5, 6))], native_ops=["matmul"], rtol=1e-5, atol=1e-5)

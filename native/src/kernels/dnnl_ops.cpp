@@ -46,13 +46,25 @@ bool dnnl_type(DType d, memory::data_type& out) {
 
 bool staged(const Buffer& b) { return b.dtype == DType::F16 || is_fp8(b.dtype); }
 
+// `f(packed piece, float32 piece, count)` over the n values of a staged operand, in pieces spread
+// over the threads when there are enough of them (nd_loop's rule).
+template <class F>
+void over_staged(uint8_t* packed, DType d, float* f32, int64_t n, F&& f) {
+  const int64_t item = static_cast<int64_t>(itemsize(d));
+  nd_loop<2>({n}, {std::vector<int64_t>{item}, {int64_t(sizeof(float))}}, {packed, reinterpret_cast<uint8_t*>(f32)},
+             [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>&, int64_t len) {
+               f(p[0], reinterpret_cast<float*>(p[1]), len);
+             });
+}
+
 // A staged input's packed bytes as float32.
-void unstage(const uint8_t* packed, DType d, float* out, int64_t n) {
-  if (!is_fp8(d)) {
-    load_row<float>(packed, static_cast<int64_t>(itemsize(d)), d, out, n);
-    return;
-  }
-  fp8_format(d).decode_row(packed, out, n);
+void unstage(uint8_t* packed, DType d, float* out, int64_t n) {
+  over_staged(packed, d, out, n, [d](const uint8_t* in, float* f32, int64_t len) {
+    if (is_fp8(d))
+      fp8_format(d).decode_row(in, f32, len);
+    else
+      load_row<float>(in, static_cast<int64_t>(itemsize(d)), d, f32, len);
+  });
 }
 
 // One OpenMP thread for the lifetime of the guard (when `single`), then the previous count.
@@ -132,10 +144,14 @@ struct DnnlKernel : Kernel {
     memory mem;
     Buffer buf;
     bool output;
+    int id;             // the oneDNN argument (DNNL_ARG_SRC, ...)
     size_t f32 = 0;     // staged: scratch offset of the operand as float32
     size_t packed = 0;  // staged and strided: scratch offset of its packed bytes
   };
   Primitive prim;
+  // Set instead of prim when every operand is staged and sgemm can compute on the staged float32
+  // scratch (float16 matmuls): it is 1.3-1.6x faster than oneDNN's f32 matmul (see gemm.cpp).
+  std::unique_ptr<Kernel> gemm;
   std::vector<Arg> args;
   bool single_thread = false;  // created under SingleThreadScope: run under it too
   dnnl::stream strm{cpu()};
@@ -151,19 +167,23 @@ struct DnnlKernel : Kernel {
         a.mem.set_data_handle(arena + a.buf.offset);
       }
     }
-    {
+    if (gemm) {
+      gemm->run(scratch.at(0));  // its operand offsets are the staged operands' scratch offsets
+    } else {
       SingleThreadScope scope(single_thread);
       prim.execute(strm, scratch);
       strm.wait();
     }
     for (auto& a : args) {
       if (!staged(a.buf) || !a.output) continue;
-      float* f32 = staging(a);
-      if (scaled) {  // in float32, as the reference scales its float32 result
-        const float s = float(pow2_scale(arena, scale));
-        for (int64_t i = 0; i < a.buf.nelms; ++i) f32[i] *= s;
-      }
-      store_row<float>(packed_bytes(a, arena, false), 2, DType::F16, f32, a.buf.nelms);
+      // pow2scaled ops scale in float32, as the reference scales its float32 result
+      const float s = scaled ? float(pow2_scale(arena, scale)) : 1.0f;
+      over_staged(packed_bytes(a, arena, false), DType::F16, staging(a), a.buf.nelms,
+                  [&](uint8_t* out, float* f32, int64_t len) {
+                    if (scaled)
+                      for (int64_t i = 0; i < len; ++i) f32[i] *= s;
+                    store_row<float>(out, 2, DType::F16, f32, len);
+                  });
       if (!a.buf.contiguous) copy_buffer(arena, a.buf, scratch.at(a.packed), packed_like(a.buf));
     }
   }
@@ -176,14 +196,19 @@ struct DnnlKernel : Kernel {
     if (fill) copy_buffer(p, packed_like(a.buf), arena, a.buf);
     return p;
   }
-  void add(int arg, const memory::desc& d, const Buffer& b, bool output = false) {
-    Arg a{memory(d, cpu(), DNNL_MEMORY_NONE), b, output};
+  // The operands, added before the primitive that reads them (use()): staged ones reserve their
+  // scratch, whose offsets an sgemm on the staged operands needs before any primitive exists.
+  void add(int id, const memory::desc& d, const Buffer& b, bool output = false) {
+    Arg a{memory(d, cpu(), DNNL_MEMORY_NONE), b, output, id};
     if (staged(b)) {
       a.f32 = scratch.reserve(static_cast<size_t>(b.nelms) * sizeof(float));
       if (!b.contiguous) a.packed = scratch.reserve(static_cast<size_t>(b.nbytes()));
     }
-    prim.arg(arg, a.mem);
     args.push_back(std::move(a));
+  }
+  void use(Primitive p) {
+    prim = std::move(p);
+    for (const Arg& a : args) prim.arg(a.id, a.mem);
   }
 };
 
@@ -254,16 +279,6 @@ KernelFactory matmul(MatmulKind kind) {
     k->single_thread = prod(ydims) * A.dims[rank - 1] < kSingleThreadWork;
     SingleThreadScope scope(k->single_thread);
     auto ad = md(A.dims, A.strides, ta), bd = md(B.dims, B.strides, tb), yd = md(ydims, ystr, ty);
-    if (bias) {  // (1, ..., 1, N), broadcast over the rows and batches
-      std::vector<int64_t> bdims(rank, 1), bstr(rank, ydims[rank - 1]);
-      bdims[rank - 1] = ydims[rank - 1];
-      bstr[rank - 1] = bias->strides.back() / static_cast<int64_t>(sizeof(float));
-      auto biasd = md(bdims, bstr, memory::data_type::f32);
-      k->prim = Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, biasd, yd, user_scratchpad()), k->scratch);
-      k->add(DNNL_ARG_BIAS, biasd, *bias);
-    } else {
-      k->prim = Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, yd, user_scratchpad()), k->scratch);
-    }
     k->add(DNNL_ARG_SRC, ad, a);
     k->add(DNNL_ARG_WEIGHTS, bd, b);
     k->add(DNNL_ARG_DST, yd, y, true);
@@ -271,6 +286,20 @@ KernelFactory matmul(MatmulKind kind) {
       if (!staged(y)) return nullptr;
       k->scaled = true;
       k->scale = bufs[ins.inputs[2]];
+    }
+    // Staged operands are packed float32 in scratch, as A, B and y describe them.
+    if (!bias && staged(a) && staged(b) && staged(y))
+      k->gemm = sgemm_matmul(A, B, ydims, k->args[0].f32, k->args[1].f32, k->args[2].f32);
+    if (k->gemm) return k;
+    if (bias) {  // (1, ..., 1, N), broadcast over the rows and batches
+      std::vector<int64_t> bdims(rank, 1), bstr(rank, ydims[rank - 1]);
+      bdims[rank - 1] = ydims[rank - 1];
+      bstr[rank - 1] = bias->strides.back() / static_cast<int64_t>(sizeof(float));
+      auto biasd = md(bdims, bstr, memory::data_type::f32);
+      k->add(DNNL_ARG_BIAS, biasd, *bias);
+      k->use(Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, biasd, yd, user_scratchpad()), k->scratch));
+    } else {
+      k->use(Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, yd, user_scratchpad()), k->scratch));
     }
     return k;
   } catch (const dnnl::error&) {
@@ -657,19 +686,19 @@ KernelFactory convolution(bool transposed, bool pow2 = false) {
       SingleThreadScope scope(k->single_thread);
       auto [wdims, wstr] = conv_weights(w, g, transposed);
       auto xd = md(x.shape, elem_strides(x), t), wd = md(wdims, wstr, t), yd = md(y.shape, elem_strides(y), t);
-      if (transposed)
-        k->prim = Primitive(dnnl::deconvolution_forward::primitive_desc(
-                                cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct, xd,
-                                wd, yd, win.strides, win.dilates, win.pad_l, win.pad_r, user_scratchpad()),
-                            k->scratch);
-      else
-        k->prim = Primitive(dnnl::convolution_forward::primitive_desc(
-                                cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, xd,
-                                wd, yd, win.strides, win.dilates, win.pad_l, win.pad_r, user_scratchpad()),
-                            k->scratch);
       k->add(DNNL_ARG_SRC, xd, x);
       k->add(DNNL_ARG_WEIGHTS, wd, w);
       k->add(DNNL_ARG_DST, yd, y, true);
+      if (transposed)
+        k->use(Primitive(dnnl::deconvolution_forward::primitive_desc(
+                             cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct, xd, wd,
+                             yd, win.strides, win.dilates, win.pad_l, win.pad_r, user_scratchpad()),
+                         k->scratch));
+      else
+        k->use(Primitive(dnnl::convolution_forward::primitive_desc(
+                             cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, xd, wd,
+                             yd, win.strides, win.dilates, win.pad_l, win.pad_r, user_scratchpad()),
+                         k->scratch));
       if (pow2) {
         k->scaled = true;
         k->scale = bufs[ins.inputs[2]];
@@ -720,8 +749,8 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
     auto part = [&](const dnnl::primitive_desc_base& pd,
                     std::initializer_list<std::tuple<int, memory::desc, const Buffer*>> args) {
       auto p = std::make_unique<DnnlKernel>();
-      p->prim = Primitive(pd, p->scratch);
       for (auto& [id, d, b] : args) p->add(id, d, *b, b == &dx || b == &dw);
+      p->use(Primitive(pd, p->scratch));
       k->parts.push_back(std::move(p));
     };
     part(convolution_backward_weights::primitive_desc(cpu(), algorithm::convolution_direct, xd, dwd, gd, win.strides,
@@ -796,13 +825,13 @@ KernelFactory pooling(dnnl::algorithm alg) {
       k->single_thread = y.nelms * prod(kernel) < kSingleThreadWork;
       SingleThreadScope scope(k->single_thread);
       auto xd = md(x.shape, elem_strides(x), t), yd = md(y.shape, elem_strides(y), t);
-      k->prim = Primitive(dnnl::pooling_forward::primitive_desc(
-                              cpu(), dnnl::prop_kind::forward_inference, alg, xd, yd, win.strides,
-                              memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l, win.pad_r,
-                              user_scratchpad()),
-                          k->scratch);
       k->add(DNNL_ARG_SRC, xd, x);
       k->add(DNNL_ARG_DST, yd, y, true);
+      k->use(Primitive(dnnl::pooling_forward::primitive_desc(
+                           cpu(), dnnl::prop_kind::forward_inference, alg, xd, yd, win.strides,
+                           memory::dims(kernel.begin(), kernel.end()), win.dilates, win.pad_l, win.pad_r,
+                           user_scratchpad()),
+                       k->scratch));
       return k;
     } catch (const dnnl::error&) {
       return nullptr;
