@@ -2,6 +2,7 @@
 random ops (bit for bit), data movement, normalisations and losses, index reductions,
 oneDNN convolution/pooling, resampling (interpolate, roi_align), remote memory and print_tensor
 (the printed text). Each test also asserts the op ran natively (no Python fallback)."""
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import popxl
 import popxl.ops as ops
 from popxl.ops import collectives as coll
+from popxl.ops import elementwise
 from popxl.ops import var_updates as vu
 from engine_harness import compare_engines, run_program
 from popxl.op import create_op
@@ -820,6 +822,50 @@ def test_gelu_over_the_whole_float32_range(name):
         g = np.ones_like(x)
         compare_engines(lambda a, b: create_op("gelu_grad", [a, b, ops.gelu(b)])[0], [g, x], native_ops=["gelu_grad"],
                         **tol)
+
+
+# The ops whose work is a libm call per value (native/src/kernels/vec_math.hpp, Libm), as float64
+# formulas: the truth a float32 result is measured against. sigmoid and swish are their float32
+# formulas around the float64 exp rounded once (as both engines compute them, e**-x is infinite
+# below x = -88.7, so they give 0 there).
+def _exp_neg(x):
+    return np.exp(-x).astype(np.float32)
+
+
+LIBM_OPS = {
+    "exp": np.exp, "log": np.log, "log2": np.log2, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
+    "sigmoid": lambda x: np.float32(1) / (np.float32(1) + _exp_neg(x)),
+    "swish": lambda x: x.astype(np.float32) / (np.float32(1) + _exp_neg(x)),
+    "geluerf": lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(x / np.sqrt(2.0))),
+}
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the truth's exp overflows, log of negatives
+@pytest.mark.parametrize("name", list(LIBM_OPS))
+def test_libm_ops_over_the_whole_float32_range(name):
+    """Within 8 float32 ulps of the float64 truth everywhere (geluerf: plus |x| 2**-21 where 1 + erf
+    cancels), the truth's NaNs, infinities and zeros exactly, and the same bits from a strided view
+    (value by value) as from a dense row (eight at a time, then a padded remainder)."""
+    rng = np.random.default_rng(7)
+    special = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1e-30, 88.7, 89.0, -87.5, -104.0, -200.0,
+               1e5, -1e5, 1e30, 1.0, -1.0, 0.5]
+    mags = 10.0 ** rng.uniform(-8, 4, 3 * 613 - len(special))
+    x = np.concatenate([special, mags * rng.choice([-1.0, 1.0], mags.size)]).astype(np.float32)
+    build = lambda t: getattr(elementwise, name)(t)  # noqa: E731
+    (dense,), eng = run_program(build, [x.reshape(3, 613)], "native")
+    assert name not in eng.fallback_ops
+    (strided,), _ = run_program(lambda t: build(ops.transpose_(t)), [x.reshape(3, 613).T.copy()], "native")
+    np.testing.assert_array_equal(dense.view(np.int32), strided.view(np.int32))
+    truth = LIBM_OPS[name](x.astype(np.float64)).astype(np.float32)
+    got = dense.reshape(-1)
+    exact = ~np.isfinite(truth) | (truth == 0)
+    np.testing.assert_array_equal(got[exact], truth[exact])
+    err = np.abs(got[~exact].astype(np.float64) - truth[~exact])
+    allowed = 8 * np.spacing(np.abs(truth[~exact])).astype(np.float64)
+    if name == "geluerf":
+        allowed += np.abs(x[~exact]) * 2.0**-21
+    worst = np.argmax(err - allowed)
+    assert err[worst] <= allowed[worst], (name, x[~exact][worst], got[~exact][worst], truth[~exact][worst])
 
 
 # Float16 rows are converted eight values at a time and computed in float a chunk (256 values) at a

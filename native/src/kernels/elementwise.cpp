@@ -62,6 +62,22 @@ KernelFactory unary(Op op, bool ints_too = false, FloatRow float_row = nullptr) 
   };
 }
 
+// A unary op computed by one libm function (see Libm): float32 and float16 values go through
+// libmvec's eight-lane form when the build has it, float64 through `op`.
+template <Libm F, class Op>
+KernelFactory libm_unary(Op op) {
+#ifdef POPXL_LIBM8
+  return unary(
+      [op](auto x) {
+        if constexpr (std::is_same_v<decltype(x), float>) return libm_one<F>(x);
+        else return op(x);
+      },
+      false, libm_row<F>);
+#else
+  return unary(op);
+#endif
+}
+
 template <class Op>
 KernelFactory predicate(Op op) {  // float -> bool
   return [op](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
@@ -80,22 +96,20 @@ KernelFactory predicate(Op op) {  // float -> bool
   };
 }
 
-constexpr double kInvSqrt2 = 0.7071067811865476;
-
 const RegisterKernel unary_ops[] = {
-    {{"exp", "exp_"}, unary([](auto x) { return std::exp(x); })},
-    {{"log"}, unary([](auto x) { return std::log(x); })},
-    {{"log2"}, unary([](auto x) { return std::log2(x); })},
+    {{"exp", "exp_"}, libm_unary<Libm::Exp>([](auto x) { return std::exp(x); })},
+    {{"log"}, libm_unary<Libm::Log>([](auto x) { return std::log(x); })},
+    {{"log2"}, libm_unary<Libm::Log2>([](auto x) { return std::log2(x); })},
     {{"sqrt"}, unary([](auto x) { return std::sqrt(x); })},
-    {{"tanh"}, unary([](auto x) { return std::tanh(x); })},
-    {{"cos"}, unary([](auto x) { return std::cos(x); })},
-    {{"sin"}, unary([](auto x) { return std::sin(x); })},
+    {{"tanh"}, libm_unary<Libm::Tanh>([](auto x) { return std::tanh(x); })},
+    {{"cos"}, libm_unary<Libm::Cos>([](auto x) { return std::cos(x); })},
+    {{"sin"}, libm_unary<Libm::Sin>([](auto x) { return std::sin(x); })},
     {{"floor"}, unary([](auto x) { return std::floor(x); })},
     {{"ceil"}, unary([](auto x) { return std::ceil(x); })},
-    {{"sigmoid"}, unary([](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); })},
-    {{"swish", "swish_"}, unary([](auto x) { return x / (decltype(x)(1) + std::exp(-x)); })},
+    {{"sigmoid"}, libm_unary<Libm::Sigmoid>([](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); })},
+    {{"swish", "swish_"}, libm_unary<Libm::Swish>([](auto x) { return x / (decltype(x)(1) + std::exp(-x)); })},
     {{"gelu", "gelu_"}, unary([](auto x) { return gelu_value(x); }, false, gelu_row)},
-    {{"geluerf", "geluerf_"}, unary([](auto x) {
+    {{"geluerf", "geluerf_"}, libm_unary<Libm::GeluErf>([](auto x) {
        using W = decltype(x);
        return W(0.5) * x * (W(1) + std::erf(x * W(kInvSqrt2)));
      })},

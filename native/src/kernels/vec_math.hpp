@@ -23,7 +23,7 @@
 
 namespace popxl {
 
-constexpr double kSqrt2OverPi = 0.7978845608028654, kGeluCubic = 0.044715;
+constexpr double kSqrt2OverPi = 0.7978845608028654, kGeluCubic = 0.044715, kInvSqrt2 = 0.7071067811865476;
 
 // tanh-form gelu of one value and its derivative, in the compute type W (the scalar forms the
 // float32 vector code mirrors).
@@ -290,5 +290,66 @@ inline void gelu_grad_row_of_x(float* out, const float* g, const float* x, int64
 #endif
   for (; i < n; ++i) out[i] = g[i] * gelu_slope(x[i]);
 }
+
+// ---- libm functions eight values at a time (glibc's libmvec) --------------------------------------
+// The unary ops whose work is one libm call per value: a float32 (or float16's float) value goes
+// through libm8<F>, in dense rows and one at a time alike, so its result does not depend on the
+// path it takes; float64 uses the scalar libm.
+enum class Libm { Exp, Log, Log2, Tanh, Sin, Cos, Sigmoid, Swish, GeluErf };
+
+#if defined(POPXL_VEC8) && defined(POPXL_HAVE_LIBMVEC)
+// glibc's AVX2 forms (expf, logf, sinf, cosf since glibc 2.22; tanhf, erff, log2f since 2.35; CMake
+// defines POPXL_HAVE_LIBMVEC when the build machine's libmvec has them all): within 1-4 ulp of
+// the scalar libm over all floats, with the same NaN, infinity and underflow results, and 8-16x
+// faster than it value by value.
+extern "C" {
+__m256 _ZGVdN8v_expf(__m256);
+__m256 _ZGVdN8v_logf(__m256);
+__m256 _ZGVdN8v_log2f(__m256);
+__m256 _ZGVdN8v_tanhf(__m256);
+__m256 _ZGVdN8v_sinf(__m256);
+__m256 _ZGVdN8v_cosf(__m256);
+__m256 _ZGVdN8v_erff(__m256);
+}
+#define POPXL_LIBM8 1
+
+template <Libm F>
+__m256 libm8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  if constexpr (F == Libm::Exp) return _ZGVdN8v_expf(x);
+  if constexpr (F == Libm::Log) return _ZGVdN8v_logf(x);
+  if constexpr (F == Libm::Log2) return _ZGVdN8v_log2f(x);
+  if constexpr (F == Libm::Tanh) return _ZGVdN8v_tanhf(x);
+  if constexpr (F == Libm::Sin) return _ZGVdN8v_sinf(x);
+  if constexpr (F == Libm::Cos) return _ZGVdN8v_cosf(x);
+  // the ops' scalar forms, operation for operation: 1 / (1 + e^-x), x / (1 + e^-x),
+  // 0.5 x (1 + erf(x / sqrt 2))
+  const __m256 e = _mm256_add_ps(one, _ZGVdN8v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x)));
+  if constexpr (F == Libm::Sigmoid) return _mm256_div_ps(one, e);
+  if constexpr (F == Libm::Swish) return _mm256_div_ps(x, e);
+  if constexpr (F == Libm::GeluErf) {
+    const __m256 erf = _ZGVdN8v_erff(_mm256_mul_ps(x, _mm256_set1_ps(float(kInvSqrt2))));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(one, erf));
+  }
+}
+
+// y = F(x) over n dense values; the tail goes through F as a zero-padded block of eight.
+template <Libm F>
+void libm_row(float* y, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, libm8<F>(_mm256_loadu_ps(x + i)));
+  if (i == n) return;
+  alignas(32) float block[8] = {};
+  std::copy(x + i, x + n, block);
+  _mm256_store_ps(block, libm8<F>(_mm256_load_ps(block)));
+  std::copy(block, block + (n - i), y + i);
+}
+
+// F of one value, as libm_row computes it.
+template <Libm F>
+float libm_one(float x) {
+  return _mm256_cvtss_f32(libm8<F>(_mm256_set1_ps(x)));
+}
+#endif
 
 }  // namespace popxl
