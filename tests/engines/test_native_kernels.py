@@ -914,7 +914,9 @@ def test_float16_sums_are_rounded_once():
     # tie, so rounding to float32 and then to float16 would give 1. The native sum rounds once.
     row = np.array([1.0, 2.0**-11, 2.0**-24] + [0.0] * 13, np.float16)
     x = np.stack([row, -row, row[::-1].copy()])
-    got, eng = run_program(lambda a: (ops.sum(a, -1), ops.sum(ops.transpose(a), 0)), [x], "native")
+    leading = x.T.copy().reshape(2, 8, 3)  # the columns summed over two leading axes (RowSum)
+    got, eng = run_program(lambda a, b: (ops.sum(a, -1), ops.sum(ops.transpose(a), 0), ops.sum(b, (0, 1))),
+                           [x, leading], "native")
     assert "sum" not in eng.fallback_ops
     for y in got:
         np.testing.assert_array_equal(y, np.array([1 + 2.0**-10, -(1 + 2.0**-10), 1 + 2.0**-10], np.float16))

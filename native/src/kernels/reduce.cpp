@@ -200,19 +200,27 @@ std::unique_ptr<Kernel> make_reduction(Red kind, const OpInstr& ins, const Buffe
   return k;
 }
 
-// Sum or mean of a dense float32 (rows, cols) view over its rows: the reduction of leading axes
-// onto trailing ones (a bias gradient). Rows are added in float in blocks of 8 and each block's
-// sums added to a double accumulator, in row order: each output's sum does not depend on the
-// thread count (threads take columns), and the accumulator is touched once per block, not per row.
+// Sum or mean of a dense float32 or float16 (rows, cols) view over its rows: the reduction of
+// leading axes onto trailing ones (a bias gradient). Each output's sum runs in row order and does
+// not depend on the thread count (threads take columns). float32 rows are added in float in
+// blocks of 8 and each block's sums added to a double accumulator, which is then touched once per
+// block, not per row; float16 rows (converted eight values at a time) go straight into the double
+// accumulator, so each output is rounded once, as the general path rounds it.
 struct RowSum : Kernel {
   Buffer x, y;
   int64_t rows = 0, cols = 0;
   bool mean = false;
 
   void run(uint8_t* a) override {
-    const float* xs = reinterpret_cast<const float*>(a + x.offset);
-    float* ys = reinterpret_cast<float*>(a + y.offset);
-    constexpr int64_t kBlock = 8, kPiece = 256;  // rows per float block; columns per task
+    if (x.dtype == DType::F16) sum<f16>(a); else sum<float>(a);
+  }
+
+  template <class T>
+  void sum(uint8_t* a) {
+    const T* xs = reinterpret_cast<const T*>(a + x.offset);
+    T* ys = reinterpret_cast<T*>(a + y.offset);
+    // rows per float block; columns per task (1 KiB of each row, which the prefetcher streams well)
+    constexpr int64_t kBlock = 8, kPiece = 1024 / sizeof(T);
     const int64_t pieces = (cols + kPiece - 1) / kPiece;
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelElements && pieces > 1)
     for (int64_t p = 0; p < pieces; ++p) {
@@ -220,20 +228,30 @@ struct RowSum : Kernel {
       double t[kPiece] = {};
       float block[kPiece];
       for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
-        const float* row = xs + r0 * cols + c0;
-        for (int64_t j = 0; j < n; ++j) block[j] = row[j];
-        for (int64_t r = 1; r < std::min(kBlock, rows - r0); ++r)
-          for (int64_t j = 0; j < n; ++j) block[j] += row[r * cols + j];
-        for (int64_t j = 0; j < n; ++j) t[j] += double(block[j]);
+        const T* row = xs + r0 * cols + c0;
+        const int64_t block_rows = std::min(kBlock, rows - r0);
+        if constexpr (std::is_same_v<T, f16>) {
+          for (int64_t r = 0; r < block_rows; ++r) {
+            f16_to_f32(row + r * cols, block, n);
+            for (int64_t j = 0; j < n; ++j) t[j] += double(block[j]);
+          }
+        } else {
+          for (int64_t j = 0; j < n; ++j) block[j] = row[j];
+          for (int64_t r = 1; r < block_rows; ++r)
+            for (int64_t j = 0; j < n; ++j) block[j] += row[r * cols + j];
+          for (int64_t j = 0; j < n; ++j) t[j] += double(block[j]);
+        }
       }
-      for (int64_t j = 0; j < n; ++j) ys[c0 + j] = float(mean ? t[j] / double(rows) : t[j]);
+      for (int64_t j = 0; j < n; ++j) ys[c0 + j] = convert<T>(mean ? t[j] / double(rows) : t[j]);
     }
   }
 };
 
-// The RowSum view of a reduction, when it is one: float32, contiguous, the reduced axes leading.
+// The RowSum view of a reduction, when it is one: float32 or float16, contiguous, the reduced axes
+// leading.
 std::unique_ptr<Kernel> row_sum(Red kind, const OpInstr& ins, const Buffer& x, const Buffer& y) {
-  if ((kind != Red::Sum && kind != Red::Mean) || x.dtype != DType::F32 || y.dtype != DType::F32 || !x.contiguous)
+  if ((kind != Red::Sum && kind != Red::Mean) || !(x.dtype == DType::F32 || x.dtype == DType::F16) ||
+      y.dtype != x.dtype || !x.contiguous)
     return nullptr;
   std::vector<bool> reduced(x.shape.size(), false);
   for (auto ax : ins.attrs.at("axis").ints()) reduced[ax] = true;
