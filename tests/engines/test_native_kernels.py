@@ -832,29 +832,37 @@ def _exp_neg(x):
     return np.exp(-x).astype(np.float32)
 
 
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
 LIBM_OPS = {
     "exp": np.exp, "log": np.log, "log2": np.log2, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
     "sigmoid": lambda x: np.float32(1) / (np.float32(1) + _exp_neg(x)),
     "swish": lambda x: x.astype(np.float32) / (np.float32(1) + _exp_neg(x)),
-    "geluerf": lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(x / np.sqrt(2.0))),
+    "geluerf": lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))),
+    "geluerf_grad": lambda x: 0.5 * (1.0 + _erf(x / np.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi),
 }
+LIBM_BUILD = {"geluerf_grad": lambda t, g: create_op("geluerf_grad", [g, t])[0]}
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the truth's exp overflows, log of negatives
 @pytest.mark.parametrize("name", list(LIBM_OPS))
 def test_libm_ops_over_the_whole_float32_range(name):
     """Within 8 float32 ulps of the float64 truth everywhere (geluerf: plus |x| 2**-21 where 1 + erf
-    cancels), the truth's NaNs, infinities and zeros exactly, and the same bits from a strided view
-    (value by value) as from a dense row (eight at a time, then a padded remainder)."""
+    cancels; geluerf_grad: plus 2**-21 where its two terms cancel), the truth's NaNs, infinities
+    and zeros exactly, and the same bits from a strided view as from a dense row (eight at a time,
+    then a padded remainder)."""
     rng = np.random.default_rng(7)
     special = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1e-30, 88.7, 89.0, -87.5, -104.0, -200.0,
                1e5, -1e5, 1e30, 1.0, -1.0, 0.5]
     mags = 10.0 ** rng.uniform(-8, 4, 3 * 613 - len(special))
     x = np.concatenate([special, mags * rng.choice([-1.0, 1.0], mags.size)]).astype(np.float32)
-    build = lambda t: getattr(elementwise, name)(t)  # noqa: E731
-    (dense,), eng = run_program(build, [x.reshape(3, 613)], "native")
+    build = LIBM_BUILD.get(name, lambda t, g: getattr(elementwise, name)(t))
+    ones = np.ones((3, 613), np.float32)  # the incoming gradient of geluerf_grad
+    (dense,), eng = run_program(build, [x.reshape(3, 613), ones], "native")
     assert name not in eng.fallback_ops
-    (strided,), _ = run_program(lambda t: build(ops.transpose_(t)), [x.reshape(3, 613).T.copy()], "native")
+    (strided,), _ = run_program(lambda t, g: build(ops.transpose_(t), g), [x.reshape(3, 613).T.copy(), ones],
+                                "native")
     np.testing.assert_array_equal(dense.view(np.int32), strided.view(np.int32))
     truth = LIBM_OPS[name](x.astype(np.float64)).astype(np.float32)
     got = dense.reshape(-1)
@@ -864,6 +872,8 @@ def test_libm_ops_over_the_whole_float32_range(name):
     allowed = 8 * np.spacing(np.abs(truth[~exact])).astype(np.float64)
     if name == "geluerf":
         allowed += np.abs(x[~exact]) * 2.0**-21
+    if name == "geluerf_grad":
+        allowed += 2.0**-21
     worst = np.argmax(err - allowed)
     assert err[worst] <= allowed[worst], (name, x[~exact][worst], got[~exact][worst], truth[~exact][worst])
 

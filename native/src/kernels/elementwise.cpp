@@ -179,7 +179,9 @@ W c_fmod(W a, W b) {
 template <class W>
 W power(W a, W b) {
   if constexpr (std::is_floating_point_v<W>) {
-    return std::pow(a, b);
+    // x ** 2 (variances, squared errors) as a multiply, at a fraction of a pow call's cost: glibc's
+    // pow gives exactly x * x there (checked over every float and 2e8 random doubles)
+    return b == W(2) ? a * a : std::pow(a, b);
   } else if constexpr (std::is_same_v<W, bool>) {
     return b ? a : true;
   } else {

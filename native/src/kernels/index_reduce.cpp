@@ -252,7 +252,8 @@ const RegisterKernel logical_not_op{{"logical_not"}, [](const OpInstr& ins, cons
 
 // g * d/dx gelu(x), in float32 (float64 for float64), rounded once to x's dtype. When given,
 // `given_row` computes float32 rows from the third input, gelu(x) (gelu_grad_row), and `x_row`
-// float rows from x alone (float16's; gelu_grad_row_of_x): vectorised forms of `form`.
+// float rows from x alone (float16's for gelu_grad, gelu_grad_row_of_x; all of geluerf_grad's):
+// vectorised forms of `form`.
 using GivenRow = void (*)(float*, const float*, const float*, const float*, int64_t);
 using XRow = void (*)(float*, const float*, const float*, int64_t);
 
@@ -289,11 +290,7 @@ KernelFactory gelu_grad(Form form, GivenRow given_row = nullptr, XRow x_row = nu
 
 const RegisterKernel gelu_grad_ops[] = {
     {{"gelu_grad"}, gelu_grad([](auto x) { return gelu_slope(x); }, gelu_grad_row, gelu_grad_row_of_x)},
-    {{"geluerf_grad"}, gelu_grad([](auto x) {
-       using W = decltype(x);
-       const W cdf = W(0.5) * (W(1) + std::erf(x / W(1.4142135623730951)));
-       return cdf + x * std::exp(W(-0.5) * x * x) / W(2.5066282746310002);
-     })},
+    {{"geluerf_grad"}, gelu_grad([](auto x) { return geluerf_slope(x); }, nullptr, geluerf_grad_row)},
 };
 
 const RegisterKernel arg_ops[] = {

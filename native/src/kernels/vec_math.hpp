@@ -295,7 +295,17 @@ inline void gelu_grad_row_of_x(float* out, const float* g, const float* x, int64
 // The unary ops whose work is one libm call per value: a float32 (or float16's float) value goes
 // through libm8<F>, in dense rows and one at a time alike, so its result does not depend on the
 // path it takes; float64 uses the scalar libm.
-enum class Libm { Exp, Log, Log2, Tanh, Sin, Cos, Sigmoid, Swish, GeluErf };
+enum class Libm { Exp, Log, Log2, Tanh, Sin, Cos, Sigmoid, Swish, GeluErf, GeluErfSlope };
+
+constexpr double kSqrt2 = 1.4142135623730951, kSqrt2Pi = 2.5066282746310002;
+
+// d/dx of erf-form gelu: 0.5 (1 + erf(x / sqrt 2)) + x e^(-x^2 / 2) / sqrt(2 pi), in the compute
+// type W (the scalar form libm8<GeluErfSlope> mirrors).
+template <class W>
+W geluerf_slope(W x) {
+  const W cdf = W(0.5) * (W(1) + std::erf(x / W(kSqrt2)));
+  return cdf + x * std::exp(W(-0.5) * x * x) / W(kSqrt2Pi);
+}
 
 #if defined(POPXL_VEC8) && defined(POPXL_HAVE_LIBMVEC)
 // glibc's AVX2 forms (expf, logf, sinf, cosf since glibc 2.22; tanhf, erff, log2f since 2.35; CMake
@@ -331,6 +341,12 @@ __m256 libm8(__m256 x) {
     const __m256 erf = _ZGVdN8v_erff(_mm256_mul_ps(x, _mm256_set1_ps(float(kInvSqrt2))));
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(one, erf));
   }
+  if constexpr (F == Libm::GeluErfSlope) {
+    const __m256 erf = _ZGVdN8v_erff(_mm256_div_ps(x, _mm256_set1_ps(float(kSqrt2))));
+    const __m256 cdf = _mm256_mul_ps(_mm256_set1_ps(0.5f), _mm256_add_ps(one, erf));
+    const __m256 bell = _ZGVdN8v_expf(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-0.5f), x), x));
+    return _mm256_add_ps(cdf, _mm256_div_ps(_mm256_mul_ps(x, bell), _mm256_set1_ps(float(kSqrt2Pi))));
+  }
 }
 
 // y = F(x) over n dense values; the tail goes through F as a zero-padded block of eight.
@@ -351,5 +367,17 @@ float libm_one(float x) {
   return _mm256_cvtss_f32(libm8<F>(_mm256_set1_ps(x)));
 }
 #endif
+
+// out = g * geluerf_slope(x) over n dense values (out may be g).
+inline void geluerf_grad_row(float* out, const float* g, const float* x, int64_t n) {
+  int64_t i = 0;
+#ifdef POPXL_LIBM8
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), libm8<Libm::GeluErfSlope>(_mm256_loadu_ps(x + i))));
+  for (; i < n; ++i) out[i] = g[i] * libm_one<Libm::GeluErfSlope>(x[i]);
+#else
+  for (; i < n; ++i) out[i] = g[i] * geluerf_slope(x[i]);
+#endif
+}
 
 }  // namespace popxl
