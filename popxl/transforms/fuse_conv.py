@@ -12,14 +12,14 @@ with post-ops instead of three or four passes over the activations.
 2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
    ``other`` as its residual; one whose output is read only by ``relu`` takes the relu.
 
-3. (`keep_channels_last`) A 4-D float32 value that a ``conv_fused`` or a 2-D pooling op writes
+3. (`keep_channels_last`) A 4-D float32 or float16 value that a ``conv_fused`` or a 2-D pooling op writes
    and only such ops read (a convolution as input or residual, a pool as input) is kept
    channels-last (NHWC) in memory: the layout oneDNN's convolutions and pooling use on this CPU,
    so it is not reordered out and back in between them (ResNet's stem: conv, max pool, conv).
    Only the native engine's memory layout changes (the ``layouts`` attribute); values and shapes
    do not.
 
-Before 3, a global mean or max over the spatial dims of a convolution's 4-D float32 result
+Before 3, a global mean or max over the spatial dims of a convolution's 4-D float32/float16 result
 (ONNX GlobalAveragePool / GlobalMaxPool) becomes the equivalent whole-image pool
 (`global_pools_as_pools`), which can read the channels-last value.
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence
 
+from popxl.dtypes import float16, float32
 from popxl.graph import Graph
 from popxl.op import Op
 from popxl.tensor import Tensor
@@ -132,18 +133,22 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
 
 def global_pools_as_pools(graph: Graph) -> Graph:
     """The global pool rewrite above, in place. Returns ``graph``."""
-    import popxl
     import popxl.ops as ops
 
     graph.ir._check_mutable()
     pools = {"mean": ops.average_pool, "max": ops.max_pool}
     for op in [op for op in graph._ops if op.type in pools]:
         (x,) = op.inputs
-        if (x.rank != 4 or x.dtype != popxl.float32 or x.producer is None or x.producer.type != "conv_fused"
+        if (x.rank != 4 or x.dtype not in _CHANNELS_LAST_DTYPES or x.producer is None or x.producer.type != "conv_fused"
                 or tuple(op.attrs["axis"]) != (2, 3) or not op.attrs["keepdims"]):
             continue
         _replace(graph, [op], lambda pool=pools[op.type], x=x: pool(x, kernel_size=tuple(x.shape[2:])))
     return graph
+
+
+# The dtypes the native engine's convolutions and pools take channels-last (float16 is computed in
+# float32, converted on the way in and out).
+_CHANNELS_LAST_DTYPES = (float32, float16)
 
 
 # Ops that can read and write channels-last values: their `layouts` attribute lists, per slot
@@ -180,7 +185,7 @@ def keep_channels_last(graph: Graph) -> Graph:
     for op in aware:
         (y,) = op.outputs
         reads = readers.get(y.id, [])
-        if y.dtype != popxl.float32 or y.id in outputs or not reads:
+        if y.dtype not in _CHANNELS_LAST_DTYPES or y.id in outputs or not reads:
             continue
         slots = [_layout_slot(r, y) for r in reads]
         if any(s is None for s in slots):

@@ -19,8 +19,11 @@ STEPS = 2
 RNG = np.random.default_rng(0)
 WEIGHTS = [RNG.standard_normal((O, C, 3, 3)).astype(np.float32) for _ in range(6)]
 SCALES = [RNG.uniform(0.5, 2, O).astype(np.float32) for _ in range(2)]
-TOL = dict(rtol=1e-4, atol=1e-4)
+# float16 convolutions compute in float32 and round once, on both engines: an ulp of float16 apart
+TOLS = {np.float32: dict(rtol=1e-4, atol=1e-4), np.float16: dict(rtol=2e-3, atol=1e-2)}
+TOL = TOLS[np.float32]
 ENGINES = ("reference", "native")
+DTYPES = {np.float32: popxl.float32, np.float16: popxl.float16}
 
 
 def _conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -30,20 +33,21 @@ def _conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.einsum("nchwij,ocij->nohw", windows, w, dtype=np.float64).astype(np.float32)
 
 
-def _folded_conv(where: str, replicas: int = 1):
+def _folded_conv(where: str, replicas: int = 1, dtype=np.float32):
     """y = conv(x, w * scale): the product (a batch norm folded into the weights) depends on the
     weights alone. ``where``: the conv in the main graph, or in a loop body reading the product
-    by reference (as popart.InferenceSession builds it). With replicas, each holds its own ``w``."""
+    by reference (as popart.InferenceSession builds it). With replicas, each holds its own ``w``.
+    Weights, scale and data of ``dtype``."""
     ir = popxl.Ir(replication=replicas)
     steps = STEPS if where == "loop" else 1
     ir.num_host_transfers = steps
     grouping = ir.replica_grouping(group_size=1) if replicas > 1 else None
     with ir.main_graph:
-        w = popxl.variable(np.stack(WEIGHTS[:replicas]) if grouping else WEIGHTS[0], name="w",
+        w = popxl.variable((np.stack(WEIGHTS[:replicas]) if grouping else WEIGHTS[0]).astype(dtype), name="w",
                            replica_grouping=grouping)
-        scale = popxl.variable(SCALES[0], name="scale")
-        x_s = popxl.h2d_stream((N, C, H, H), popxl.float32, "x")
-        y_s = popxl.d2h_stream((N, O, H, H), popxl.float32, "y")
+        scale = popxl.variable(SCALES[0].astype(dtype), name="scale")
+        x_s = popxl.h2d_stream((N, C, H, H), DTYPES[dtype], "x")
+        y_s = popxl.d2h_stream((N, O, H, H), DTYPES[dtype], "y")
         folded = w * ops.reshape(scale, (O, 1, 1, 1))
 
         def step(f: popxl.TensorByRef):
@@ -53,13 +57,14 @@ def _folded_conv(where: str, replicas: int = 1):
             step(folded)
         else:
             ops.repeat(ir.create_graph(step, folded), steps, folded)
-    x = np.random.default_rng(1).standard_normal((steps, replicas, N, C, H, H)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((steps, replicas, N, C, H, H)).astype(dtype)
     return ir, w, scale, x_s, y_s, x
 
 
 def _expected(x: np.ndarray, weights: List[np.ndarray], scale: np.ndarray) -> np.ndarray:
-    """Per step and replica: the conv with that replica's weights."""
-    return np.stack([np.stack([_conv(x[s, r], weights[r] * scale[:, None, None, None])
+    """Per step and replica: the conv with that replica's weights (the product w * scale in x's dtype)."""
+    dt = x.dtype
+    return np.stack([np.stack([_conv(x[s, r], weights[r].astype(dt) * scale.astype(dt)[:, None, None, None])
                                for r in range(x.shape[1])]) for s in range(x.shape[0])])
 
 
@@ -67,14 +72,17 @@ def _host_shape(x: np.ndarray) -> np.ndarray:
     return x.reshape(tuple(d for d in x.shape[:2] if d > 1) + x.shape[2:])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("replicas", [1, 2])
 @pytest.mark.parametrize("where", ["main", "loop"])
-def test_weight_writes_between_runs_are_seen(where, replicas):
+def test_weight_writes_between_runs_are_seen(where, replicas, dtype):
     """write_variable_data, weights_from_host of changed host data and attach with new host data:
-    every run after a write computes with the new weights, on both engines."""
+    every run after a write computes with the new weights, on both engines. (float16 weights are
+    converted to float32 as they are reordered: the same caching.)"""
     results: Dict[str, List[np.ndarray]] = {}
+    tol = TOLS[dtype]
     for name in ENGINES:
-        ir, w, scale, x_s, y_s, x = _folded_conv(where, replicas)
+        ir, w, scale, x_s, y_s, x = _folded_conv(where, replicas, dtype)
         with engine(name):
             session = popxl.Session(ir, "ipu_model")
         assert session._exe.static_graph >= 0
@@ -84,7 +92,7 @@ def test_weight_writes_between_runs_are_seen(where, replicas):
             return session.run({x_s: _host_shape(x)})[y_s].reshape(x.shape[:2] + (N, O, H, H))
 
         def grouped(k: int) -> np.ndarray:  # replica r holds WEIGHTS[k + r]
-            return np.stack(WEIGHTS[k:k + replicas]) if replicas > 1 else WEIGHTS[k]
+            return (np.stack(WEIGHTS[k:k + replicas]) if replicas > 1 else WEIGHTS[k]).astype(dtype)
 
         outs, want = [], []
         with session:
@@ -93,7 +101,7 @@ def test_weight_writes_between_runs_are_seen(where, replicas):
             session.write_variable_data(w, grouped(2))
             outs += [run(), run()]  # and nothing stale once the new weights are in use
             want += [_expected(x, WEIGHTS[2:2 + replicas], SCALES[0])] * 2
-            session.get_tensor_data(scale)[...] = SCALES[1]  # the host data, sent by weights_from_host
+            session.get_tensor_data(scale)[...] = SCALES[1].astype(dtype)  # the host data, sent by weights_from_host
             session.weights_from_host()
             outs.append(run())
             want.append(_expected(x, WEIGHTS[2:2 + replicas], SCALES[1]))
@@ -102,10 +110,10 @@ def test_weight_writes_between_runs_are_seen(where, replicas):
             outs.append(run())
             want.append(_expected(x, WEIGHTS[4:4 + replicas], SCALES[1]))
         for k, (got, expect) in enumerate(zip(outs, want)):
-            np.testing.assert_allclose(got, expect, err_msg=f"{name} engine, run {k}", **TOL)
+            np.testing.assert_allclose(got, expect, err_msg=f"{name} engine, run {k}", **tol)
         results[name] = outs
     for k, (nat, ref) in enumerate(zip(results["native"], results["reference"])):
-        np.testing.assert_allclose(nat, ref, err_msg=f"run {k}", **TOL)
+        np.testing.assert_allclose(nat, ref, err_msg=f"run {k}", **tol)
 
 
 def _static_calls(session: popxl.Session) -> Tuple[int, ...]:

@@ -18,8 +18,13 @@ from engine_harness import compare_engines
 rng = np.random.default_rng(0)
 
 
-def rand(*shape: int) -> np.ndarray:
-    return rng.standard_normal(shape).astype(np.float32)
+def rand(*shape: int, dtype=np.float32) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# float16 runs through the same float32 primitives, converted on the way in and out; both engines
+# round a float32 result once, so they differ by about an ulp of float16 where sums ran in another order.
+TOL = {np.float32: dict(rtol=1e-4, atol=1e-4), np.float16: dict(rtol=4e-3, atol=4e-3)}
 
 
 CONV_ATTRS = [
@@ -32,13 +37,15 @@ CONV_ATTRS = [
 @pytest.mark.parametrize("attrs", CONV_ATTRS)
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("relu", [False, True])
-def test_conv_fused_native_matches_reference(attrs, residual, relu):
-    x, w, b = rand(2, 4, 9, 8), rand(6, 4 // attrs["groups"], 3, 3), rand(6)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_conv_fused_native_matches_reference(attrs, residual, relu, dtype):
+    x, w, b = rand(2, 4, 9, 8, dtype=dtype), rand(6, 4 // attrs["groups"], 3, 3, dtype=dtype), rand(6, dtype=dtype)
     with popxl.Ir().main_graph:  # the output shape, for the residual
         shape = conv_fused(popxl.constant(x), popxl.constant(w), popxl.constant(b), **attrs).shape
-    inputs = [x, w, b] + ([rand(*shape)] if residual else [])
+    inputs = [x, w, b] + ([rand(*shape, dtype=dtype)] if residual else [])
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else TOL[dtype]
     compare_engines(lambda *t: conv_fused(*t[:3], residual=t[3] if residual else None, relu=relu, **attrs),
-                    inputs, rtol=1e-5, atol=1e-5, native_ops=["conv_fused"])
+                    inputs, native_ops=["conv_fused"], **tol)
 
 
 def test_conv_fused_checks_its_inputs():
@@ -51,11 +58,13 @@ def test_conv_fused_checks_its_inputs():
 
 
 def _conv_bn(x: popxl.Tensor, r: np.random.Generator) -> popxl.Tensor:
-    """conv 3x3 (4 -> 4 channels, padding 1) then batch norm, with weights drawn from ``r``."""
+    """conv 3x3 (4 -> 4 channels, padding 1) then batch norm, with weights (of x's dtype) drawn
+    from ``r``."""
+    dt = x.dtype.as_numpy()
     w = r.standard_normal((4, 4, 3, 3)) * 0.3
     stats = (1 + 0.1 * r.standard_normal(4), r.standard_normal(4), r.standard_normal(4), r.uniform(0.5, 1.5, 4))
-    params = [popxl.variable(a.astype(np.float32)) for a in stats]
-    return ops.batch_norm_inference(ops.conv(x, popxl.variable(w.astype(np.float32)), padding=(1, 1, 1, 1)), *params)
+    params = [popxl.variable(a.astype(dt)) for a in stats]
+    return ops.batch_norm_inference(ops.conv(x, popxl.variable(w.astype(dt)), padding=(1, 1, 1, 1)), *params)
 
 
 def _residual_block(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.Tensor]:
@@ -117,7 +126,8 @@ def test_residual_block_fuses_into_two_ops_with_post_ops():
     assert [op.attrs["layouts"] for op in fused] == [("nchw", "nhwc", "nchw"), ("nhwc", "nchw", "nchw")]
 
 
-def test_fused_residual_blocks_native_match_reference():
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_fused_residual_blocks_native_match_reference(dtype):
     """Two blocks: channels-last values passed as input and as residual between conv_fused ops."""
     def build(x):
         r = np.random.default_rng(9)
@@ -126,7 +136,7 @@ def test_fused_residual_blocks_native_match_reference():
         fuse_conv(x.graph)
         assert any("nhwc" in (op.attrs.get("layouts") or ()) for op in x.graph.ops if op.type == "conv_fused")
         return z
-    compare_engines(build, [rand(2, 4, 7, 6)], rtol=1e-4, atol=1e-4, native_ops=["conv_fused"])
+    compare_engines(build, [rand(2, 4, 7, 6, dtype=dtype)], native_ops=["conv_fused"], **TOL[dtype])
 
 
 def test_channels_last_ops_refuse_the_numpy_fallback():
@@ -166,14 +176,15 @@ def test_pools_between_convolutions_stay_channels_last():
                                                      ("nhwc", "nhwc", "nhwc")]
 
 
-def test_channels_last_pools_native_match_reference():
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_channels_last_pools_native_match_reference(dtype):
     def build(x):
         y = _stem_and_head(x)
         fuse_conv(x.graph)
+        assert any("nhwc" in (op.attrs.get("layouts") or ()) for op in x.graph.ops if op.type == "max_pool")
         return y
     # odd sizes: the max pool's last window hangs over the edge, the global pool sees 5x5
-    x = rand(2, 4, 9, 9)
-    (fused,) = compare_engines(build, [x], rtol=1e-4, atol=1e-4,
-                               native_ops=["conv_fused", "max_pool", "average_pool"])
-    (plain,) = compare_engines(_stem_and_head, [x], rtol=1e-4, atol=1e-4)  # mean, nothing fused
-    np.testing.assert_allclose(fused, plain, rtol=1e-4, atol=1e-5)
+    x = rand(2, 4, 9, 9, dtype=dtype)
+    (fused,) = compare_engines(build, [x], native_ops=["conv_fused", "max_pool", "average_pool"], **TOL[dtype])
+    (plain,) = compare_engines(_stem_and_head, [x], **TOL[dtype])  # mean, nothing fused
+    np.testing.assert_allclose(fused, plain, **(TOL[dtype] if dtype == np.float16 else dict(rtol=1e-4, atol=1e-5)))

@@ -11,8 +11,10 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <new>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -64,6 +66,16 @@ void unstage(uint8_t* packed, DType d, float* out, int64_t n) {
       fp8_format(d).decode_row(in, f32, len);
     else
       load_row<float>(in, static_cast<int64_t>(itemsize(d)), d, f32, len);
+  });
+}
+
+// A staged output's float32 values, times `scale` (pow2scaled ops scale in float32, as the reference
+// scales its float32 result), into its packed float16 bytes.
+void restage(float* f32, uint8_t* packed, int64_t n, float scale = 1.0f) {
+  over_staged(packed, DType::F16, f32, n, [scale](uint8_t* out, float* v, int64_t len) {
+    if (scale != 1.0f)
+      for (int64_t i = 0; i < len; ++i) v[i] *= scale;
+    store_row<float>(out, 2, DType::F16, v, len);
   });
 }
 
@@ -176,14 +188,8 @@ struct DnnlKernel : Kernel {
     }
     for (auto& a : args) {
       if (!staged(a.buf) || !a.output) continue;
-      // pow2scaled ops scale in float32, as the reference scales its float32 result
-      const float s = scaled ? float(pow2_scale(arena, scale)) : 1.0f;
-      over_staged(packed_bytes(a, arena, false), DType::F16, staging(a), a.buf.nelms,
-                  [&](uint8_t* out, float* f32, int64_t len) {
-                    if (scaled)
-                      for (int64_t i = 0; i < len; ++i) f32[i] *= s;
-                    store_row<float>(out, 2, DType::F16, f32, len);
-                  });
+      restage(staging(a), packed_bytes(a, arena, false), a.buf.nelms,
+              scaled ? float(pow2_scale(arena, scale)) : 1.0f);
       if (!a.buf.contiguous) copy_buffer(arena, a.buf, scratch.at(a.packed), packed_like(a.buf));
     }
   }
@@ -369,14 +375,20 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer&
 
 // A 4-D float32 buffer: contiguous NHWC when popxl.transforms.keep_channels_last keeps it
 // channels-last, else the strided NCHW view the buffer describes.
-memory::desc user_desc(const Buffer& b, bool nhwc) {
-  const auto f32 = memory::data_type::f32;
+memory::desc user_desc(const Buffer& b, bool nhwc, memory::data_type t) {
   // With one spatial position the two layouts are the same bytes: say NHWC, what the primitives
   // write, so that no reorder runs (a global pool's result).
   if (b.contiguous && b.shape.size() == 4 && b.shape[2] * b.shape[3] == 1) nhwc = true;
-  return nhwc ? memory::desc(memory::dims(b.shape.begin(), b.shape.end()), f32, memory::format_tag::nhwc)
-              : md(b.shape, elem_strides(b), f32);
+  return nhwc ? memory::desc(memory::dims(b.shape.begin(), b.shape.end()), t, memory::format_tag::nhwc)
+              : md(b.shape, elem_strides(b), t);
 }
+
+// The arena's element type of a float32 or float16 operand of the blocked-layout kernels below:
+// their primitives compute in float32, and the reorders in and out convert float16.
+memory::data_type stored_type(const Buffer& b) {
+  return b.dtype == DType::F16 ? memory::data_type::f16 : memory::data_type::f32;
+}
+memory::desc user_desc(const Buffer& b, bool nhwc) { return user_desc(b, nhwc, stored_type(b)); }
 
 // Which operands an op's `layouts` attribute (keep_channels_last) puts in NHWC; all false without it.
 std::vector<bool> nhwc_slots(const OpInstr& ins, size_t n) {
@@ -402,6 +414,11 @@ constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
 //   with the engine's weights epoch, so a copy reordered at the current epoch from the same
 //   arena is current: no comparison, no saved bytes. Each arena (replica) keeps its own copy,
 //   since replicas may hold different weights.
+//
+// A float16 `user` (a dense block of memory) is staged: converted to and from a float32 copy in
+// the same layout in scratch, eight values at a time on both threads (F16C), which oneDNN's
+// reorders then take; their own float16 conversion is a reference loop on CPUs without AVX-512,
+// ~50x slower (ResNet-18: 3 images/s against 45 for float32).
 struct ReorderedOperand {
   enum class Keep { None, Bytes, Static };
   struct Free { void operator()(void* p) const { std::free(p); } };
@@ -412,16 +429,31 @@ struct ReorderedOperand {
     uint64_t epoch = 0;          // Static: the weights epoch it was reordered at (0: never)
     std::vector<uint8_t> bytes;  // Bytes: the user bytes
   };
-  memory user, inner;
+  memory user, inner;  // user: the arena tensor, or its float32 staging copy
   Primitive convert;
-  bool reordered = false, output = false;
+  bool reordered = false, output = false, f16 = false;
   Keep keep = Keep::None;
   size_t at = 0;           // `inner`'s scratch offset (Keep::None)
+  size_t staging = 0;      // f16: the float32 copy's scratch offset
+  int64_t nelms = 0;       // f16: values in the tensor
+  uint8_t* data = nullptr;  // the arena tensor (bind)
   std::vector<Kept> kept;  // Bytes: one; Static: one per arena in use
   ReorderedOperand() = default;
-  ReorderedOperand(const memory::desc& user_d, const memory::desc& inner_d, bool output_, ScratchLayout& scratch,
+  ReorderedOperand(const memory::desc& arena_d, const memory::desc& inner_d, bool output_, ScratchLayout& scratch,
                    Keep keep_ = Keep::None)
-      : user(user_d, cpu(), DNNL_MEMORY_NONE), reordered(user_d != inner_d), output(output_), keep(keep_) {
+      : output(output_), f16(arena_d.get_data_type() == memory::data_type::f16), keep(keep_) {
+    memory::desc user_d = arena_d;
+    if (f16) {
+      const memory::dims dims = arena_d.get_dims();
+      nelms = std::accumulate(dims.begin(), dims.end(), int64_t{1}, std::multiplies<int64_t>());
+      if (arena_d.get_size() != static_cast<size_t>(nelms) * 2)
+        throw std::runtime_error("a float16 operand must be a dense block to be staged");
+      user_d = memory::desc(dims, memory::data_type::f32, arena_d.get_strides());
+      staging = scratch.reserve(user_d.get_size());
+    }
+    user = memory(user_d, cpu(), DNNL_MEMORY_NONE);
+    reordered = user_d != inner_d;
+    if (!reordered) keep = Keep::None;  // inner is user (for float16, the staging copy in scratch)
     inner = reordered ? memory(inner_d, cpu(), DNNL_MEMORY_NONE) : user;
     if (!reordered) return;
     convert = output ? Primitive::reorder(inner, user, scratch) : Primitive::reorder(user, inner, scratch);
@@ -432,29 +464,39 @@ struct ReorderedOperand {
       inner.set_data_handle(kept[0].data.get());
     }
   }
-  void bind(uint8_t* data, const ScratchLayout& scratch) {
-    user.set_data_handle(data);
+  void bind(uint8_t* data_, const ScratchLayout& scratch) {
+    data = data_;
+    user.set_data_handle(f16 ? scratch.at(staging) : data);
     if (reordered && keep == Keep::None) inner.set_data_handle(scratch.at(at));
   }
   // `epoch`: the engine's weights epoch (Keep::Static; without one, every run reorders).
   void to_inner(dnnl::stream& strm, const ScratchLayout& scratch, const uint64_t* epoch = nullptr) {
-    if (!reordered || output) return;
+    if (output) return;
+    if (!reordered) {  // the primitive reads user itself (keep is None)
+      if (f16) unstage(data, DType::F16, static_cast<float*>(user.get_data_handle()), nelms);
+      return;
+    }
     if (keep == Keep::Bytes) {
       std::vector<uint8_t>& last = kept[0].bytes;
-      const auto* bytes = static_cast<const uint8_t*>(user.get_data_handle());
-      const size_t n = user.get_desc().get_size();
-      if (last.size() == n && std::memcmp(last.data(), bytes, n) == 0) return;
-      last.assign(bytes, bytes + n);
+      const size_t n = f16 ? static_cast<size_t>(nelms) * 2 : user.get_desc().get_size();
+      if (last.size() == n && std::memcmp(last.data(), data, n) == 0) return;
+      last.assign(data, data + n);
     } else if (keep == Keep::Static) {
-      Kept& k = copy_of(user.get_data_handle(), epoch ? *epoch : 0);
+      Kept& k = copy_of(data, epoch ? *epoch : 0);
       inner.set_data_handle(k.data.get());
       if (epoch && k.epoch == *epoch) return;
       k.epoch = epoch ? *epoch : 0;
     }
+    if (f16) unstage(data, DType::F16, static_cast<float*>(user.get_data_handle()), nelms);
     convert.execute(strm, scratch);
   }
   void to_user(dnnl::stream& strm, const ScratchLayout& scratch) {
-    if (reordered && output) convert.execute(strm, scratch);
+    if (!output) return;
+    if (reordered) convert.execute(strm, scratch);
+    if (f16) {
+      strm.wait();
+      restage(static_cast<float*>(user.get_data_handle()), data, nelms);
+    }
   }
 
  private:
@@ -483,7 +525,7 @@ struct ReorderedOperand {
   }
 };
 
-// A float32 convolution in the layouts oneDNN's JIT kernels want. The primitive chooses the
+// A float32 (or float16, computed in float32) convolution in the layouts oneDNN's JIT kernels want. The primitive chooses the
 // activation and weight formats (format_tag::any, usually channel-blocked); the arena holds plain
 // NCHW/OIHW tensors, which would send oneDNN to its slower im2col+GEMM implementation, so each
 // run reorders the operands in and the result out; weights only when they changed (static
@@ -516,7 +558,7 @@ class BlockedConvKernel : public Kernel {
     auto [wdims, wstr] = conv_weights(w_, s.groups, false);
     using Keep = ReorderedOperand::Keep;
     const Keep keep = s.static_w ? Keep::Static : w_.contiguous ? Keep::Bytes : Keep::None;
-    wei_ = ReorderedOperand(md(wdims, wstr, memory::data_type::f32), wd, false, scratch, keep);
+    wei_ = ReorderedOperand(md(wdims, wstr, stored_type(w_)), wd, false, scratch, keep);
     for (auto& part : parts_) part->conv.arg(DNNL_ARG_WEIGHTS, wei_.inner);
   }
 
@@ -553,10 +595,11 @@ class BlockedConvKernel : public Kernel {
   struct Part {
     Buffer x, y, bias, residual;
     Primitive conv, residual_in;
-    ReorderedOperand src, dst;
-    memory bias_mem, residual_mem;
+    ReorderedOperand src, dst, bias_in;
+    memory residual_mem;
     memory::desc weights_desc;
-    bool residual_copied = false;
+    bool has_bias = false, residual_copied = false;
+    std::optional<size_t> residual_staging;  // float16: the residual's float32 copy in scratch
     ScratchLayout scratch;
     dnnl::stream strm{cpu()};
 
@@ -566,7 +609,7 @@ class BlockedConvKernel : public Kernel {
       const auto f32 = memory::data_type::f32;
       auto [wdims, wstr] = conv_weights(*s.w, s.groups, false);
       const memory::desc xd = user_desc(x, s.nhwc_x), wd = md(wdims, wstr, f32), yd = user_desc(y, s.nhwc_y);
-      auto any = [](const memory::desc& d) { return memory::desc(d.get_dims(), d.get_data_type(), memory::format_tag::any); };
+      auto any = [f32](const memory::desc& d) { return memory::desc(d.get_dims(), f32, memory::format_tag::any); };
       dnnl::post_ops ops;
       if (s.residual) ops.append_sum(1.f);
       if (s.relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
@@ -576,7 +619,7 @@ class BlockedConvKernel : public Kernel {
       auto make_pd = [&](const memory::desc& src_d, const memory::desc& dst_d) {
         return s.bias ? dnnl::convolution_forward::primitive_desc(
                             cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_d,
-                            any(wd), md(s.bias->shape, elem_strides(*s.bias), f32), dst_d, win.strides, win.dilates,
+                            any(wd), md(s.bias->shape, {1}, f32), dst_d, win.strides, win.dilates,
                             win.pad_l, win.pad_r, attr)
                       : dnnl::convolution_forward::primitive_desc(
                             cpu(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_d,
@@ -587,38 +630,57 @@ class BlockedConvKernel : public Kernel {
       // 3-channel input suits a channel-blocked output) is given in NHWC when an optimised kernel
       // takes it: a reorder of the whole activation costs more than the kernel's preference saves
       // (ResNet-18's stem: 14.0 -> 9.7 ms for 4 images on one thread).
-      if (s.nhwc_y && pd.dst_desc() != yd) {
-        auto direct = make_pd(any(xd), yd);
+      const memory::desc yd32 = user_desc(y, s.nhwc_y, f32);
+      if (s.nhwc_y && pd.dst_desc() != yd32) {
+        auto direct = make_pd(any(xd), yd32);
         if (std::string(direct.impl_info_str()).rfind("ref", 0) != 0) pd = direct;
       }
       conv = Primitive(pd, scratch);
       weights_desc = pd.weights_desc();
       src = ReorderedOperand(xd, pd.src_desc(), false, scratch);
       dst = ReorderedOperand(yd, pd.dst_desc(), true, scratch);
-      if (s.bias) { bias = *s.bias; bias_mem = memory(pd.bias_desc(), cpu(), DNNL_MEMORY_NONE); }
+      if (s.bias) {
+        has_bias = true;
+        bias = *s.bias;
+        bias_in = ReorderedOperand(md(bias.shape, elem_strides(bias), stored_type(bias)), pd.bias_desc(), false, scratch);
+      }
       if (s.residual) {
         residual = window(*s.residual, 0, n0, count);
-        residual_mem = memory(user_desc(residual, s.nhwc_residual), cpu(), DNNL_MEMORY_NONE);
+        // float32, staged first when float16 (as ReorderedOperand stages)
+        residual_mem = memory(user_desc(residual, s.nhwc_residual, f32), cpu(), DNNL_MEMORY_NONE);
+        if (residual.dtype == DType::F16) {
+          if (!residual.contiguous) throw std::runtime_error("a float16 residual must be contiguous to be staged");
+          residual_staging = scratch.reserve(residual_mem.get_desc().get_size());
+        }
         residual_copied = residual.contiguous && residual_mem.get_desc() == pd.dst_desc();
         if (!residual_copied) residual_in = Primitive::reorder(residual_mem, dst.inner, scratch);
       }
       conv.arg(DNNL_ARG_SRC, src.inner);
       conv.arg(DNNL_ARG_DST, dst.inner);
-      if (bias_mem) conv.arg(DNNL_ARG_BIAS, bias_mem);
+      if (s.bias) conv.arg(DNNL_ARG_BIAS, bias_in.inner);
     }
 
     void run(uint8_t* arena) {
       src.bind(arena + x.offset, scratch);
       dst.bind(arena + y.offset, scratch);
-      if (bias_mem) bias_mem.set_data_handle(arena + bias.offset);
       src.to_inner(strm, scratch);
+      if (has_bias) {
+        bias_in.bind(arena + bias.offset, scratch);
+        bias_in.to_inner(strm, scratch);
+      }
       if (residual_mem) {  // the sum post-op adds what the destination holds
+        uint8_t* from = arena + residual.offset;
+        if (residual_staging) {
+          float* f32 = reinterpret_cast<float*>(scratch.at(*residual_staging));
+          unstage(from, DType::F16, f32, residual.nelms);
+          from = reinterpret_cast<uint8_t*>(f32);
+        }
         if (residual_copied) {  // the same dense layout: a memcpy beats oneDNN's generic reorder
           void* to = dst.inner.get_data_handle();
-          if (to != arena + residual.offset)  // the memory plan may put the result over the residual
-            std::memcpy(to, arena + residual.offset, residual.nbytes());
+          if (to != from)  // the memory plan may put the result over the residual
+            std::memcpy(to, from, residual_mem.get_desc().get_size());
         } else {
-          residual_mem.set_data_handle(arena + residual.offset);
+          residual_mem.set_data_handle(from);
           residual_in.execute(strm, scratch);
         }
       }
@@ -634,13 +696,17 @@ class BlockedConvKernel : public Kernel {
   dnnl::stream strm_{cpu()};
 };
 
-bool all_f32(std::initializer_list<const Buffer*> bs) {
+// Every (given) operand float32, or every one float16 and contiguous (staged as a dense block,
+// whose layout elem_strides describes), none empty.
+bool one_float_type(std::initializer_list<const Buffer*> bs) {
+  const DType d = (*bs.begin())->dtype;
+  if (d != DType::F32 && d != DType::F16) return false;
   for (const Buffer* b : bs)
-    if (b && (b->dtype != DType::F32 || b->nelms == 0)) return false;
+    if (b && (b->dtype != d || b->nelms == 0 || (d == DType::F16 && !b->contiguous))) return false;
   return true;
 }
 
-// conv (float32) and conv_fused: x, w, [bias, [residual]] -> y.
+// conv and conv_fused (float32 or float16): x, w, [bias, [residual]] -> y.
 std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffer>& bufs, bool fused) {
   const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
   const bool residual = fused && ins.attrs.at("residual").b();
@@ -654,7 +720,7 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
   s.nhwc_residual = nhwc[2];
   s.static_w = ins.is_static_input(kWeightsSlot);
   // nullptr: the op falls back (the loader refuses that for channels-last operands).
-  if (!all_f32({&x, &w, &y, bias, res})) return nullptr;
+  if (!one_float_type({&x, &w, &y, bias, res})) return nullptr;
   fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(y.shape), false);
   try {
     return std::make_unique<BlockedConvKernel>(s);
@@ -765,7 +831,7 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
   }
 }};
 
-// 2-D float32 pooling in channels-last: oneDNN has only a slow reference kernel for NCHW pooling,
+// 2-D float32 (or float16, computed in float32) pooling in channels-last: oneDNN has only a slow reference kernel for NCHW pooling,
 // and the reorders in and out cost less than it does. None are needed for operands the arena
 // already holds channels-last.
 class ChannelsLastPoolKernel : public Kernel {
@@ -812,7 +878,7 @@ KernelFactory pooling(dnnl::algorithm alg) {
     Window win = window_of(ins, kernel.size());
     fit_right_padding(win, spatial(x.shape), kernel, spatial(y.shape), false);
     const auto nhwc = nhwc_slots(ins, 2);
-    if (kernel.size() == 2 && all_f32({&x, &y})) {
+    if (kernel.size() == 2 && one_float_type({&x, &y})) {
       try {
         return std::make_unique<ChannelsLastPoolKernel>(alg, x, y, kernel, win, nhwc[0], nhwc[1]);
       } catch (const dnnl::error&) {
