@@ -373,8 +373,8 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> conv_weights(const Buffer&
   return {dims, str};
 }
 
-// A 4-D float32 buffer: contiguous NHWC when popxl.transforms.keep_channels_last keeps it
-// channels-last, else the strided NCHW view the buffer describes.
+// A 4-D buffer as elements of type t: contiguous NHWC when popxl.transforms.keep_channels_last
+// keeps it channels-last, else the strided NCHW view the buffer describes.
 memory::desc user_desc(const Buffer& b, bool nhwc, memory::data_type t) {
   // With one spatial position the two layouts are the same bytes: say NHWC, what the primitives
   // write, so that no reorder runs (a global pool's result).
@@ -525,11 +525,12 @@ struct ReorderedOperand {
   }
 };
 
-// A float32 (or float16, computed in float32) convolution in the layouts oneDNN's JIT kernels want. The primitive chooses the
-// activation and weight formats (format_tag::any, usually channel-blocked); the arena holds plain
-// NCHW/OIHW tensors, which would send oneDNN to its slower im2col+GEMM implementation, so each
-// run reorders the operands in and the result out; weights only when they changed (static
-// weights: when the weights epoch moved on; other contiguous weights: when their bytes differ).
+// A float32 (or float16, computed in float32) convolution in the layouts oneDNN's JIT kernels
+// want. The primitive chooses the activation and weight formats (format_tag::any, usually
+// channel-blocked); the arena holds plain NCHW/OIHW tensors, which would send oneDNN to its slower
+// im2col+GEMM implementation, so each run reorders the operands in and the result out; weights
+// only when they changed (static weights: when the weights epoch moved on; other contiguous
+// weights: when their bytes differ).
 // Values that popxl.transforms.keep_channels_last keeps NHWC skip most of these.
 // `bias`, and the post-ops `residual` (a sum into the destination) and `relu`, serve conv_fused.
 //
