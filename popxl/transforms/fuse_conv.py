@@ -170,8 +170,6 @@ def _layout_slot(op: Op, t: Tensor) -> Optional[int]:
 
 def keep_channels_last(graph: Graph) -> Graph:
     """Rewrite 3 above, in place. Returns ``graph``."""
-    import popxl
-
     graph.ir._check_mutable()
     aware = [op for op in graph._ops if op.type in _LAYOUT_INPUTS and op.outputs[0].rank == 4]
     readers = {}

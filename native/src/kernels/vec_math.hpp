@@ -333,10 +333,11 @@ __m256 libm8(__m256 x) {
   if constexpr (F == Libm::Sin) return _ZGVdN8v_sinf(x);
   if constexpr (F == Libm::Cos) return _ZGVdN8v_cosf(x);
   // the ops' scalar forms, operation for operation: 1 / (1 + e^-x), x / (1 + e^-x),
-  // 0.5 x (1 + erf(x / sqrt 2))
-  const __m256 e = _mm256_add_ps(one, _ZGVdN8v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x)));
-  if constexpr (F == Libm::Sigmoid) return _mm256_div_ps(one, e);
-  if constexpr (F == Libm::Swish) return _mm256_div_ps(x, e);
+  // 0.5 x (1 + erf(x / sqrt 2)) and geluerf_slope
+  if constexpr (F == Libm::Sigmoid || F == Libm::Swish) {
+    const __m256 e = _mm256_add_ps(one, _ZGVdN8v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x)));
+    return _mm256_div_ps(F == Libm::Sigmoid ? one : x, e);
+  }
   if constexpr (F == Libm::GeluErf) {
     const __m256 erf = _ZGVdN8v_erff(_mm256_mul_ps(x, _mm256_set1_ps(float(kInvSqrt2))));
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(one, erf));
