@@ -12,15 +12,15 @@ with post-ops instead of three or four passes over the activations.
 2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
    ``other`` as its residual; one whose output is read only by ``relu`` takes the relu.
 
-3. (`keep_channels_last`) A 4-D float32 or float16 value that a ``conv_fused`` or a 2-D pooling op writes
-   and only such ops read (a convolution as input or residual, a pool as input) is kept
+3. (`keep_channels_last`) A 4-D float32 or float16 value that a ``conv_fused`` or a 2-D pooling
+   op writes and only such ops read (a convolution as input or residual, a pool as input) is kept
    channels-last (NHWC) in memory: the layout oneDNN's convolutions and pooling use on this CPU,
    so it is not reordered out and back in between them (ResNet's stem: conv, max pool, conv).
    Only the native engine's memory layout changes (the ``layouts`` attribute); values and shapes
    do not.
 
-Before 3, a global mean or max over the spatial dims of a convolution's 4-D float32/float16 result
-(ONNX GlobalAveragePool / GlobalMaxPool) becomes the equivalent whole-image pool
+Before 3, a global mean or max over the spatial dims of a convolution's 4-D float32 or float16
+result (ONNX GlobalAveragePool / GlobalMaxPool) becomes the equivalent whole-image pool
 (`global_pools_as_pools`), which can read the channels-last value.
 
 Intermediate values vanish, so these are for inference: gradients of ``conv_fused`` are not
@@ -37,6 +37,10 @@ from popxl.op import Op
 from popxl.tensor import Tensor
 
 __all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "global_pools_as_pools", "keep_channels_last"]
+
+# The dtypes the native engine's convolutions and pools take channels-last (float16 is computed in
+# float32, converted on the way in and out).
+_CHANNELS_LAST_DTYPES = (float32, float16)
 
 
 def fuse_conv(graph: Graph) -> Graph:
@@ -139,16 +143,11 @@ def global_pools_as_pools(graph: Graph) -> Graph:
     pools = {"mean": ops.average_pool, "max": ops.max_pool}
     for op in [op for op in graph._ops if op.type in pools]:
         (x,) = op.inputs
-        if (x.rank != 4 or x.dtype not in _CHANNELS_LAST_DTYPES or x.producer is None or x.producer.type != "conv_fused"
-                or tuple(op.attrs["axis"]) != (2, 3) or not op.attrs["keepdims"]):
+        if (x.rank != 4 or x.dtype not in _CHANNELS_LAST_DTYPES or x.producer is None
+                or x.producer.type != "conv_fused" or tuple(op.attrs["axis"]) != (2, 3) or not op.attrs["keepdims"]):
             continue
         _replace(graph, [op], lambda pool=pools[op.type], x=x: pool(x, kernel_size=tuple(x.shape[2:])))
     return graph
-
-
-# The dtypes the native engine's convolutions and pools take channels-last (float16 is computed in
-# float32, converted on the way in and out).
-_CHANNELS_LAST_DTYPES = (float32, float16)
 
 
 # Ops that can read and write channels-last values: their `layouts` attribute lists, per slot

@@ -643,7 +643,8 @@ class BlockedConvKernel : public Kernel {
       if (s.bias) {
         has_bias = true;
         bias = *s.bias;
-        bias_in = ReorderedOperand(md(bias.shape, elem_strides(bias), stored_type(bias)), pd.bias_desc(), false, scratch);
+        const memory::desc arena_bias = md(bias.shape, elem_strides(bias), stored_type(bias));
+        bias_in = ReorderedOperand(arena_bias, pd.bias_desc(), false, scratch);
       }
       if (s.residual) {
         residual = window(*s.residual, 0, n0, count);
@@ -832,9 +833,9 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
   }
 }};
 
-// 2-D float32 (or float16, computed in float32) pooling in channels-last: oneDNN has only a slow reference kernel for NCHW pooling,
-// and the reorders in and out cost less than it does. None are needed for operands the arena
-// already holds channels-last.
+// 2-D float32 (or float16, computed in float32) pooling in channels-last: oneDNN has only a slow
+// reference kernel for NCHW pooling, and the reorders in and out cost less than it does. None are
+// needed for operands the arena already holds channels-last.
 class ChannelsLastPoolKernel : public Kernel {
  public:
   ChannelsLastPoolKernel(dnnl::algorithm alg, const Buffer& x, const Buffer& y, const std::vector<int64_t>& kernel,

@@ -292,9 +292,9 @@ inline void gelu_grad_row_of_x(float* out, const float* g, const float* x, int64
 }
 
 // ---- libm functions eight values at a time (glibc's libmvec) --------------------------------------
-// The unary ops whose work is one libm call per value: a float32 (or float16's float) value goes
-// through libm8<F>, in dense rows and one at a time alike, so its result does not depend on the
-// path it takes; float64 uses the scalar libm.
+// The functions behind the ops whose work is libm calls per value (unary ops, and geluerf_grad's
+// slope): a float32 (or float16's float) value goes through libm8<F>, in dense rows and one at a
+// time alike, so its result does not depend on the path it takes; float64 uses the scalar libm.
 enum class Libm { Exp, Log, Log2, Tanh, Sin, Cos, Sigmoid, Swish, GeluErf, GeluErfSlope };
 
 constexpr double kSqrt2 = 1.4142135623730951, kSqrt2Pi = 2.5066282746310002;
