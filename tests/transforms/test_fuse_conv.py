@@ -139,6 +139,20 @@ def test_fused_residual_blocks_native_match_reference(dtype):
     compare_engines(build, [rand(2, 4, 7, 6, dtype=dtype)], native_ops=["conv_fused"], **TOL[dtype])
 
 
+def test_channels_last_residuals_written_over_match_reference():
+    """Three blocks, batch 4: the middle block adds a channels-last residual and its result takes
+    the residual's place, each image convolved on its own."""
+    def build(x):
+        r = np.random.default_rng(11)
+        for _ in range(3):
+            (x,) = _residual_block(x, r)
+        fuse_conv(x.graph)
+        layouts = [op.attrs["layouts"] for op in x.graph.ops if op.type == "conv_fused" and op.attrs["residual"]]
+        assert ("nhwc", "nhwc", "nhwc") in layouts, layouts  # x, y, residual: the middle block's second conv
+        return x
+    compare_engines(build, [rand(4, 4, 7, 6)], native_ops=["conv_fused"], **TOL[np.float32])
+
+
 def test_channels_last_ops_refuse_the_numpy_fallback():
     from popxl.compiler import lower
     from popxl.engines.native import NativeEngine
