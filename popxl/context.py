@@ -22,7 +22,37 @@ __all__ = [
 ]
 
 
-class Context:
+class OpCreatedHooks:
+    """Callbacks called with every op created: the context's for ops anywhere, a graph's for its
+    own. The class using it calls ``_init_hooks`` when it is made."""
+
+    _hooks: Dict[int, Callable[["Op"], None]]
+    _hook_ids: Iterator[int]
+
+    def _init_hooks(self) -> None:
+        self._hooks = {}
+        self._hook_ids = itertools.count(1)
+
+    def _hooks_owner(self) -> str:
+        """Whose hooks these are, for error messages ("" or " on graph 'g'")."""
+        return ""
+
+    def register_op_created_hook(self, fn: Callable[["Op"], None]) -> int:
+        handle = next(self._hook_ids)
+        self._hooks[handle] = fn
+        return handle
+
+    def remove_op_created_hook(self, handle: int) -> None:
+        if handle not in self._hooks:
+            raise ValueError(f"No op-created hook with handle {handle}{self._hooks_owner()}.")
+        del self._hooks[handle]
+
+    def _op_created(self, op: "Op") -> None:
+        for fn in list(self._hooks.values()):
+            fn(op)
+
+
+class Context(OpCreatedHooks):
     """The tracing state: graph stack, placement, name scopes, in-sequence mode, op hooks."""
 
     def __init__(self) -> None:
@@ -32,8 +62,7 @@ class Context:
         self.name_scopes: List[str] = []
         # Stack of in_sequence modes; the schedule is creation order, which honours any mode.
         self._in_sequence: List[Union[bool, str]] = []
-        self._hooks: Dict[int, Callable[["Op"], None]] = {}
-        self._hook_ids = itertools.count(1)
+        self._init_hooks()
         self.debug_frame_offset: int = 0
 
     # graphs -----------------------------------------------------------------------------------
@@ -69,21 +98,6 @@ class Context:
     @property
     def scope_prefix(self) -> str:
         return "".join(s + "/" for s in self.name_scopes)
-
-    # hooks ------------------------------------------------------------------------------------
-    def register_op_created_hook(self, fn: Callable[["Op"], None]) -> int:
-        handle = next(self._hook_ids)
-        self._hooks[handle] = fn
-        return handle
-
-    def remove_op_created_hook(self, handle: int) -> None:
-        if handle not in self._hooks:
-            raise ValueError(f"No op-created hook with handle {handle}.")
-        del self._hooks[handle]
-
-    def _op_created(self, op: "Op") -> None:
-        for fn in list(self._hooks.values()):
-            fn(op)
 
 
 _CONTEXT = Context()

@@ -1,10 +1,9 @@
 """`popxl.Graph`: an ordered list of ops with inputs and outputs, entered with ``with g:``."""
 from __future__ import annotations
 
-import itertools
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
 
-from popxl.context import get_current_context
+from popxl.context import OpCreatedHooks, get_current_context
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.ir import Ir
@@ -14,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Graph"]
 
 
-class Graph:
+class Graph(OpCreatedHooks):
     """A graph of the IR. Made by ``Ir.create_graph`` / ``Ir.create_empty_graph``, never directly."""
 
     def __init__(self) -> None:
@@ -32,8 +31,7 @@ class Graph:
         g._inputs: List["Tensor"] = []
         g._outputs: List["Tensor"] = []
         g._by_ref_inputs: Set["Tensor"] = set()
-        g._hooks: Dict[int, Callable[["Op"], None]] = {}
-        g._hook_ids = itertools.count(1)
+        g._init_hooks()
         return g
 
     @property
@@ -110,20 +108,9 @@ class Graph:
         except KeyError:
             raise KeyError(f"No tensor with id {tensor_id!r} in graph {self._id!r}.") from None
 
-    # hooks ----------------------------------------------------------------------------------------
-    def register_op_created_hook(self, fn: Callable[["Op"], None]) -> int:
-        handle = next(self._hook_ids)
-        self._hooks[handle] = fn
-        return handle
-
-    def remove_op_created_hook(self, handle: int) -> None:
-        if handle not in self._hooks:
-            raise ValueError(f"No op-created hook with handle {handle} on graph {self._id!r}.")
-        del self._hooks[handle]
-
-    def _op_created(self, op: "Op") -> None:
-        for fn in list(self._hooks.values()):
-            fn(op)
+    # hooks (OpCreatedHooks) ------------------------------------------------------------------------
+    def _hooks_owner(self) -> str:
+        return f" on graph {self._id!r}"
 
     # protocol -------------------------------------------------------------------------------------
     def __contains__(self, t: Any) -> bool:
