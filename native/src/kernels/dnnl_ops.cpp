@@ -620,7 +620,7 @@ class BlockedConvKernel : public Kernel {
     ReorderedOperand src, dst, bias_in;
     memory residual_mem;
     memory::desc weights_desc;
-    bool has_bias = false, residual_copied = false, relu_after = false;
+    bool sliced, has_bias = false, residual_copied = false, relu_after = false;
     std::optional<size_t> residual_staging;  // float16: the residual's float32 copy in scratch
     std::optional<size_t> added_after;       // the convolution's result in scratch (see above)
     memory conv_result;                      // ... as the primitive's destination
@@ -628,7 +628,7 @@ class BlockedConvKernel : public Kernel {
     dnnl::stream strm{cpu()};
 
     Part(const Spec& s, int64_t n0, int64_t count, bool single_thread)
-        : x(window(*s.x, 0, n0, count)), y(window(*s.y, 0, n0, count)) {
+        : x(window(*s.x, 0, n0, count)), y(window(*s.y, 0, n0, count)), sliced(single_thread) {
       SingleThreadScope scope(single_thread);  // creation fixes a primitive's thread count
       const auto f32 = memory::data_type::f32;
       auto [wdims, wstr] = conv_weights(*s.w, s.groups, false);
@@ -718,16 +718,20 @@ class BlockedConvKernel : public Kernel {
         conv.execute(strm, scratch);
         strm.wait();
         // y may be the residual itself (the memory plan puts the result over it): each value is
-        // read before it is written
-        const float* r = reinterpret_cast<const float*>(arena + residual.offset);
-        float* out = reinterpret_cast<float*>(arena + y.offset);
-        if (relu_after)  // NaN stays NaN, as in the relu op
-          for (int64_t i = 0; i < y.nelms; ++i) {
-            const float v = result[i] + r[i];
-            out[i] = v < 0.f ? 0.f : v;
-          }
-        else
-          for (int64_t i = 0; i < y.nelms; ++i) out[i] = result[i] + r[i];
+        // read before it is written. A whole batch (not split) is added on all threads.
+        const int64_t f = sizeof(float);
+        nd_loop<3>({y.nelms}, {{{f}, {f}, {f}}}, {arena + y.offset, reinterpret_cast<uint8_t*>(result), arena + residual.offset},
+                   [relu = relu_after](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>&, int64_t n) {
+                     float* out = reinterpret_cast<float*>(p[0]);
+                     const float *conv = reinterpret_cast<const float*>(p[1]), *r = reinterpret_cast<const float*>(p[2]);
+                     if (relu)  // NaN stays NaN, as in the relu op
+                       for (int64_t i = 0; i < n; ++i) {
+                         const float v = conv[i] + r[i];
+                         out[i] = v < 0.f ? 0.f : v;
+                       }
+                     else
+                       for (int64_t i = 0; i < n; ++i) out[i] = conv[i] + r[i];
+                   }, !sliced);
         return;
       }
       if (residual_mem) {  // the sum post-op adds what the destination holds
