@@ -139,9 +139,11 @@ def test_fused_residual_blocks_native_match_reference(dtype):
     compare_engines(build, [rand(2, 4, 7, 6, dtype=dtype)], native_ops=["conv_fused"], **TOL[dtype])
 
 
-def test_channels_last_residuals_written_over_match_reference():
-    """Three blocks, batch 4: the middle block adds a channels-last residual and its result takes
-    the residual's place, each image convolved on its own."""
+@pytest.mark.parametrize("shape", [(4, 4, 7, 6), (3, 4, 64, 48)])
+def test_channels_last_residuals_written_over_match_reference(shape):
+    """Three blocks: the middle block adds a channels-last residual and its result takes the
+    residual's place; a batch of 4 is convolved an image at a time, a batch of 3 whole (its
+    residual added on all threads)."""
     def build(x):
         r = np.random.default_rng(11)
         for _ in range(3):
@@ -150,7 +152,7 @@ def test_channels_last_residuals_written_over_match_reference():
         layouts = [op.attrs["layouts"] for op in x.graph.ops if op.type == "conv_fused" and op.attrs["residual"]]
         assert ("nhwc", "nhwc", "nhwc") in layouts, layouts  # x, y, residual: the middle block's second conv
         return x
-    compare_engines(build, [rand(4, 4, 7, 6)], native_ops=["conv_fused"], **TOL[np.float32])
+    compare_engines(build, [rand(*shape)], native_ops=["conv_fused"], **TOL[np.float32])
 
 
 def test_channels_last_ops_refuse_the_numpy_fallback():
