@@ -554,7 +554,8 @@ class BlockedConvKernel : public Kernel {
 
   explicit BlockedConvKernel(const Spec& s) : w_(*s.w) {
     const int64_t N = s.x->shape[0], parts = slices(N);
-    for (int64_t p = 0; p < parts; ++p) parts_.push_back(std::make_unique<Part>(s, p * N / parts, N / parts, parts > 1));
+    for (int64_t p = 0; p < parts; ++p)
+      parts_.push_back(std::make_unique<Part>(s, p * N / parts, N / parts, parts > 1));
     const memory::desc& wd = parts_[0]->weights_desc;
     for (auto& part : parts_)  // equal slices choose the same implementation and weight format
       if (part->weights_desc != wd) throw std::runtime_error("conv: batch slices disagree on the weight format");
@@ -713,17 +714,18 @@ class BlockedConvKernel : public Kernel {
         bias_in.to_inner(strm, scratch);
       }
       if (added_after) {
-        float* result = reinterpret_cast<float*>(scratch.at(*added_after));
-        conv_result.set_data_handle(result);
+        conv_result.set_data_handle(scratch.at(*added_after));
         conv.execute(strm, scratch);
         strm.wait();
         // y may be the residual itself (the memory plan puts the result over it): each value is
         // read before it is written. A whole batch (not split) is added on all threads.
         const int64_t f = sizeof(float);
-        nd_loop<3>({y.nelms}, {{{f}, {f}, {f}}}, {arena + y.offset, reinterpret_cast<uint8_t*>(result), arena + residual.offset},
+        const std::array<uint8_t*, 3> at = {arena + y.offset, scratch.at(*added_after), arena + residual.offset};
+        nd_loop<3>({y.nelms}, {{{f}, {f}, {f}}}, at,
                    [relu = relu_after](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>&, int64_t n) {
                      float* out = reinterpret_cast<float*>(p[0]);
-                     const float *conv = reinterpret_cast<const float*>(p[1]), *r = reinterpret_cast<const float*>(p[2]);
+                     const float* conv = reinterpret_cast<const float*>(p[1]);
+                     const float* r = reinterpret_cast<const float*>(p[2]);
                      if (relu)  // NaN stays NaN, as in the relu op
                        for (int64_t i = 0; i < n; ++i) {
                          const float v = conv[i] + r[i];
