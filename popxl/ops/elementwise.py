@@ -152,6 +152,12 @@ def _as_bool(f):
     return lambda a, b: f(a.astype(bool), b.astype(bool))
 
 
+def _relu_grad(g, x):
+    """relu's input gradient g * (x > 0): a product, so an infinite or NaN g stays NaN where x <= 0."""
+    with np.errstate(invalid="ignore"):
+        return g * (x > 0).astype(g.dtype)
+
+
 _BINARY = {
     # name: (kernel, infer, grad)
     "add": (np.add, _arith_infer(), None),
@@ -164,6 +170,8 @@ _BINARY = {
     "greater": (np.greater, _compare_infer, Grad.RAISE),
     "logical_and": (_as_bool(np.logical_and), _compare_infer, Grad.RAISE),
     "logical_or": (_as_bool(np.logical_or), _compare_infer, Grad.RAISE),
+    # relu_grad(g, x): one pass instead of greater, cast and mul
+    "relu_grad": (_relu_grad, _arith_infer(_SIGNED), Grad.RAISE),
 }
 for _name, (_kernel, _infer, _grad) in _BINARY.items():
     register(OpDef(_name, _infer, _kernel, grad=_grad, family="elementwise", elementwise=True))
@@ -400,7 +408,6 @@ _UNARY_DERIVATIVES: Dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "log2": lambda x, y: 1.0 / (x * math.log(2.0)),
     "sqrt": lambda x, y: 0.5 / y,
     "negate": lambda x, y: as_tensor(-1.0, like=x),
-    "relu": lambda x, y: _mask(greater(x, as_tensor(0, like=x)), x),
     "sigmoid": lambda x, y: y * (1.0 - y),
     "swish": lambda x, y: _swish_derivative(x),
 }
@@ -413,6 +420,11 @@ def _swish_derivative(x: Tensor) -> Tensor:
 
 for _name, _derivative in _UNARY_DERIVATIVES.items():
     grad_rule(_name)(_elementwise_rule(_derivative))
+
+
+@grad_rule("relu")
+def _relu_rule(ctx):
+    return [create_op("relu_grad", [ctx.grad(0), ctx.input(0)])[0]]
 
 
 def _gelu_grad_kernel(form: Callable) -> Callable:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import popxl.ops as ops
+from popxl.op import create_op
 from popxl.ops import elementwise
 from engine_harness import compare_engines
 
@@ -78,6 +79,18 @@ def test_compare_and_logic(name, dtype):
     if dtype == np.float32:
         a, b = np.round(a), np.round(b)  # equal values occur
     compare_engines(lambda x, y: getattr(ops, name)(x, y), [a, b], native_ops=[name])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_relu_grad(dtype):
+    """g * (x > 0), bit for bit: zero, negative and NaN x give g * 0 (NaN for an infinite or NaN
+    g, -0.0 for a negative g); x broadcasts."""
+    g, x = rand((4, 6), dtype), rand((1, 6), dtype)
+    x[0, :3] = 0
+    if dtype != np.int32:
+        g[1, :] = [np.inf, -np.inf, np.nan, -1.5, 2.0, np.inf]
+        x[0, 3:] = [np.nan, -1.0, 1.0]
+    compare_engines(lambda a, b: create_op("relu_grad", [a, b])[0], [g, x], native_ops=["relu_grad"])
 
 
 def test_add_in_place_with_broadcast():

@@ -200,6 +200,9 @@ const RegisterKernel binary_ops[] = {
     {{"pow"}, binary([](auto a, auto b) { return power(a, b); }, Result::Same, true)},
     {{"equal"}, binary([](auto a, auto b) { return a == b; }, Result::Bool, true)},
     {{"greater"}, binary([](auto a, auto b) { return a > b; }, Result::Bool, true)},
+    // g * (x > 0), as a product: an infinite or NaN g gives NaN where x <= 0
+    {{"relu_grad"},
+     binary([](auto g, auto x) { return x > decltype(x)(0) ? g : g * decltype(g)(0); }, Result::Same, true)},
     {{"logical_and"}, binary([](auto a, auto b) { return bool(a) && bool(b); }, Result::Bool, true)},
     {{"logical_or"}, binary([](auto a, auto b) { return bool(a) || bool(b); }, Result::Bool, true)},
 };
