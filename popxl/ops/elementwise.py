@@ -158,6 +158,15 @@ def _relu_grad(g, x):
         return g * (x > 0).astype(g.dtype)
 
 
+def _grad_from_output(slope: Callable[[np.ndarray], np.ndarray]) -> Callable:
+    """An input gradient g * slope(y) from the op's output y, computed in at least float32 and
+    rounded once (float16), as the native kernel computes it."""
+    def k(g, y):
+        wide = np.promote_types(g.dtype, np.float32)
+        return (g.astype(wide) * slope(y.astype(wide))).astype(g.dtype)
+    return k
+
+
 _BINARY = {
     # name: (kernel, infer, grad)
     "add": (np.add, _arith_infer(), None),
@@ -170,8 +179,10 @@ _BINARY = {
     "greater": (np.greater, _compare_infer, Grad.RAISE),
     "logical_and": (_as_bool(np.logical_and), _compare_infer, Grad.RAISE),
     "logical_or": (_as_bool(np.logical_or), _compare_infer, Grad.RAISE),
-    # relu_grad(g, x): one pass instead of greater, cast and mul
+    # unary ops' input gradients in one pass each (see _FUSED_GRADS)
     "relu_grad": (_relu_grad, _arith_infer(_SIGNED), Grad.RAISE),
+    "tanh_grad": (_grad_from_output(lambda y: 1 - y * y), _arith_infer(_FLOAT), Grad.RAISE),
+    "sigmoid_grad": (_grad_from_output(lambda y: y * (1 - y)), _arith_infer(_FLOAT), Grad.RAISE),
 }
 for _name, (_kernel, _infer, _grad) in _BINARY.items():
     register(OpDef(_name, _infer, _kernel, grad=_grad, family="elementwise", elementwise=True))
@@ -402,13 +413,11 @@ _UNARY_DERIVATIVES: Dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "abs": lambda x, y: create_op("sign", [x])[0],
     "cos": lambda x, y: negate(create_op("sin", [x])[0]),
     "sin": lambda x, y: create_op("cos", [x])[0],
-    "tanh": lambda x, y: 1.0 - y * y,
     "exp": lambda x, y: y,
     "log": lambda x, y: 1.0 / x,
     "log2": lambda x, y: 1.0 / (x * math.log(2.0)),
     "sqrt": lambda x, y: 0.5 / y,
     "negate": lambda x, y: as_tensor(-1.0, like=x),
-    "sigmoid": lambda x, y: y * (1.0 - y),
     "swish": lambda x, y: _swish_derivative(x),
 }
 
@@ -422,9 +431,21 @@ for _name, _derivative in _UNARY_DERIVATIVES.items():
     grad_rule(_name)(_elementwise_rule(_derivative))
 
 
-@grad_rule("relu")
-def _relu_rule(ctx):
-    return [create_op("relu_grad", [ctx.grad(0), ctx.input(0)])[0]]
+# Unary ops whose input gradient is one op of (g, x) or (g, y): one pass instead of a chain of
+# elementwise ops (relu: greater, cast, mul; tanh: mul, sub, mul), same values in float32.
+_FUSED_GRADS = {"relu": ("relu_grad", "input"), "tanh": ("tanh_grad", "output"),
+                "sigmoid": ("sigmoid_grad", "output")}
+
+
+def _fused_grad_rule(grad_op: str, reads: str) -> Callable:
+    def rule(ctx):
+        operand = ctx.input(0) if reads == "input" else ctx.output(0)
+        return [create_op(grad_op, [ctx.grad(0), operand])[0]]
+    return rule
+
+
+for _name, (_grad_op, _reads) in _FUSED_GRADS.items():
+    grad_rule(_name)(_fused_grad_rule(_grad_op, _reads))
 
 
 def _gelu_grad_kernel(form: Callable) -> Callable:

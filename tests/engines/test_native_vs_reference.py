@@ -93,6 +93,18 @@ def test_relu_grad(dtype):
     compare_engines(lambda a, b: create_op("relu_grad", [a, b])[0], [g, x], native_ops=["relu_grad"])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("name", ["tanh_grad", "sigmoid_grad"])
+def test_gradients_from_the_output(name, dtype):
+    """g * slope(y) from a forward output y (tanh's in (-1, 1), sigmoid's in (0, 1)), computed in
+    float32 and rounded once: bit for bit on both engines, strided g included."""
+    g, y = rand((5, 8), dtype), rand((8, 5), dtype, -1, 1)
+    if name == "sigmoid_grad":
+        y = np.abs(y)
+    y[0, 0], g[1, 1] = np.nan, np.inf
+    compare_engines(lambda a, b: create_op(name, [ops.transpose(a), b])[0], [g, y], native_ops=[name])
+
+
 def test_add_in_place_with_broadcast():
     compare_engines(lambda x, y: ops.add_(x, y) * 1.0, [rand((3, 4)), rand((4,))], native_ops=["add_"])
 

@@ -200,9 +200,12 @@ const RegisterKernel binary_ops[] = {
     {{"pow"}, binary([](auto a, auto b) { return power(a, b); }, Result::Same, true)},
     {{"equal"}, binary([](auto a, auto b) { return a == b; }, Result::Bool, true)},
     {{"greater"}, binary([](auto a, auto b) { return a > b; }, Result::Bool, true)},
-    // g * (x > 0), as a product: an infinite or NaN g gives NaN where x <= 0
+    // unary ops' input gradients from (g, x) or (g, y), in the order of the reference's formulas;
+    // relu_grad is g * (x > 0) as a product: an infinite or NaN g gives NaN where x <= 0
     {{"relu_grad"},
      binary([](auto g, auto x) { return x > decltype(x)(0) ? g : g * decltype(g)(0); }, Result::Same, true)},
+    {{"tanh_grad"}, binary([](auto g, auto y) { return g * (decltype(y)(1) - y * y); }, Result::Same, false)},
+    {{"sigmoid_grad"}, binary([](auto g, auto y) { return g * (y * (decltype(y)(1) - y)); }, Result::Same, false)},
     {{"logical_and"}, binary([](auto a, auto b) { return bool(a) && bool(b); }, Result::Bool, true)},
     {{"logical_or"}, binary([](auto a, auto b) { return bool(a) || bool(b); }, Result::Bool, true)},
 };
