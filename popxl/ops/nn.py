@@ -355,10 +355,25 @@ register(OpDef("conv", _conv_infer, _conv_kernel, family="nn"))
 # "nchw" (the default) or "nhwc" for a 4-D tensor that only conv_fused ops read and write, so
 # consecutive convolutions skip the reorders to and from NCHW (`keep_channels_last`). The values
 # are the same either way, so the reference kernel ignores it.
+#
+# ``pool_kernel``, ``pool_strides``, ``pool_pads``, ``pool_dilations``, ``pool_ceil_mode`` (optional,
+# all or none): a 2-D max pool of that result, attributes as max_pool's; the output is the pooled
+# value. `fuse_conv_post_ops` makes it from conv -> relu -> max_pool (ResNet's stem) so that the
+# native engine pools each batch slice while the slice's result is still in cache. Not with a residual.
 _LAYOUTS = ("nchw", "nhwc")
+_POOL_ATTRS = ("pool_kernel", "pool_strides", "pool_pads", "pool_dilations", "pool_ceil_mode")
 
 
-def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, relu: bool, layouts=None):
+def _pool_of(pool: dict) -> Optional[dict]:
+    """conv_fused's pool_* attributes as max_pool's (kernel, strides, ...); None without a pool."""
+    if not pool:
+        return None
+    if set(pool) != set(_POOL_ATTRS):
+        raise ValueError(f"a pooled conv_fused needs all of {_POOL_ATTRS}, got {sorted(pool)}")
+    return {k[len("pool_"):]: v for k, v in pool.items()}
+
+
+def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, relu: bool, layouts=None, **pool):
     if layouts is not None and (len(layouts) != 3 or any(v not in _LAYOUTS for v in layouts)):
         raise ValueError(f"layouts must be three of {_LAYOUTS} (x, y, residual), got {layouts!r}")
     if len(specs) != 3 + int(residual):
@@ -368,16 +383,25 @@ def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, r
     if residual and (specs[3].shape != y.shape or specs[3].dtype is not y.dtype):
         raise ValueError(f"residual must be {y.shape} {y.dtype.name} like the convolution's output, "
                          f"got {specs[3].shape} {specs[3].dtype.name}")
-    return [y]
+    pooled = _pool_of(pool)
+    if pooled is None:
+        return [y]
+    if residual or len(y.shape) != 4:
+        raise ValueError(f"a max pool is fused only into a 2-D convolution without a residual (output {y.shape}, "
+                         f"residual {residual})")
+    return _pool_infer([y], **pooled)
 
 
 def _conv_fused_kernel(x, w, bias, *rest, strides, pads, dilations, groups, residual: bool, relu: bool,
-                       layouts=None):
-    """In the accumulation dtype, rounded once at the end (as the oneDNN kernel does)."""
+                       layouts=None, **pool):
+    """In the accumulation dtype, rounded once at the end (as the oneDNN kernel does); a fused max
+    pool picks among the rounded values."""
     y = _conv_compute(x, w, strides, pads, dilations, groups) + _channel(bias, x.ndim, _wide(x.dtype))
     if residual:
         y = y + rest[0].astype(y.dtype)
-    return (np.maximum(y, 0) if relu else y).astype(x.dtype)
+    y = (np.maximum(y, 0) if relu else y).astype(x.dtype)
+    pooled = _pool_of(pool)
+    return y if pooled is None else _max_pool_kernel(y, storage_order="row", **pooled)
 
 
 def _conv_fused_overwritable(residual: bool, layouts=None, **_) -> Tuple[int, ...]:
@@ -394,7 +418,8 @@ register(OpDef("conv_fused", _conv_fused_infer, _conv_fused_kernel, grad=Grad.RA
 def conv_fused(t: Tensor, weight: Tensor, bias: Tensor, residual: Optional[Tensor] = None, relu: bool = False,
                **conv_attrs: Any) -> Tensor:
     """relu(conv(t, weight) + bias + residual) as one op; ``conv_attrs`` are the explicit
-    attributes of a `conv` op (strides, pads, dilations, groups)."""
+    attributes of a `conv` op (strides, pads, dilations, groups), and optionally the pool_*
+    attributes of a max pool of the result."""
     inputs = [t, weight, bias] + ([residual] if residual is not None else [])
     return create_op("conv_fused", inputs, {**conv_attrs, "residual": residual is not None, "relu": relu})[0]
 

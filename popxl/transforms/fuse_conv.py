@@ -10,7 +10,10 @@ with post-ops instead of three or four passes over the activations.
    weights (``weightsFromHost``, ``writeWeights``, ``resetHostWeights``) gets them folded with
    no refolding step, and the variables (what ``modelToHost`` saves) stay the user's.
 2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
-   ``other`` as its residual; one whose output is read only by ``relu`` takes the relu.
+   ``other`` as its residual; one whose output is read only by ``relu`` takes the relu; one without
+   a residual whose 4-D output is read only by a ``max_pool`` takes the pool (ResNet's stem: the
+   native engine pools each batch slice of the result while it is in cache, and the unpooled
+   activation is never stored).
 
 3. (`keep_channels_last`) A 4-D float32 or float16 value that a ``conv_fused`` or a 2-D pooling
    op writes and only such ops read (a convolution as input or residual, a pool as input) is kept
@@ -19,8 +22,8 @@ with post-ops instead of three or four passes over the activations.
    Only the native engine's memory layout changes (the ``layouts`` attribute); values and shapes
    do not.
 
-Before 3, a global mean or max over the spatial dims of a convolution's 4-D float32 or float16
-result (ONNX GlobalAveragePool / GlobalMaxPool) becomes the equivalent whole-image pool
+Before 3, a global mean or max over the spatial dims of a 4-D float32 or float16 result of a
+convolution or pool (ONNX GlobalAveragePool / GlobalMaxPool) becomes the equivalent whole-image pool
 (`global_pools_as_pools`), which can read the channels-last value.
 
 Intermediate values vanish, so these are for inference: gradients of ``conv_fused`` are not
@@ -35,6 +38,9 @@ from popxl.dtypes import float16, float32
 from popxl.graph import Graph
 from popxl.op import Op
 from popxl.tensor import Tensor
+
+# max_pool's attributes that a pooled conv_fused takes (as pool_kernel, pool_strides, ...)
+_POOL_ATTRS = ("kernel", "strides", "pads", "dilations", "ceil_mode")
 
 __all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "global_pools_as_pools", "keep_channels_last"]
 
@@ -112,7 +118,7 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
 
     graph.ir._check_mutable()
     for op in [op for op in graph._ops if op.type == "conv_fused"]:
-        while True:
+        while "pool_kernel" not in op.attrs:  # nothing follows a pool into the op
             reader = _only_reader(graph, op.outputs[0])
             if reader is None:
                 break
@@ -126,6 +132,8 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
                 attrs["residual"] = True
             elif reader.type == "relu" and not attrs["relu"]:
                 attrs["relu"] = True
+            elif reader.type == "max_pool" and not attrs["residual"] and reader.inputs[0].rank == 4:
+                attrs.update({f"pool_{k}": reader.attrs[k] for k in _POOL_ATTRS})
             else:
                 break
             residual = inputs[3] if attrs.pop("residual") else None
@@ -144,7 +152,7 @@ def global_pools_as_pools(graph: Graph) -> Graph:
     for op in [op for op in graph._ops if op.type in pools]:
         (x,) = op.inputs
         if (x.rank != 4 or x.dtype not in _CHANNELS_LAST_DTYPES or x.producer is None
-                or x.producer.type != "conv_fused" or tuple(op.attrs["axis"]) != (2, 3) or not op.attrs["keepdims"]):
+                or x.producer.type not in _LAYOUT_INPUTS or tuple(op.attrs["axis"]) != (2, 3) or not op.attrs["keepdims"]):
             continue
         _replace(graph, [op], lambda pool=pools[op.type], x=x: pool(x, kernel_size=tuple(x.shape[2:])))
     return graph

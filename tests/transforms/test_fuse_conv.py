@@ -55,6 +55,13 @@ def test_conv_fused_checks_its_inputs():
             conv_fused(x, w, popxl.constant(rand(2)), **CONV_ATTRS[0])
         with pytest.raises(ValueError, match="residual must be"):
             conv_fused(x, w, popxl.constant(rand(3)), popxl.constant(rand(1, 3, 2, 2)), **CONV_ATTRS[0])
+        pool = dict(pool_kernel=(2, 2), pool_strides=(2, 2), pool_pads=(0, 0, 0, 0), pool_dilations=(1, 1),
+                    pool_ceil_mode=False)
+        assert conv_fused(x, w, popxl.constant(rand(3)), **CONV_ATTRS[0], **pool).shape == (1, 3, 2, 2)
+        with pytest.raises(ValueError, match="without a residual"):
+            conv_fused(x, w, popxl.constant(rand(3)), popxl.constant(rand(1, 3, 4, 4)), **CONV_ATTRS[0], **pool)
+        with pytest.raises(ValueError, match="needs all of"):
+            conv_fused(x, w, popxl.constant(rand(3)), **CONV_ATTRS[0], pool_kernel=(2, 2))
 
 
 def _conv_bn(x: popxl.Tensor, r: np.random.Generator) -> popxl.Tensor:
@@ -170,11 +177,14 @@ def test_channels_last_ops_refuse_the_numpy_fallback():
         NativeEngine(exe, force_fallback=["conv_fused"])
 
 
-def _stem_and_head(x: popxl.Tensor) -> popxl.Tensor:
-    """ResNet's ends: conv-bn-relu, 3x3/2 max pool, a residual block, global average pool."""
+def _stem_and_head(x: popxl.Tensor, ceil_mode: bool = False) -> popxl.Tensor:
+    """ResNet's ends: conv-bn-relu, 3x3/2 max pool (fused into the conv), a residual block, a 2x2
+    max pool (not fused: the block ends with a residual), global average pool."""
     r = np.random.default_rng(11)
-    y = ops.max_pool(ops.relu(_conv_bn(x, r)), kernel_size=(3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
+    y = ops.max_pool(ops.relu(_conv_bn(x, r)), kernel_size=(3, 3), stride=(2, 2), padding=(1, 1, 1, 1),
+                     ceil_mode=ceil_mode)
     (y,) = _residual_block(y, r)
+    y = ops.max_pool(y, kernel_size=(2, 2))
     return ops.mean(y, (2, 3), keepdims=True)
 
 
@@ -185,22 +195,62 @@ def test_pools_between_convolutions_stay_channels_last():
     fuse_conv(ir.main_graph)
     by_type = {op.type: op for op in ir.main_graph.ops}
     assert "mean" not in by_type and out.producer is by_type["average_pool"]
+    activations = [op.type for op in ir.main_graph.ops if op.outputs[0].rank == 4 and op.outputs[0].shape[0] == 2]
+    assert activations == ["conv_fused"] * 3 + ["max_pool", "average_pool"]
     assert by_type["max_pool"].attrs["layouts"] == ("nhwc", "nhwc")
     assert by_type["average_pool"].attrs["layouts"] == ("nhwc", "nchw")
     convs = [op for op in ir.main_graph.ops if op.type == "conv_fused"]
     assert [op.attrs["layouts"] for op in convs] == [("nchw", "nhwc", "nchw"), ("nhwc", "nhwc", "nchw"),
                                                      ("nhwc", "nhwc", "nhwc")]
+    # the stem took the 3x3/2 pool: its output is the pooled (5x5) value
+    assert {k: v for k, v in convs[0].attrs.items() if k.startswith("pool_")} == dict(
+        pool_kernel=(3, 3), pool_strides=(2, 2), pool_pads=(1, 1, 1, 1), pool_dilations=(1, 1), pool_ceil_mode=False)
+    assert convs[0].outputs[0].shape == (2, 4, 5, 5) and convs[0].attrs["relu"]
 
 
+def test_max_pool_is_not_fused_where_the_unpooled_value_is_read():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        c = ops.relu(_conv_bn(popxl.variable(rand(1, 4, 6, 6)), np.random.default_rng(3)))
+        pooled = ops.max_pool(c, kernel_size=(2, 2), stride=(2, 2))
+        other = ops.tanh(c)
+    fuse_conv(ir.main_graph)
+    assert pooled.producer.type == "max_pool" and other.producer.inputs[0].producer.type == "conv_fused"
+    assert "pool_kernel" not in other.producer.inputs[0].producer.attrs
+
+
+# Batch 3 is convolved (and pooled) whole on all threads, batch 4 an image at a time. Input 9x9:
+# the stem's pool ends exactly at the padding; 10x10 with ceil_mode: its last window starts on the
+# last pixel and hangs over the edge.
+@pytest.mark.parametrize("batch,size,ceil_mode", [(4, 9, False), (3, 9, False), (4, 10, True), (3, 10, True)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_channels_last_pools_native_match_reference(dtype):
+def test_channels_last_pools_native_match_reference(dtype, batch, size, ceil_mode):
     def build(x):
-        y = _stem_and_head(x)
+        y = _stem_and_head(x, ceil_mode)
         fuse_conv(x.graph)
         assert any("nhwc" in (op.attrs.get("layouts") or ()) for op in x.graph.ops if op.type == "max_pool")
+        assert any("pool_kernel" in op.attrs for op in x.graph.ops if op.type == "conv_fused")
         return y
-    # odd sizes: the max pool's last window hangs over the edge, the global pool sees 5x5
-    x = rand(2, 4, 9, 9, dtype=dtype)
+    x = rand(batch, 4, size, size, dtype=dtype)
     (fused,) = compare_engines(build, [x], native_ops=["conv_fused", "max_pool", "average_pool"], **TOL[dtype])
-    (plain,) = compare_engines(_stem_and_head, [x], **TOL[dtype])  # mean, nothing fused
+    (plain,) = compare_engines(lambda t: _stem_and_head(t, ceil_mode), [x], **TOL[dtype])  # nothing fused
     np.testing.assert_allclose(fused, plain, **(TOL[dtype] if dtype == np.float16 else dict(rtol=1e-4, atol=1e-5)))
+
+
+@pytest.mark.parametrize("batch", [3, 4])
+def test_pooled_stem_native_matches_numpy(batch):
+    """The stem alone, pooled in the fused op, against NumPy: every pooled value, each slice's."""
+    x, w, b = rand(batch, 3, 20, 18), rand(8, 3, 7, 7), rand(8)
+    conv = dict(strides=(2, 2), pads=(3, 3, 3, 3), dilations=(1, 1), groups=1)
+    pool = dict(pool_kernel=(3, 3), pool_strides=(2, 2), pool_pads=(1, 1, 1, 1), pool_dilations=(1, 1),
+                pool_ceil_mode=False)
+    (got,) = compare_engines(lambda *t: conv_fused(*t, relu=True, **conv, **pool), [x, w, b],
+                             native_ops=["conv_fused"], rtol=1e-5, atol=1e-5)
+    # NumPy: the 7x7/2 convolution from its windows, relu, then the 3x3/2 max pool over -inf padding
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (3, 3), (3, 3)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (7, 7), axis=(2, 3))[:, :, ::2, ::2]
+    y = np.maximum(np.einsum("ncpqij,mcij->nmpq", win, w.astype(np.float64)) + b[:, None, None], 0)
+    yp = np.pad(y, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    want = np.lib.stride_tricks.sliding_window_view(yp, (3, 3), axis=(2, 3))[:, :, ::2, ::2].max(axis=(4, 5))
+    assert got.shape == want.shape == (batch, 8, 5, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
