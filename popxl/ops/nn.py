@@ -1174,28 +1174,40 @@ def _windows_adjoint(dwin: np.ndarray, x_shape: Tuple[int, ...], kernel, strides
     return out.reshape(x_shape)
 
 
-def _conv_grad_infer(specs, strides, pads, dilations, groups):
+# conv_grad's outputs: the ``grads`` attribute names the ones computed, in this order (the gradient
+# rule asks only for those autodiff needs: no dx for a first layer reading the data).
+_CONV_GRADS = ("dx", "dweight")
+
+
+def _conv_grad_infer(specs, strides, pads, dilations, groups, grads=_CONV_GRADS):
+    if not grads or list(grads) != [g for g in _CONV_GRADS if g in grads]:
+        raise ValueError(f"grads must be a non-empty ordered subset of {_CONV_GRADS}, got {grads!r}")
     x, w = specs[:2]
-    return [spec(x.shape, x.dtype), spec(w.shape, w.dtype)]
+    made = {"dx": spec(x.shape, x.dtype), "dweight": spec(w.shape, w.dtype)}
+    return [made[g] for g in grads]
 
 
-def _conv_grad_kernel(x, w, g, strides, pads, dilations, groups):
-    """(dx, dweight) of `_conv_compute`: the window contraction run backwards."""
+def _conv_grad_kernel(x, w, g, strides, pads, dilations, groups, grads=_CONV_GRADS):
+    """(dx, dweight) of `_conv_compute`, those that ``grads`` names: the window contraction run backwards."""
     wide = _wide(x.dtype)
     r = x.ndim - 2
     k = w.shape[2:]
     n, c = x.shape[:2]
     m = w.shape[0]
-    win = _windows(x.astype(wide), k, strides, dilations, pads)
-    out = win.shape[2:2 + r]
-    win = win.reshape((n, groups, c // groups) + out + k)
-    wg = w.astype(wide).reshape((groups, m // groups, c // groups) + k)
-    gg = g.astype(wide).reshape((n, groups, m // groups) + out)
+    gg = g.astype(wide).reshape((n, groups, m // groups) + g.shape[2:])
     o_ax, k_ax = "opq"[:r], "xyz"[:r]
-    dwin = np.einsum(f"ngm{o_ax},gmc{k_ax}->ngc{o_ax}{k_ax}", gg, wg, optimize=True)
-    dx = _windows_adjoint(dwin.reshape((n, c) + out + k), x.shape, k, strides, dilations, pads)
-    dw = np.einsum(f"ngc{o_ax}{k_ax},ngm{o_ax}->gmc{k_ax}", win, gg, optimize=True)
-    return dx.astype(x.dtype), dw.reshape(w.shape).astype(w.dtype)
+    out = []
+    if "dx" in grads:
+        wg = w.astype(wide).reshape((groups, m // groups, c // groups) + k)
+        dwin = np.einsum(f"ngm{o_ax},gmc{k_ax}->ngc{o_ax}{k_ax}", gg, wg, optimize=True)
+        dx = _windows_adjoint(dwin.reshape((n, c) + g.shape[2:] + k), x.shape, k, strides, dilations, pads)
+        out.append(dx.astype(x.dtype))
+    if "dweight" in grads:
+        win = _windows(x.astype(wide), k, strides, dilations, pads)
+        win = win.reshape((n, groups, c // groups) + win.shape[2:2 + r] + k)
+        dw = np.einsum(f"ngc{o_ax}{k_ax},ngm{o_ax}->gmc{k_ax}", win, gg, optimize=True)
+        out.append(dw.reshape(w.shape).astype(w.dtype))
+    return tuple(out)
 
 
 # Dedicated gradient ops for convolution and pooling (one kernel each instead of a composite).
@@ -1204,8 +1216,13 @@ register(OpDef("conv_grad", _conv_grad_infer, _conv_grad_kernel, grad=Grad.RAISE
 
 @grad_rule("conv")
 def _conv_grad(ctx):
-    dx, dw = create_op("conv_grad", [ctx.input(0), ctx.input(1), ctx.grad(0)], ctx.attrs)
-    return [dx if ctx.needs(0) else None, dw if ctx.needs(1) else None]
+    needed = [i for i in (0, 1) if ctx.needs(i)]
+    if not needed:
+        return [None, None]
+    grads = create_op("conv_grad", [ctx.input(0), ctx.input(1), ctx.grad(0)],
+                      {**ctx.attrs, "grads": tuple(_CONV_GRADS[i] for i in needed)})
+    made = dict(zip(needed, grads))
+    return [made.get(0), made.get(1)]
 
 
 def _pool_grad_infer(specs, **_):

@@ -697,18 +697,36 @@ def test_add_n(dtype):
     compare_engines(lambda *ts: create_op("add_n", list(ts))[0], big, native_ops=["add_n"])
 
 
+@pytest.mark.parametrize("grads", [None, ("dx",), ("dweight",)], ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
-def test_conv_grad(case, dtype):
+def test_conv_grad(case, dtype, grads):
+    """Both gradients (no `grads` attribute: as before it existed) or one; the one computed alone
+    equals its value from the pair."""
     xs, ws, stride, pad, dil, g = case
     x, w = rand(xs, dtype), rand(ws, dtype)
     (y,), _ = run_program(lambda a, b: ops.conv(a, b, stride, pad, dil, g), [x, w],
                                                        "reference")
-    def build(a, b, gy):
+    gy = rand(y.shape, dtype)
+
+    def build(a, b, gy, grads=grads):
         attrs = dict(ops.conv(a, b, stride, pad, dil, g).producer.attrs)
-        return create_op("conv_grad", [a, b, gy], attrs)
+        return create_op("conv_grad", [a, b, gy], attrs if grads is None else {**attrs, "grads": grads})
     tol = CONV_TOL if dtype == np.float32 else dict(rtol=1e-2, atol=1e-2)
-    compare_engines(build, [x, w, rand(y.shape, dtype)], native_ops=["conv_grad"], **tol)
+    got = compare_engines(build, [x, w, gy], native_ops=["conv_grad"], **tol)
+    if grads is not None:
+        both, _ = run_program(lambda *t: build(*t, grads=None), [x, w, gy], "native")
+        (alone,) = got
+        np.testing.assert_array_equal(alone, both[("dx", "dweight").index(grads[0])])
+
+
+@pytest.mark.parametrize("grads", [(), ("dweight", "dx"), ("dw",)], ids=str)
+def test_conv_grad_names_its_outputs(grads):
+    with popxl.Ir().main_graph:
+        x, w = popxl.constant(rand((1, 2, 4, 4))), popxl.constant(rand((3, 2, 3, 3)))
+        attrs = dict(ops.conv(x, w).producer.attrs)
+        with pytest.raises(ValueError, match=r"grads must be a non-empty ordered subset of \('dx', 'dweight'\)"):
+            create_op("conv_grad", [x, w, popxl.constant(rand((1, 3, 2, 2)))], {**attrs, "grads": grads})
 
 
 @pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float16, np.float16), (np.float32, np.float16),

@@ -151,3 +151,20 @@ CONV_CASES = {
 def test_conv_and_pool_gradients(name):
     build, inputs = CONV_CASES[name]
     check_grad(build, inputs, eps=1e-6, rtol=1e-5, atol=1e-7, directions=6)
+
+
+@pytest.mark.parametrize("wrt", [[0], [1]], ids=["dx", "dweight"])
+def test_conv_gradient_computes_only_what_is_required(wrt):
+    """A convolution whose input needs no gradient (a first layer reading the data) gets a
+    conv_grad computing dweight alone, and the other way round; the value is checked against
+    finite differences."""
+    build, inputs = CONV_CASES["conv_stride_pad_dilation"]
+    grads = check_grad(build, inputs, wrt=wrt, eps=1e-6, rtol=1e-5, atol=1e-7, directions=6)
+    assert [g.shape for g in grads] == [inputs[wrt[0]].shape]
+    from grad_harness import GradProgram
+    prog = GradProgram(build, inputs, wrt)
+    try:
+        (op,) = [op for op in prog.info.graph.ops if op.type == "conv_grad"]
+        assert op.attrs["grads"] == (("dx",) if wrt == [0] else ("dweight",)) and len(op.outputs) == 1
+    finally:
+        prog.close()
