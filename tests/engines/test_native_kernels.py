@@ -507,6 +507,7 @@ POOL_CASES = [  # x shape, kernel, stride, padding, dilation, ceil_mode
     ((1, 2, 10), (3,), (2,), (2, 1), (2,), False),
     ((1, 1, 5, 5, 5), (2, 3, 2), (1, 2, 2), (0, 1, 1, 1, 0, 0), (1, 1, 1), True),
     ((3, 2, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), False),
+    ((1, 2, 9, 10), (3, 2), (1, 2), (2, 1, 1, 0), (2, 2), True),
 ]
 
 
@@ -680,6 +681,26 @@ def test_pooling_gradients_are_bit_identical(case, name, dtype):
         return create_op(name + "_grad", [a, g], dict(y.producer.attrs))[0]
     y_shape = _pool_out_shape(xs, k, stride, pad, dil, ceil)
     compare_engines(build, [x, rand(y_shape, dtype)], native_ops=[name + "_grad"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_max_pool_gradient_with_nan_and_infinities(dtype):
+    """Planes enough to run on both threads; NaNs (the first in a window takes its gradient) and
+    -infs, some in windows whose first position is padding (-inf beats nothing there: the
+    gradient is dropped, as the reference's argmax picks the padding)."""
+    x = rand((4, 16, 33, 31), dtype, low=0, high=4).round()
+    x[:, :, 0, :] = -np.inf  # the top row: windows hanging over the top edge see only -inf there
+    x[:, :, 1, 1::2] = -np.inf
+    x[:, ::3, 5:9, 7:12] = -np.inf
+    x[0, 1, 10, 10] = x[0, 1, 11, 11] = x[1, 3, 3, 0] = np.nan
+    x[2, 5, 20:24, 20:24] = np.nan
+
+    def build(a, g):
+        y = ops.max_pool(a, (3, 3), (2, 2), (1, 1, 1, 1))
+        return create_op("max_pool_grad", [a, g], dict(y.producer.attrs))[0]
+    y_shape = _pool_out_shape(x.shape, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False)
+    (dx,) = compare_engines(build, [x, rand(y_shape, dtype)], native_ops=["max_pool_grad"])
+    assert np.count_nonzero(dx[:, :, 0, :]) == 0  # no -inf in the top row won a window
 
 
 def _pool_out_shape(xs, k, stride, pad, dil, ceil):

@@ -592,27 +592,135 @@ PoolGeom pool_geom(const OpInstr& ins, const Buffer& x, const Buffer& g) {
   return G;
 }
 
-// f(plane, output index within the plane, input indices of the window in C order, -1 = padding)
+// f(output index within a plane, input indices of its window in C order, -1 = padding)
 template <class F>
-void each_window(const PoolGeom& G, F&& f) {
-  std::vector<int64_t> pos(G.k[0] * G.k[1] * G.k[2]);
-  for (int64_t pl = 0; pl < G.planes; ++pl)
-    for (int64_t o0 = 0, o = 0; o0 < G.out[0]; ++o0)
-      for (int64_t o1 = 0; o1 < G.out[1]; ++o1)
-        for (int64_t o2 = 0; o2 < G.out[2]; ++o2, ++o) {
-          size_t w = 0;
-          for (int64_t k0 = 0; k0 < G.k[0]; ++k0)
-            for (int64_t k1 = 0; k1 < G.k[1]; ++k1)
-              for (int64_t k2 = 0; k2 < G.k[2]; ++k2, ++w) {
-                const int64_t i0 = o0 * G.s[0] - G.p[0] + k0 * G.d[0], i1 = o1 * G.s[1] - G.p[1] + k1 * G.d[1],
-                              i2 = o2 * G.s[2] - G.p[2] + k2 * G.d[2];
-                const bool inside = i0 >= 0 && i0 < G.in[0] && i1 >= 0 && i1 < G.in[1] && i2 >= 0 && i2 < G.in[2];
-                pos[w] = inside ? (i0 * G.in[1] + i1) * G.in[2] + i2 : -1;
-              }
-          f(pl, o, pos);
-        }
+void each_window(const PoolGeom& G, std::vector<int64_t>& pos, F&& f) {
+  pos.resize(static_cast<size_t>(G.k[0] * G.k[1] * G.k[2]));
+  for (int64_t o0 = 0, o = 0; o0 < G.out[0]; ++o0)
+    for (int64_t o1 = 0; o1 < G.out[1]; ++o1)
+      for (int64_t o2 = 0; o2 < G.out[2]; ++o2, ++o) {
+        size_t w = 0;
+        for (int64_t k0 = 0; k0 < G.k[0]; ++k0)
+          for (int64_t k1 = 0; k1 < G.k[1]; ++k1)
+            for (int64_t k2 = 0; k2 < G.k[2]; ++k2, ++w) {
+              const int64_t i0 = o0 * G.s[0] - G.p[0] + k0 * G.d[0], i1 = o1 * G.s[1] - G.p[1] + k1 * G.d[1],
+                            i2 = o2 * G.s[2] - G.p[2] + k2 * G.d[2];
+              const bool inside = i0 >= 0 && i0 < G.in[0] && i1 >= 0 && i1 < G.in[1] && i2 >= 0 && i2 < G.in[2];
+              pos[w] = inside ? (i0 * G.in[1] + i1) * G.in[2] + i2 : -1;
+            }
+        f(o, pos);
+      }
 }
 
+// mask (all ones or zero) ? a : b, on the bits of a float or double.
+template <class W>
+W select_bits(int64_t mask, W a, W b) {
+  using Bits = std::conditional_t<sizeof(W) == 4, uint32_t, uint64_t>;
+  Bits x, y;
+  std::memcpy(&x, &a, sizeof(W));
+  std::memcpy(&y, &b, sizeof(W));
+  const Bits m = static_cast<Bits>(mask), r = (x & m) | (y & ~m);
+  W out;
+  std::memcpy(&out, &r, sizeof(W));
+  return out;
+}
+
+// A plane's gradient for any pool (3-D ones): the reference's walk, window by window.
+template <class W>
+void plane_grad_nd(const PoolGeom& G, bool is_max, const W* xv, const W* gv, W* acc, std::vector<int64_t>& pos) {
+  each_window(G, pos, [&](int64_t o, const std::vector<int64_t>& pos) {
+    if (is_max) {  // the first maximum (padding is -inf; NaN wins at once, as np.argmax)
+      size_t best = 0;
+      W bv = pos[0] >= 0 ? xv[pos[0]] : -INFINITY;
+      for (size_t w = 1; w < pos.size() && bv == bv; ++w) {
+        const W v = pos[w] >= 0 ? xv[pos[w]] : -INFINITY;
+        if (v > bv || v != v) { best = w; bv = v; }
+      }
+      if (pos[best] >= 0) acc[pos[best]] += gv[o];
+      return;
+    }
+    W count = 0;  // positions inside the input
+    for (int64_t q : pos) count += q >= 0;
+    const W share = gv[o] / count;
+    for (int64_t q : pos)
+      if (q >= 0) acc[q] += share;
+  });
+}
+
+// The kernel positions [lo, hi) of a window starting at `start` (step d) that fall inside [0, size).
+void inside_range(int64_t start, int64_t k, int64_t d, int64_t size, int64_t& lo, int64_t& hi) {
+  lo = 0;
+  hi = k;
+  while (lo < hi && start + lo * d < 0) ++lo;
+  while (hi > lo && start + (hi - 1) * d >= size) --hi;
+}
+
+// Per-row state of plane_grad_2d, one set per thread.
+template <class W>
+struct PoolRows {
+  std::vector<W> bv;                     // each window's maximum so far
+  std::vector<int64_t> best, ja, jb;     // its position; the window's columns inside the input
+};
+
+// A plane's gradient for 1-D and 2-D pools (G.in[0] == G.k[0] == 1), the same sums as
+// each_window's walk. Max: a row of windows at a time, window position by window position, so
+// that the windows' compare chains are independent of each other (one window at a time is bound
+// by the latency of its chain), branch-free (random values mispredict half the comparisons).
+// A window whose first position is padding starts at -inf, which only a greater value (or a NaN)
+// beats; the first NaN wins and keeps its place; revisiting the first position changes nothing.
+template <class W>
+void plane_grad_2d(const PoolGeom& G, bool is_max, const W* xv, const W* gv, W* acc, PoolRows<W>& rows) {
+  const int64_t H = G.in[1], Wd = G.in[2], OW = G.out[2], s2 = G.s[2], p2 = G.p[2], d2 = G.d[2];
+  rows.bv.resize(OW);
+  rows.best.resize(OW);
+  rows.ja.resize(OW);
+  rows.jb.resize(OW);
+  for (int64_t o2 = 0; o2 < OW; ++o2) inside_range(o2 * s2 - p2, G.k[2], d2, Wd, rows.ja[o2], rows.jb[o2]);
+  for (int64_t o1 = 0, o = 0; o1 < G.out[1]; ++o1, o += OW) {
+    const int64_t h0 = o1 * G.s[1] - G.p[1];
+    int64_t ka, kb;  // the rows of the window inside the input
+    inside_range(h0, G.k[1], G.d[1], H, ka, kb);
+    if (ka == kb) continue;  // all padding: nothing receives the gradient
+    if (!is_max) {
+      for (int64_t o2 = 0; o2 < OW; ++o2) {
+        const int64_t w0 = o2 * s2 - p2, ja = rows.ja[o2], jb = rows.jb[o2];
+        if (ja == jb) continue;
+        const W share = gv[o + o2] / W((kb - ka) * (jb - ja));
+        for (int64_t k1 = ka; k1 < kb; ++k1)
+          for (int64_t k2 = ja; k2 < jb; ++k2) acc[(h0 + k1 * G.d[1]) * Wd + w0 + k2 * d2] += share;
+      }
+      continue;
+    }
+    W* bv = rows.bv.data();
+    int64_t* best = rows.best.data();
+    for (int64_t o2 = 0; o2 < OW; ++o2) {
+      const bool padded_first = ka > 0 || rows.ja[o2] > 0;
+      best[o2] = padded_first ? -1 : h0 * Wd + o2 * s2 - p2;
+      bv[o2] = padded_first ? W(-INFINITY) : xv[best[o2]];
+    }
+    for (int64_t k1 = ka; k1 < kb; ++k1) {
+      const int64_t row = (h0 + k1 * G.d[1]) * Wd;
+      for (int64_t k2 = 0; k2 < G.k[2]; ++k2) {
+        // the windows with column k2 inside the input: o2 * s2 - p2 + k2 * d2 in [0, Wd)
+        const int64_t off = k2 * d2 - p2;
+        int64_t lo, hi;
+        inside_range(off, OW, s2, Wd, lo, hi);
+        for (int64_t o2 = lo; o2 < hi; ++o2) {
+          const int64_t q = row + o2 * s2 + off;
+          const W v = xv[q], b = bv[o2];
+          const int64_t take = -static_cast<int64_t>((v > b) | ((v != v) & (b == b)));
+          best[o2] = (q & take) | (best[o2] & ~take);
+          bv[o2] = select_bits(take, v, b);
+        }
+      }
+    }
+    for (int64_t o2 = 0; o2 < OW; ++o2)
+      if (best[o2] >= 0) acc[best[o2]] += gv[o + o2];
+  }
+}
+
+// Planes (one image's channel) are independent: the threads take whole planes, each converted
+// into (and its dx out of) the accumulation type on its own, so the sums keep the reference's order.
 KernelFactory pool_grad(bool is_max) {
   return [is_max](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &x = bufs[ins.inputs[0]], &g = bufs[ins.inputs[1]], &dx = bufs[ins.outputs[0]];
@@ -620,37 +728,36 @@ KernelFactory pool_grad(bool is_max) {
     unique_ptr<Kernel> k;
     dispatch_wide(g.dtype, [&](auto tag) {
       using W = typename decltype(tag)::type;
-      struct State { Packed x, g, dx; std::vector<W> xv, gv, acc; };
+      struct State { Packed x, g, dx; };
       auto st = std::make_shared<State>();
       st->x = Packed(x);
       st->g = Packed(g);
       st->dx = Packed(dx);
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
-        if (is_max) read_all(a, st->x, st->xv);
-        read_all(a, st->g, st->gv);
-        st->acc.assign(dx.nelms, W(0));
         const int64_t in_n = G.in_size(), out_n = G.out_size();
-        each_window(G, [&](int64_t pl, int64_t o, const std::vector<int64_t>& pos) {
-          const W gv = st->gv[pl * out_n + o];
-          W* acc = st->acc.data() + pl * in_n;
-          if (is_max) {  // the first maximum (padding is -inf; NaN wins at once, as np.argmax)
-            const W* xv = st->xv.data() + pl * in_n;
-            size_t best = 0;
-            W bv = pos[0] >= 0 ? xv[pos[0]] : -INFINITY;
-            for (size_t w = 1; w < pos.size() && bv == bv; ++w) {
-              const W v = pos[w] >= 0 ? xv[pos[w]] : -INFINITY;
-              if (v > bv || v != v) { best = w; bv = v; }
-            }
-            if (pos[best] >= 0) acc[pos[best]] += gv;
-            return;
+        const uint8_t* xp = is_max ? st->x.read(a) : nullptr;
+        const uint8_t* gp = st->g.read(a);
+        uint8_t* dxp = st->dx.write(a);
+        const int64_t xi = static_cast<int64_t>(itemsize(x.dtype)), gi = static_cast<int64_t>(itemsize(g.dtype)),
+                      di = static_cast<int64_t>(itemsize(dx.dtype));
+#pragma omp parallel if (G.planes > 1 && G.planes * (in_n + out_n * static_cast<int64_t>(G.k[0] * G.k[1] * G.k[2])) > kSingleThreadWork)
+        {
+          std::vector<W> xv(is_max ? in_n : 0), gv(out_n), acc(in_n);
+          std::vector<int64_t> pos;
+          PoolRows<W> rows;
+#pragma omp for schedule(static)
+          for (int64_t pl = 0; pl < G.planes; ++pl) {
+            if (is_max) load_row<W>(xp + pl * in_n * xi, xi, x.dtype, xv.data(), in_n);
+            load_row<W>(gp + pl * out_n * gi, gi, g.dtype, gv.data(), out_n);
+            std::fill(acc.begin(), acc.end(), W(0));
+            if (G.in[0] == 1 && G.k[0] == 1)
+              plane_grad_2d(G, is_max, xv.data(), gv.data(), acc.data(), rows);
+            else
+              plane_grad_nd(G, is_max, xv.data(), gv.data(), acc.data(), pos);
+            store_row<W>(dxp + pl * in_n * di, di, dx.dtype, acc.data(), in_n);
           }
-          W count = 0;  // positions inside the input
-          for (int64_t q : pos) count += q >= 0;
-          const W share = gv / count;
-          for (int64_t q : pos)
-            if (q >= 0) acc[q] += share;
-        });
-        write_all(a, st->dx, st->acc);
+        }
+        st->dx.commit(a);
       });
     });
     return k;
