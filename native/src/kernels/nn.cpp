@@ -242,11 +242,10 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
               continue;
             }
           }
-          // channel of the i-th value of the group: c0 + i / S
-          auto weight = [&](int64_t i) { return S == 1 ? wv[c0 + i] : wv[c0 + i / S]; };
-          const W mean_d = W(lane_sum<W>(M, [&](int64_t i) { return gy[i] * weight(i); }) / double(M));
-          const W mean_dx = W(lane_sum<W>(M, [&](int64_t i) { return gy[i] * weight(i) * ((p[i] - m) * r); }) / double(M));
           if (S == 1) {
+            const W mean_d = W(lane_sum<W>(M, [&](int64_t i) { return gy[i] * wv[c0 + i]; }) / double(M));
+            const W mean_dx =
+                W(lane_sum<W>(M, [&](int64_t i) { return gy[i] * wv[c0 + i] * ((p[i] - m) * r); }) / double(M));
             for (int64_t i = 0; i < M; ++i) {
               const W xh = (p[i] - m) * r;
               dw[c0 + i] += double(gy[i] * xh);
@@ -254,12 +253,23 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
               q[i] = (gy[i] * wv[c0 + i] - mean_d - xh * mean_dx) * r;
             }
           } else {
+            // per channel, the sums of dy * xhat and of dy (its dweight and dbias shares); the
+            // group's means of d and d * xhat are their weighted totals
+            double sum_d = 0, sum_dx = 0;
+            for (int64_t c = 0; c < cpg; ++c) {
+              const W *pc = p + c * S, *gc = gy + c * S;
+              const double dxh = lane_sum<W>(S, [&](int64_t i) { return gc[i] * ((pc[i] - m) * r); });
+              const double dy = lane_sum<W>(S, [&](int64_t i) { return gc[i]; });
+              dw[c0 + c] += dxh;
+              db[c0 + c] += dy;
+              sum_d += double(wv[c0 + c]) * dy;
+              sum_dx += double(wv[c0 + c]) * dxh;
+            }
+            const W mean_d = W(sum_d / double(M)), mean_dx = W(sum_dx / double(M));
             for (int64_t c = 0; c < cpg; ++c) {
               const W w = wv[c0 + c];
               const W *pc = p + c * S, *gc = gy + c * S;
               W* qc = q + c * S;
-              dw[c0 + c] += lane_sum<W>(S, [&](int64_t i) { return gc[i] * ((pc[i] - m) * r); });
-              db[c0 + c] += lane_sum<W>(S, [&](int64_t i) { return gc[i]; });
               for (int64_t i = 0; i < S; ++i) qc[i] = (gc[i] * w - mean_d - (pc[i] - m) * r * mean_dx) * r;
             }
           }
