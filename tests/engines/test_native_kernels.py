@@ -579,6 +579,17 @@ def test_topk(case, dtype, largest, sorted_):
     compare_engines(lambda t: ops.topk(t, k, axis, largest, sorted_), [x], native_ops=["topk"])
 
 
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("case", [((64, 700), 5, 1), ((200, 60, 3), 7, 1)], ids=str)
+def test_topk_of_many_lines(case, largest):
+    """Lines over both threads; many ties, NaNs (several in some lines), -0.0 beside 0.0."""
+    shape, k, axis = case
+    x = rand(shape, np.float32, low=0, high=6).round() - 3
+    x.flat[::97] = np.nan
+    x.flat[5::89] = -0.0
+    compare_engines(lambda t: ops.topk(t, k, axis, largest, True), [x], native_ops=["topk"])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
 def test_lamb_square_and_histogram(dtype):
     x = rand((33, 17), dtype, low=-5, high=5)

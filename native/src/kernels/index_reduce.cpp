@@ -123,20 +123,28 @@ const RegisterKernel topk_op{{"topk"}, [](const OpInstr& ins, const std::vector<
       const T* v = packed_values<T>(a, *px);
       T* ov = reinterpret_cast<T*>(pv->write(a));
       int32_t* oi = reinterpret_cast<int32_t*>(pi->write(a));
-      std::vector<int64_t> order(l.D);
-      for (int64_t p = 0; p < l.pre; ++p)
-        for (int64_t q = 0; q < l.post; ++q) {
+#pragma omp parallel if (l.pre * l.post > 1 && x.nelms > kParallelElements)
+      {
+        std::vector<int64_t> order(l.D);
+#pragma omp for schedule(static)
+        for (int64_t line_no = 0; line_no < l.pre * l.post; ++line_no) {
+          const int64_t p = line_no / l.post, q = line_no % l.post;
           const T* line = v + p * l.D * l.post + q;
           auto at_ = [&](int64_t i) { return line[i * l.post]; };
-          // "a before b": a is strictly better; NaN above every number
-          auto better = [&](int64_t i, int64_t j) {
+          // "i before j": i is strictly better (NaN above every number), or as good and first: the
+          // stable order as a total one, so that a partial sort finds its first K
+          auto before = [&](int64_t i, int64_t j) {
             const T s = at_(i), t = at_(j);
             const bool ns = isnan_any(s), nt = isnan_any(t);
-            if (ns || nt) return largest ? (ns && !nt) : (!ns && nt);
-            return largest ? s > t : s < t;
+            if (ns || nt) {
+              if (ns != nt) return largest ? ns : nt;
+              return i < j;
+            }
+            if (s != t) return largest ? s > t : s < t;
+            return i < j;
           };
           std::iota(order.begin(), order.end(), int64_t{0});
-          std::stable_sort(order.begin(), order.end(), better);
+          std::partial_sort(order.begin(), order.begin() + K, order.end(), before);
           if (!sorted) std::sort(order.begin(), order.begin() + K);
           for (int64_t j = 0; j < K; ++j) {
             const int64_t e = (p * K + j) * l.post + q;
@@ -144,6 +152,7 @@ const RegisterKernel topk_op{{"topk"}, [](const OpInstr& ins, const std::vector<
             oi[e] = static_cast<int32_t>(order[j]);
           }
         }
+      }
       pv->commit(a);
       pi->commit(a);
     });
