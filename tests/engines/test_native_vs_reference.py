@@ -128,6 +128,32 @@ def test_big_reductions_split_over_threads(name, dtype, axis):
     compare_engines(lambda t: getattr(ops, name)(t, axis), [x], native_ops=[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "l2", "logsumexp"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_whole_tensor_reductions_in_chunks(name, dtype):
+    """One result from ~100k values: fixed chunks folded on both threads, merged in chunk order."""
+    if dtype == np.int32 and name not in ("sum", "max", "min"):
+        pytest.skip("integer reductions are sum, prod, max and min")
+    low, high = (-50, 50) if dtype == np.int32 else (0.5, 1.5)
+    x = rand((333, 301), dtype, low, high)
+    if dtype == np.float16 and name == "sum":
+        x = (x / 1000).astype(dtype)  # a float16 sum of 1e5 values near 1 would overflow
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-3, atol=1e-3)
+    compare_engines(lambda t: getattr(ops, name)(t), [x], native_ops=[name], **tol)
+
+
+@pytest.mark.parametrize("axis", [None, -1, 0])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_extremes_with_nan_and_infinities(name, dtype, axis):
+    """max / min in float lanes: NaN wins wherever it is (a row's tail too), infinities are values."""
+    x = rand((300, 203), dtype, -2, 2)
+    x[:, 100] = np.inf
+    x[200, :] = -np.inf
+    x[5, 7] = x[17, 202] = np.nan
+    compare_engines(lambda t: getattr(ops, name)(t, axis), [x], native_ops=[name])
+
+
 @pytest.mark.parametrize("shape,axis", [((1027, 300), 0), ((9, 130, 257), (0, 1)), ((8, 128, 256), 0),
                                         ((5, 3), (0, 1)), ((2, 1, 7), (0, 1)), ((6, 1, 5), (0, 1)), ((1, 9), 0)])
 @pytest.mark.parametrize("name", ["sum", "mean"])

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "loops.hpp"
+#include "vec_math.hpp"
 
 namespace popxl {
 namespace {
@@ -29,8 +30,8 @@ struct Reduction : Kernel {
 
   void run(uint8_t* a) override {
     const int64_t m = static_cast<int64_t>(acc.size());
-    const auto max = [](Acc s, Acc v) { return (v > s || is_nan(v)) ? v : s; };
-    const auto min = [](Acc s, Acc v) { return (v < s || is_nan(v)) ? v : s; };
+    const Extreme<true> max;
+    const Extreme<false> min;
     const auto add = [](Acc s, Acc v) { return wrap(s, v, false); };
     const auto mul = [](Acc s, Acc v) { return wrap(s, v, true); };
     const Acc lowest = std::numeric_limits<Acc>::has_infinity ? -std::numeric_limits<Acc>::infinity()
@@ -70,9 +71,6 @@ struct Reduction : Kernel {
     }
   }
 
-  static bool is_nan(Acc v) {
-    if constexpr (std::is_floating_point_v<Acc>) return std::isnan(v); else return false;
-  }
   static Acc wrap(Acc s, Acc v, bool mul) {
     if constexpr (std::is_floating_point_v<Acc>) {
       return mul ? s * v : s + v;
@@ -123,28 +121,77 @@ struct Reduction : Kernel {
     }
   }
 
+  // max / min, NaN winning: as a function of two accumulators, and (float values) of eight lanes.
+  template <bool is_max>
+  struct Extreme {
+    Acc operator()(Acc s, Acc v) const { return ((is_max ? v > s : v < s) || v != v) ? v : s; }
+#ifdef POPXL_VEC8
+    static __m256 lanes(__m256 s, __m256 v) {
+      const __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, s, is_max ? _CMP_GT_OQ : _CMP_LT_OQ),
+                                       _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      return _mm256_blendv_ps(s, v, take);
+    }
+#endif
+  };
+  template <class F>
+  static constexpr bool is_extreme = std::is_same_v<F, Extreme<true>> || std::is_same_v<F, Extreme<false>>;
+
+  // A dense row of n values into one accumulator `t`: eight independent lanes, merged at the end,
+  // since a serial chain waits on each add's latency. Integer results are unchanged; a double sum
+  // in this order differs from the serial one in its last bits, so float64 outputs can differ by
+  // an ulp or so (as NumPy's pairwise sums do) and float32/float16 outputs very rarely.
+  template <class F, class M>
+  static void fold_row(const uint8_t* p, int64_t n, Acc& t, F f, M merge, Acc init) {
+    Acc lanes[8];
+    std::fill(lanes, lanes + 8, init);
+#ifdef POPXL_VEC8
+    // float values (float16 ones converted): the compiler keeps a select of doubles scalar and
+    // branchy; a max or min is exact in float, so eight float lanes give the same result
+    if constexpr (is_extreme<F> && (std::is_same_v<T, float> || std::is_same_v<T, f16>)) {
+      __m256 v8 = _mm256_set1_ps(float(init));
+      dense_chunks(p, n, [&](const float* x, int64_t, int64_t m) {
+        int64_t i = 0;
+        for (; i + 8 <= m; i += 8) v8 = F::lanes(v8, _mm256_loadu_ps(x + i));
+        for (; i < m; ++i) lanes[i & 7] = f(lanes[i & 7], Acc(x[i]));
+      });
+      alignas(32) float out[8];
+      _mm256_store_ps(out, v8);
+      for (int j = 0; j < 8; ++j) lanes[j] = f(lanes[j], Acc(out[j]));
+      for (const Acc l : lanes) t = merge(t, l);
+      return;
+    }
+#endif
+    dense_chunks(p, n, [&](const auto* x, int64_t, int64_t m) {
+      int64_t i = 0;
+      for (; i + 8 <= m; i += 8)
+        for (int j = 0; j < 8; ++j) lanes[j] = f(lanes[j], Acc(x[i + j]));
+      for (; i < m; ++i) lanes[i & 7] = f(lanes[i & 7], Acc(x[i]));
+    });
+    for (const Acc l : lanes) t = merge(t, l);
+  }
+
   // acc = f(acc, value) over x; `merge` combines two partial results and `init` starts one.
   template <class F, class M>
   void accumulate(uint8_t* a, Acc* accp, F f, M merge, Acc init) {
+    if (acc.size() == 1 && x.contiguous && x.nelms > kParallelElements && omp_get_max_threads() > 1) {
+      // One result from a big dense x: chunks of a fixed size folded on all threads, their results
+      // merged in chunk order, so that the result does not depend on the thread count.
+      constexpr int64_t kChunk = int64_t(1) << 15;
+      const int64_t chunks = (x.nelms + kChunk - 1) / kChunk;
+      std::vector<Acc> part(static_cast<size_t>(chunks), init);
+      const uint8_t* base = a + x.offset;
+#pragma omp parallel for schedule(static)
+      for (int64_t c = 0; c < chunks; ++c)
+        fold_row(base + c * kChunk * int64_t(sizeof(T)), std::min(kChunk, x.nelms - c * kChunk), part[c], f, merge,
+                 init);
+      for (const Acc v : part) accp[0] = merge(accp[0], v);
+      return;
+    }
     over_slabs([&](const std::vector<int64_t>& sh, int64_t xo, int64_t ao) {
       nd_loop<2>(sh, {x.strides, acc_strides}, {a + x.offset + xo, reinterpret_cast<uint8_t*>(accp) + ao},
                  [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
-                   if (s[0] == int64_t(sizeof(T)) && s[1] == 0) {
-                     // A row into one accumulator (the last axis reduced): eight independent lanes,
-                     // merged at the end, since a serial chain waits on each add's latency. Integer
-                     // results are unchanged; a double sum in this order differs from the serial
-                     // one in its last bits, so float64 outputs can differ by an ulp or so (as
-                     // NumPy's pairwise sums do) and float32/float16 outputs very rarely.
-                     Acc lanes[8];
-                     std::fill(lanes, lanes + 8, init);
-                     dense_chunks(p[0], n, [&](const auto* x, int64_t, int64_t m) {
-                       int64_t i = 0;
-                       for (; i + 8 <= m; i += 8)
-                         for (int j = 0; j < 8; ++j) lanes[j] = f(lanes[j], Acc(x[i + j]));
-                       for (; i < m; ++i) lanes[i & 7] = f(lanes[i & 7], Acc(x[i]));
-                     });
-                     Acc& t = *reinterpret_cast<Acc*>(p[1]);
-                     for (const Acc l : lanes) t = merge(t, l);
+                   if (s[0] == int64_t(sizeof(T)) && s[1] == 0) {  // a row into one accumulator
+                     fold_row(p[0], n, *reinterpret_cast<Acc*>(p[1]), f, merge, init);
                      return;
                    }
                    if (s[0] == int64_t(sizeof(T)) && s[1] == int64_t(sizeof(Acc))) {  // a row into a row of accumulators
@@ -248,7 +295,7 @@ struct RowSum : Kernel {
 };
 
 // The RowSum view of a reduction, when it is one: float32 or float16, contiguous, the reduced axes
-// leading.
+// leading, columns enough to share among threads (fewer, a whole reduction: the general path).
 std::unique_ptr<Kernel> row_sum(Red kind, const OpInstr& ins, const Buffer& x, const Buffer& y) {
   if ((kind != Red::Sum && kind != Red::Mean) || !(x.dtype == DType::F32 || x.dtype == DType::F16) ||
       y.dtype != x.dtype || !x.contiguous)
@@ -265,7 +312,7 @@ std::unique_ptr<Kernel> row_sum(Red kind, const OpInstr& ins, const Buffer& x, c
   k->rows = prod(x.shape, 0, lead);
   k->cols = prod(x.shape, lead);
   k->mean = kind == Red::Mean;
-  if (k->rows == 0 || k->cols == 0) return nullptr;  // the general path writes 0 / NaN
+  if (k->rows == 0 || k->cols < 16) return nullptr;  // the general path (which writes 0 / NaN for none)
   return k;
 }
 
