@@ -54,6 +54,26 @@ def test_unary_in_place_through_a_view(name):
     compare_engines(build, [x], native_ops=[name], **TOL[np.float32])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+@pytest.mark.parametrize("shape", [(300, 257), (3, 120, 130)], ids=str)
+def test_elementwise_of_transposed_views(shape, dtype):
+    """Big transposed operands (walked in tiles), with a broadcast and a dense one; float32 unary
+    ops on them staged through the vector forms. Values: exactly the reference's for the add,
+    within the unary tolerance for exp / tanh; the last row and column of tiles are partial."""
+    x, d = rand(shape, dtype, 1, 3), rand(shape[:-2] + shape[:-3:-1], dtype, 1, 3)
+    row = rand(shape[-2:-1], dtype, 1, 3)  # broadcast along the transposed view's rows
+    perm = tuple(range(len(shape) - 2)) + (len(shape) - 1, len(shape) - 2)
+
+    def build(a, b, c):
+        v = ops.transpose(a, perm)
+        out = [v + b + c]
+        if dtype != np.int32:
+            out += [ops.exp(v), ops.tanh(v)]
+        return out
+    compare_engines(build, [x, d, row], native_ops=["add"] + (["exp", "tanh"] if dtype != np.int32 else []),
+                    **({} if dtype == np.int32 else TOL[dtype]))
+
+
 BROADCAST = [((3, 1, 5), (4, 5)), ((), (2, 3)), ((0, 3), (1, 3)), ((2, 3), (2, 3)), ((1,), (7, 1))]
 
 

@@ -53,6 +53,19 @@ KernelFactory unary(Op op, bool ints_too = false, FloatRow float_row = nullptr) 
                        for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(W(x[i])));
                        return;
                      }
+                     if constexpr (std::is_same_v<T, float>) {
+                       if (float_row) {  // strided float32 (a transposed view): the vector form, staged
+                         constexpr int64_t kStage = 64;
+                         float in[kStage], out[kStage];
+                         for (int64_t i0 = 0; i0 < n; i0 += kStage) {
+                           const int64_t m = std::min(kStage, n - i0);
+                           for (int64_t i = 0; i < m; ++i) in[i] = at<float>(p[1], i0 + i, s[1]);
+                           float_row(out, in, m);
+                           for (int64_t i = 0; i < m; ++i) at<float>(p[0], i0 + i, s[0]) = out[i];
+                         }
+                         return;
+                       }
+                     }
                      for (int64_t i = 0; i < n; ++i) at<T>(p[0], i, s[0]) = static_cast<T>(op(W(at<T>(p[1], i, s[1]))));
                    });
       });

@@ -5,6 +5,7 @@
 #include <array>
 #include <functional>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -111,6 +112,30 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
   // one-thread team, which costs more than a small kernel's work.
   if (!parallel || total <= kParallelElements) {
     for (int64_t o = 0; o < outer; ++o) run_piece(o, 0, n_inner);
+    return;
+  }
+  // An operand read across its layout (a transposed view: a long stride along the rows, a short
+  // one down the columns) misses the cache on every element of a row: the rows are then walked in
+  // tiles of kTileRows x kTileCols, so that the cache lines such an operand brings in are used by
+  // the tile's next rows. Few columns a tile: with a power-of-two stride the lines share one L1
+  // set (a (1024, 1024) float32 add of a transposed view: 2.5 ms untiled, 1.7 ms in 16 x 64
+  // tiles, 1.2 ms in 32 x 16).
+  constexpr int64_t kTileRows = 32, kTileCols = 16;
+  bool across = false;
+  if (rank >= 2 && sh[rank - 2] >= kTileRows && n_inner >= kTileCols)
+    for (size_t k = 0; k < N; ++k) {
+      const int64_t along = std::abs(inner_st[k]), down = std::abs(st[k][rank - 2]);
+      across = across || (along > 64 && down != 0 && down < along);
+    }
+  if (across) {
+    const int64_t R = sh[rank - 2], tiles_r = (R + kTileRows - 1) / kTileRows,
+                  tiles_c = (n_inner + kTileCols - 1) / kTileCols, planes = outer / R;
+#pragma omp parallel for schedule(static)
+    for (int64_t w = 0; w < planes * tiles_r * tiles_c; ++w) {
+      const int64_t tc = w % tiles_c, tr = w / tiles_c % tiles_r, plane = w / (tiles_c * tiles_r);
+      const int64_t r0 = tr * kTileRows, r1 = std::min(R, r0 + kTileRows), c0 = tc * kTileCols;
+      for (int64_t r = r0; r < r1; ++r) run_piece(plane * R + r, c0, std::min(kTileCols, n_inner - c0));
+    }
     return;
   }
   // Rows are cut into pieces when there are too few of them to share out (a contiguous tensor
