@@ -258,6 +258,22 @@ def test_softmax(axis, dtype):
     compare_engines(lambda t: ops.softmax(t, axis), [rand((3, 4, 5), dtype)], **TOL[dtype])
 
 
+@pytest.mark.parametrize("shape,axis", [((700, 300), 0), ((6, 50, 270), 1), ((2, 9, 5, 131), 1)], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract")  # the reference's inf - inf
+def test_softmax_along_other_axes(shape, axis, dtype):
+    """Columns a row at a time, eight a vector, in pieces on both threads (the last piece partial):
+    a NaN column, a column with +inf, one with a -inf and one of huge values."""
+    x = rand(shape, dtype, -3, 3)
+    idx = [slice(None)] * len(shape)
+    for col, value in [(1, np.nan), (9, np.inf), (20, -np.inf), (33, 6e4 if dtype == np.float16 else 1e30)]:
+        where = list(idx)
+        where[axis] = 2
+        where[-1] = col
+        x[tuple(where)] = value
+    compare_engines(lambda t: ops.softmax(t, axis), [x], native_ops=["softmax"], **TOL[dtype])
+
+
 def test_where_cast_clip_scaled_add():
     c, a, b = rand((3, 1), np.bool_), rand((1, 4)), rand((3, 4))
     compare_engines(lambda c, a, b: ops.where(c, a, b), [c, a, b], native_ops=["where"])

@@ -358,21 +358,49 @@ const RegisterKernel softmax_grad_op{{"softmax_grad"}, [](const OpInstr& ins, co
 // Seen as (outer, A, inner) around the axis. Dense float32 rows (the last axis) go through the
 // eight-wide row kernel; anything else is staged a block of A * inner values at a time in the
 // compute type (float32 for float16 and float8, as the reference computes them).
+//
+// Along another axis each of a block's `inner` columns is a softmax: they are computed a row of
+// columns at a time (contiguous loads, eight columns a vector for float32), columns [c0, c1) of
+// the block, each column's sum in double in row order.
 template <class W>
-void softmax_block(W* y, const W* x, int64_t A, int64_t inner) {
-  for (int64_t e = 0; e < inner; ++e) {
-    W m = A ? x[e] : W(0);
-    bool nan = false;
+struct SoftmaxColumns {
+  std::vector<W> m;
+  std::vector<double> total;
+
+  void run(W* y, const W* x, int64_t A, int64_t inner, int64_t c0, int64_t c1) {
+    const int64_t n = c1 - c0;
+    m.assign(x + c0, x + c1);
+    total.assign(n, 0.0);
+    if (A == 0) return;
     for (int64_t i = 0; i < A; ++i) {
-      const W v = x[i * inner + e];
-      m = v > m ? v : m;
-      nan = nan || std::isnan(v);
+      const W* r = x + i * inner + c0;
+      for (int64_t e = 0; e < n; ++e) m[e] = r[e] > m[e] ? r[e] : m[e];
     }
-    double total = 0;
-    for (int64_t i = 0; i < A; ++i) total += double(y[i * inner + e] = nan ? W(NAN) : softmax_exp(x[i * inner + e] - m));
-    for (int64_t i = 0; i < A; ++i) y[i * inner + e] = y[i * inner + e] / W(total);
+    // a NaN's exponential is NaN, and so is its column's sum: the whole column comes out NaN
+    for (int64_t i = 0; i < A; ++i) {
+      const W* r = x + i * inner + c0;
+      W* out = y + i * inner + c0;
+      int64_t e = 0;
+#ifdef POPXL_VEC8
+      if constexpr (std::is_same_v<W, float>) {
+        for (; e + 8 <= n; e += 8) {
+          const __m256 v = vec8::softmax_exp(_mm256_sub_ps(_mm256_loadu_ps(r + e), _mm256_loadu_ps(m.data() + e)));
+          _mm256_storeu_ps(out + e, v);
+          _mm256_storeu_pd(total.data() + e, _mm256_add_pd(_mm256_loadu_pd(total.data() + e),
+                                                           _mm256_cvtps_pd(_mm256_castps256_ps128(v))));
+          _mm256_storeu_pd(total.data() + e + 4, _mm256_add_pd(_mm256_loadu_pd(total.data() + e + 4),
+                                                               _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))));
+        }
+      }
+#endif
+      for (; e < n; ++e) total[e] += double(out[e] = softmax_exp(r[e] - m[e]));
+    }
+    for (int64_t i = 0; i < A; ++i) {
+      W* out = y + i * inner + c0;
+      for (int64_t e = 0; e < n; ++e) out[e] = out[e] / W(total[e]);
+    }
   }
-}
+};
 
 const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &xb = bufs[ins.inputs[0]], &yb = bufs[ins.outputs[0]];
@@ -387,9 +415,28 @@ const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::v
     return [=](uint8_t* a) {
       const uint8_t* xs = st->x.read(a);
       uint8_t* ys = st->y.write(a);
+      if constexpr (std::is_same_v<W, float>) {
+        if (d == DType::F32 && inner > 1) {  // columns of the blocks in pieces, on all threads
+          constexpr int64_t kPiece = 256;
+          const int64_t pieces = (inner + kPiece - 1) / kPiece;
+#pragma omp parallel if (outer * pieces > 1 && outer * block > kParallelElements)
+          {
+            SoftmaxColumns<float> cols;
+#pragma omp for schedule(static)
+            for (int64_t w = 0; w < outer * pieces; ++w) {
+              const int64_t o = w / pieces, c0 = w % pieces * kPiece;
+              cols.run(reinterpret_cast<float*>(ys) + o * block, reinterpret_cast<const float*>(xs) + o * block, A,
+                       inner, c0, std::min(inner, c0 + kPiece));
+            }
+          }
+          st->y.commit(a);
+          return;
+        }
+      }
 #pragma omp parallel if (outer > 1 && outer * block > kParallelElements)
       {
         std::vector<W> in, out;
+        SoftmaxColumns<W> cols;
 #pragma omp for schedule(static)
         for (int64_t o = 0; o < outer; ++o) {
           const uint8_t* xo = xs + o * block * item;
@@ -405,15 +452,15 @@ const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::v
           if (is_fp8(d)) {
             const Fp8Format& f = fp8_format(d);
             f.decode_row(xo, in.data(), block);
-            softmax_block(out.data(), in.data(), A, inner);
+            cols.run(out.data(), in.data(), A, inner, 0, inner);
             f.round_row(out.data(), yo, block);
           } else {
             load_row<W>(xo, item, d, in.data(), block);
             if constexpr (std::is_same_v<W, float>) {
               if (inner == 1) softmax_row(out.data(), in.data(), A);  // float16's last axis
-              else softmax_block(out.data(), in.data(), A, inner);
+              else cols.run(out.data(), in.data(), A, inner, 0, inner);
             } else {
-              softmax_block(out.data(), in.data(), A, inner);
+              cols.run(out.data(), in.data(), A, inner, 0, inner);
             }
             store_row<W>(yo, item, d, out.data(), block);
           }

@@ -86,6 +86,13 @@ inline __m256 gelu_inner(__m256 x) {  // sqrt(2/pi) (x + 0.044715 x^3), multipli
   return _mm256_mul_ps(set(float(kSqrt2OverPi)), _mm256_add_ps(x, cubic));
 }
 
+// softmax_exp (loops.hpp) of eight values z = x - max <= 0 (or NaN).
+inline __m256 softmax_exp(__m256 z) {
+  __m256 e = exp_in_range(_mm256_min_ps(_mm256_max_ps(z, set(kExpLo)), set(0.0f)));
+  e = _mm256_andnot_ps(_mm256_cmp_ps(z, set(kExpLo), _CMP_LT_OQ), e);  // underflow to 0
+  return _mm256_blendv_ps(e, z, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));      // inf - inf stays NaN
+}
+
 // The eight lanes of v added in double, in lane order.
 inline double hsum(__m256 v) {
   alignas(32) float lanes[8];
@@ -132,10 +139,7 @@ inline void softmax_row(float* y, const float* x, int64_t n) {
   const __m256 shift = _mm256_set1_ps(m);
   __m256 sum8 = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) {
-    const __m256 z = _mm256_sub_ps(_mm256_loadu_ps(x + i), shift);
-    __m256 e = vec8::exp_in_range(_mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(0.0f)));
-    e = _mm256_andnot_ps(_mm256_cmp_ps(z, _mm256_set1_ps(kExpLo), _CMP_LT_OQ), e);      // underflow to 0
-    e = _mm256_blendv_ps(e, z, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));                       // inf - inf stays NaN
+    const __m256 e = vec8::softmax_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift));
     _mm256_storeu_ps(y + i, e);
     sum8 = _mm256_add_ps(sum8, e);
     if ((i & 1023) == 1016) {  // float lanes over blocks of 1024 values, blocks summed in double
