@@ -274,6 +274,17 @@ def test_softmax_along_other_axes(shape, axis, dtype):
     compare_engines(lambda t: ops.softmax(t, axis), [x], native_ops=["softmax"], **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32, np.int8, np.bool_])
+def test_where_of_dense_tensors(dtype):
+    """The branch-free select: every element from the right side, bits and all (NaN, -0.0)."""
+    c, a, b = rand((300, 257), np.bool_), rand((300, 257), dtype, -5, 5), rand((300, 257), dtype, -5, 5)
+    if np.dtype(dtype).kind == "f":
+        a.flat[::7], b.flat[3::11] = np.nan, -0.0
+    compare_engines(lambda c, a, b: ops.where(c, a, b), [c, a, b], native_ops=["where"])
+    root_of = np.abs(a) if np.dtype(dtype).kind == "f" else np.abs(a.astype(np.float32))  # sqrt: vsqrtps
+    compare_engines(lambda t: ops.sqrt(t), [root_of], native_ops=["sqrt"])
+
+
 def test_where_cast_clip_scaled_add():
     c, a, b = rand((3, 1), np.bool_), rand((1, 4)), rand((3, 4))
     compare_engines(lambda c, a, b: ops.where(c, a, b), [c, a, b], native_ops=["where"])

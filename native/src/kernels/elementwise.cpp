@@ -113,7 +113,7 @@ const RegisterKernel unary_ops[] = {
     {{"exp", "exp_"}, libm_unary<Libm::Exp>([](auto x) { return std::exp(x); })},
     {{"log"}, libm_unary<Libm::Log>([](auto x) { return std::log(x); })},
     {{"log2"}, libm_unary<Libm::Log2>([](auto x) { return std::log2(x); })},
-    {{"sqrt"}, unary([](auto x) { return std::sqrt(x); })},
+    {{"sqrt"}, unary([](auto x) { return std::sqrt(x); }, false, sqrt_row)},
     {{"tanh"}, libm_unary<Libm::Tanh>([](auto x) { return std::tanh(x); })},
     {{"cos"}, libm_unary<Libm::Cos>([](auto x) { return std::cos(x); })},
     {{"sin"}, libm_unary<Libm::Sin>([](auto x) { return std::sin(x); })},
@@ -244,6 +244,14 @@ const RegisterKernel where_op{{"where"}, [](const OpInstr& ins, const std::vecto
     k = std::make_unique<FnKernel>([=](uint8_t* a) {
       nd_loop<4>(y.shape, {y.strides, cs, xs, zs}, {a + y.offset, a + c.offset, a + x.offset, a + z.offset},
                  [&](const std::array<uint8_t*, 4>& p, const std::array<int64_t, 4>& s, int64_t n) {
+                   constexpr int64_t t = sizeof(T);
+                   if (s[0] == t && s[1] == 1 && s[2] == t && s[3] == t) {  // dense: a loop the compiler vectorises
+                     T* out = reinterpret_cast<T*>(p[0]);
+                     const bool* cond = reinterpret_cast<const bool*>(p[1]);
+                     const T *xv = reinterpret_cast<const T*>(p[2]), *zv = reinterpret_cast<const T*>(p[3]);
+                     for (int64_t i = 0; i < n; ++i) out[i] = select_bits(-int64_t(cond[i]), xv[i], zv[i]);
+                     return;
+                   }
                    for (int64_t i = 0; i < n; ++i)
                      at<T>(p[0], i, s[0]) = at<bool>(p[1], i, s[1]) ? at<T>(p[2], i, s[2]) : at<T>(p[3], i, s[3]);
                  });

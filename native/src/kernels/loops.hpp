@@ -62,6 +62,22 @@ constexpr int64_t kParallelElements = 32768;
 // processes a 2-thread region can wait a whole scheduler time slice for its second thread.
 constexpr int64_t kSingleThreadWork = int64_t(1) << 20;
 
+// mask (all ones or zero) ? a : b on the bits of any trivially copyable T of 1, 2, 4 or 8 bytes:
+// compilers turn `c ? a : b` on values they load into a branch, which random masks mispredict.
+template <class T>
+T select_bits(int64_t mask, T a, T b) {
+  using Bits = std::conditional_t<sizeof(T) == 1, uint8_t,
+               std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+  static_assert(sizeof(Bits) == sizeof(T), "select_bits: a 1, 2, 4 or 8 byte type");
+  Bits x, y;
+  std::memcpy(&x, &a, sizeof(T));
+  std::memcpy(&y, &b, sizeof(T));
+  const Bits m = static_cast<Bits>(mask), r = static_cast<Bits>((x & m) | (y & ~m));
+  T out;
+  std::memcpy(&out, &r, sizeof(T));
+  return out;
+}
+
 // Loop over `shape` with N operands; `inner(ptrs, strides, n)` handles the innermost dimension.
 // Adjacent dimensions that are contiguous for every operand are merged first, and the outer
 // iterations are spread over OpenMP threads when there is enough work.
@@ -108,10 +124,35 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
     for (size_t k = 0; k < N; ++k) p[k] += lo * inner_st[k];
     inner(p, inner_st, len);
   };
+  // Whole rows [o0, o1): the first row's place from its index, the next ones' by stepping the
+  // outer indices like an odometer (no division per row: short rows would pay it per few elements).
+  auto run_rows = [&](int64_t o0, int64_t o1) {
+    if (o0 >= o1) return;
+    std::array<uint8_t*, N> p = base;
+    std::vector<int64_t> idx(rank - 1);
+    int64_t rem = o0;
+    for (size_t d = rank - 1; d-- > 0;) {
+      idx[d] = rem % sh[d];
+      rem /= sh[d];
+      for (size_t k = 0; k < N; ++k) p[k] += idx[d] * st[k][d];
+    }
+    for (int64_t o = o0;;) {
+      inner(p, inner_st, n_inner);
+      if (++o == o1) return;
+      for (size_t d = rank - 1; d-- > 0;) {
+        if (++idx[d] < sh[d]) {
+          for (size_t k = 0; k < N; ++k) p[k] += st[k][d];
+          break;
+        }
+        for (size_t k = 0; k < N; ++k) p[k] -= (sh[d] - 1) * st[k][d];
+        idx[d] = 0;
+      }
+    }
+  };
   // A serial loop outside any OpenMP construct: `parallel for if(false)` still sets up a
   // one-thread team, which costs more than a small kernel's work.
   if (!parallel || total <= kParallelElements) {
-    for (int64_t o = 0; o < outer; ++o) run_piece(o, 0, n_inner);
+    run_rows(0, outer);
     return;
   }
   // An operand read across its layout (a transposed view: a long stride along the rows, a short
@@ -142,7 +183,15 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
   // merges into one row); a piece is a multiple of 64 elements, so threads never share a cache line
   // of a dense float32 output.
   const int64_t want = 4 * static_cast<int64_t>(omp_get_max_threads());
-  const int64_t pieces = outer >= want ? 1 : std::min((want + outer - 1) / outer, (n_inner + 63) / 64);
+  if (outer >= want) {  // whole rows, an even share of them each thread, as `schedule(static)` gives
+#pragma omp parallel
+    {
+      const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+      run_rows(outer * t / threads, outer * (t + 1) / threads);
+    }
+    return;
+  }
+  const int64_t pieces = std::min((want + outer - 1) / outer, (n_inner + 63) / 64);
   const int64_t piece = ((n_inner + pieces - 1) / pieces + 63) / 64 * 64;
 #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < outer * pieces; ++w) {

@@ -669,19 +669,6 @@ void each_window(const PoolGeom& G, std::vector<int64_t>& pos, F&& f) {
       }
 }
 
-// mask (all ones or zero) ? a : b, on the bits of a float or double.
-template <class W>
-W select_bits(int64_t mask, W a, W b) {
-  using Bits = std::conditional_t<sizeof(W) == 4, uint32_t, uint64_t>;
-  Bits x, y;
-  std::memcpy(&x, &a, sizeof(W));
-  std::memcpy(&y, &b, sizeof(W));
-  const Bits m = static_cast<Bits>(mask), r = (x & m) | (y & ~m);
-  W out;
-  std::memcpy(&out, &r, sizeof(W));
-  return out;
-}
-
 // A plane's gradient for any pool (3-D ones): the reference's walk, window by window.
 template <class W>
 void plane_grad_nd(const PoolGeom& G, bool is_max, const W* xv, const W* gv, W* acc, std::vector<int64_t>& pos) {

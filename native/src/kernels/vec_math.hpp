@@ -105,6 +105,16 @@ inline double hsum(__m256 v) {
 }  // namespace vec8
 #endif
 
+// sqrt of a dense float32 row: vsqrtps is correctly rounded, as std::sqrt (NaN below zero); the
+// scalar call is not vectorised, since it may set errno.
+inline void sqrt_row(float* y, const float* x, int64_t n) {
+  int64_t i = 0;
+#ifdef POPXL_VEC8
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) y[i] = std::sqrt(x[i]);
+}
+
 // softmax of one dense float32 row: y = exp(x - max) / sum. NaN anywhere gives a NaN row and
 // exp underflows to 0 below e**-87 (softmax_exp, the tail's form).
 inline void softmax_row(float* y, const float* x, int64_t n) {
