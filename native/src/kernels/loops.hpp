@@ -112,8 +112,10 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
   std::array<int64_t, N> inner_st;
   for (size_t k = 0; k < N; ++k) inner_st[k] = st[k][rank - 1];
   const int64_t outer = total / n_inner;
-  // Elements [lo, lo + len) of row o.
-  auto run_piece = [&](int64_t o, int64_t lo, int64_t len) {
+  // Elements [lo, lo + len) of row o. (run_piece and run_rows are each called from several loops
+  // below: not inlined, so that `inner`, inlined into each of them, is compiled twice, not once
+  // per loop: nd_loop is instantiated for every kernel and dtype.)
+  auto run_piece = [&](int64_t o, int64_t lo, int64_t len) __attribute__((noinline)) {
     std::array<uint8_t*, N> p = base;
     int64_t rem = o;
     for (size_t d = rank - 1; d-- > 0;) {
@@ -126,7 +128,7 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
   };
   // Whole rows [o0, o1): the first row's place from its index, the next ones' by stepping the
   // outer indices like an odometer (no division per row: short rows would pay it per few elements).
-  auto run_rows = [&](int64_t o0, int64_t o1) {
+  auto run_rows = [&](int64_t o0, int64_t o1) __attribute__((noinline)) {
     if (o0 >= o1) return;
     std::array<uint8_t*, N> p = base;
     std::vector<int64_t> idx(rank - 1);
