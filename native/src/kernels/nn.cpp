@@ -368,10 +368,10 @@ struct SoftmaxColumns {
   std::vector<double> total;
 
   void run(W* y, const W* x, int64_t A, int64_t inner, int64_t c0, int64_t c1) {
+    if (A == 0) return;  // nothing to read or write
     const int64_t n = c1 - c0;
     m.assign(x + c0, x + c1);
     total.assign(n, 0.0);
-    if (A == 0) return;
     for (int64_t i = 0; i < A; ++i) {
       const W* r = x + i * inner + c0;
       for (int64_t e = 0; e < n; ++e) m[e] = r[e] > m[e] ? r[e] : m[e];
