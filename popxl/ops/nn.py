@@ -358,10 +358,16 @@ register(OpDef("conv", _conv_infer, _conv_kernel, family="nn"))
 #
 # ``pool_kernel``, ``pool_strides``, ``pool_pads``, ``pool_dilations``, ``pool_ceil_mode`` (optional,
 # all or none): a 2-D max pool of that result, attributes as max_pool's; the output is the pooled
-# value. `fuse_conv_post_ops` makes it from conv -> relu -> max_pool (ResNet's stem) so that the
-# native engine pools each batch slice while the slice's result is still in cache. Not with a residual.
+# value. `fuse_conv_post_ops` makes it from a conv_fused whose only reader is a max_pool (ResNet's
+# stem) so that the native engine pools each batch slice while the slice's result is still in
+# cache. Not with a residual.
 _LAYOUTS = ("nchw", "nhwc")
 _POOL_ATTRS = ("pool_kernel", "pool_strides", "pool_pads", "pool_dilations", "pool_ceil_mode")
+
+
+def conv_pool_attrs(max_pool_attrs: dict) -> dict:
+    """A max_pool op's attributes as the pool_* attributes of the conv_fused it joins."""
+    return {name: max_pool_attrs[name[len("pool_"):]] for name in _POOL_ATTRS}
 
 
 def _pool_of(pool: dict) -> Optional[dict]:

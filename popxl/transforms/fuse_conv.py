@@ -39,9 +39,6 @@ from popxl.graph import Graph
 from popxl.op import Op
 from popxl.tensor import Tensor
 
-# max_pool's attributes that a pooled conv_fused takes (as pool_kernel, pool_strides, ...)
-_POOL_ATTRS = ("kernel", "strides", "pads", "dilations", "ceil_mode")
-
 __all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "global_pools_as_pools", "keep_channels_last"]
 
 # The dtypes the native engine's convolutions and pools take channels-last (float16 is computed in
@@ -114,7 +111,7 @@ def fold_batch_norm(graph: Graph) -> Graph:
 
 def fuse_conv_post_ops(graph: Graph) -> Graph:
     """Rewrite 2 above, in place. Returns ``graph``."""
-    from popxl.ops.nn import conv_fused
+    from popxl.ops.nn import conv_fused, conv_pool_attrs
 
     graph.ir._check_mutable()
     for op in [op for op in graph._ops if op.type == "conv_fused"]:
@@ -133,7 +130,7 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
             elif reader.type == "relu" and not attrs["relu"]:
                 attrs["relu"] = True
             elif reader.type == "max_pool" and not attrs["residual"] and reader.inputs[0].rank == 4:
-                attrs.update({f"pool_{k}": reader.attrs[k] for k in _POOL_ATTRS})
+                attrs.update(conv_pool_attrs(reader.attrs))
             else:
                 break
             residual = inputs[3] if attrs.pop("residual") else None

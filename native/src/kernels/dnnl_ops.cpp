@@ -594,7 +594,8 @@ class BlockedConvKernel : public Kernel {
     for (int64_t p = 0; p < parts; ++p) parts_[static_cast<size_t>(p)]->run(arena, area(omp_get_thread_num()));
   }
 
-  // The weights' reorder scratch, then each slice's own piece (the slices run at the same time).
+  // The weights' reorder scratch and the result areas, then each slice's own piece (the slices
+  // run at the same time).
   size_t scratch_bytes() const override {
     size_t n = scratch.bytes();
     for (auto& part : parts_) n += ScratchLayout::aligned(part->scratch.bytes());

@@ -173,7 +173,7 @@ struct Reduction : Kernel {
   // acc = f(acc, value) over x; `merge` combines two partial results and `init` starts one.
   template <class F, class M>
   void accumulate(uint8_t* a, Acc* accp, F f, M merge, Acc init) {
-    if (acc.size() == 1 && x.contiguous && x.nelms > kParallelElements && omp_get_max_threads() > 1) {
+    if (acc.size() == 1 && x.contiguous && x.nelms > kParallelElements) {
       // One result from a big dense x: chunks of a fixed size folded on all threads, their results
       // merged in chunk order, so that the result does not depend on the thread count.
       constexpr int64_t kChunk = int64_t(1) << 15;
