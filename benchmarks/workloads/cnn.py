@@ -193,9 +193,9 @@ def build_jax() -> Bench:
 class OnnxOps(Ops):
     """Emits ONNX nodes; the "tensors" are value names."""
 
-    def __init__(self) -> None:
+    def __init__(self, folded: bool = False) -> None:
         import onnx.helper
-        self.helper, self.nodes, self.count = onnx.helper, [], 0
+        self.helper, self.nodes, self.count, self.folded = onnx.helper, [], 0, folded
 
     def _node(self, op: str, inputs: List[str], **attrs) -> str:
         self.count += 1
@@ -204,9 +204,12 @@ class OnnxOps(Ops):
         return out
 
     def conv_bn(self, x, name, stride, pad, relu):
-        y = self._node("Conv", [x, f"{name}.w"], strides=[stride] * 2, pads=[pad] * 4)
-        y = self._node("BatchNormalization", [y] + [f"{name}.{k}" for k in ("scale", "bias", "mean", "var")],
-                       epsilon=EPS)
+        if self.folded:  # the batch norm is in the weights and the Conv's bias (see fold_batch_norms)
+            y = self._node("Conv", [x, f"{name}.w", f"{name}.b"], strides=[stride] * 2, pads=[pad] * 4)
+        else:
+            y = self._node("Conv", [x, f"{name}.w"], strides=[stride] * 2, pads=[pad] * 4)
+            y = self._node("BatchNormalization", [y] + [f"{name}.{k}" for k in ("scale", "bias", "mean", "var")],
+                           epsilon=EPS)
         return self._node("Relu", [y]) if relu else y
 
     def max_pool(self, x):
@@ -220,16 +223,29 @@ class OnnxOps(Ops):
         return self._node("Gemm", [flat, "fc.w", "fc.b"])
 
 
-def resnet18_onnx(batch: int = BATCH, image: int = 224, input_name: str = "x", output_name: str = "logits"):
+def fold_batch_norms(params: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """``params`` with each conv's batch norm folded into its weights and a bias (``name.b``), as
+    torch.onnx.export writes a model in eval mode: w * s and bias - mean * s, s = scale / sqrt(var + eps)."""
+    out = {k: v for k, v in params.items() if not k.startswith(tuple(f"{n}." for n, *_ in conv_bn_specs()))}
+    for name, *_ in conv_bn_specs():
+        s = params[f"{name}.scale"] / np.sqrt(params[f"{name}.var"] + EPS)
+        out[f"{name}.w"] = (params[f"{name}.w"] * s[:, None, None, None]).astype(np.float32)
+        out[f"{name}.b"] = (params[f"{name}.bias"] - params[f"{name}.mean"] * s).astype(np.float32)
+    return out
+
+
+def resnet18_onnx(batch: int = BATCH, image: int = 224, input_name: str = "x", output_name: str = "logits",
+                  folded: bool = False):
     """The network as an ONNX ModelProto (opset 13), weights included, for (batch, 3, image, image)
-    inputs (image a multiple of 32, the network's total stride)."""
+    inputs (image a multiple of 32, the network's total stride). ``folded``: Conv (with bias) + Relu,
+    the batch norms folded into the convolutions, as PyTorch exports the network in eval mode."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    f = OnnxOps()
+    f = OnnxOps(folded)
     resnet18(input_name, f)
     f.nodes[-1].output[0] = output_name
-    params = make_params()
+    params = fold_batch_norms(make_params()) if folded else make_params()
     graph = helper.make_graph(
         f.nodes, "resnet18",
         [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [batch, 3, image, image])],

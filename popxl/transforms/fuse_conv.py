@@ -9,6 +9,9 @@ with post-ops instead of three or four passes over the activations.
    weights alone in the static program, run after weight writes): a user who later writes new
    weights (``weightsFromHost``, ``writeWeights``, ``resetHostWeights``) gets them folded with
    no refolding step, and the variables (what ``modelToHost`` saves) stay the user's.
+   ``add(conv(x, w), b)`` with ``b`` one value per output channel (shape ``(C, 1, ...)`` or
+   ``(1, C, 1, ...)``: how ONNX importers add a Conv's bias, and what PyTorch's export leaves once it
+   has folded the batch norms into the weights) becomes ``conv_fused(x, w, b)``.
 2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
    ``other`` as its residual; one whose output is read only by ``relu`` takes the relu; one without
    a residual whose 4-D output is read only by a ``max_pool`` takes the pool (ResNet's stem: the
@@ -39,7 +42,8 @@ from popxl.graph import Graph
 from popxl.op import Op
 from popxl.tensor import Tensor
 
-__all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_post_ops", "global_pools_as_pools", "keep_channels_last"]
+__all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_bias", "fuse_conv_post_ops", "global_pools_as_pools",
+           "keep_channels_last"]
 
 # The dtypes the native engine's convolutions and pools take channels-last (float16 is computed in
 # float32, converted on the way in and out).
@@ -48,7 +52,7 @@ _CHANNELS_LAST_DTYPES = (float32, float16)
 
 def fuse_conv(graph: Graph) -> Graph:
     """All the rewrites, in place, on ``graph``. Returns ``graph``."""
-    return keep_channels_last(global_pools_as_pools(fuse_conv_post_ops(fold_batch_norm(graph))))
+    return keep_channels_last(global_pools_as_pools(fuse_conv_post_ops(fuse_conv_bias(fold_batch_norm(graph)))))
 
 
 def _only_reader(graph: Graph, t: Tensor) -> Optional[Op]:
@@ -106,6 +110,47 @@ def fold_batch_norm(graph: Graph) -> Graph:
             s = scale / ops.sqrt(var + eps)
             return conv_fused(x, w * _per_channel(s, w.rank), bias - mean * s, **attrs)
         _replace(graph, [conv, bn], build)
+    return graph
+
+
+def _channel_bias(graph: Graph, add: Op, y: Tensor) -> Optional[List[Op]]:
+    """If ``add`` adds ``y`` (a convolution's result) and one value per channel of it, the ops that
+    make that bias from a 1-D tensor of the channels: ``[reshape]`` when a reshape that only ``add``
+    reads does, else ``[]``. None if it is not such an add."""
+    other = [t for t in add.inputs if t is not y]
+    if len(other) != 1 or other[0].dtype != y.dtype:
+        return None
+    (b,) = other
+    c, spatial = y.shape[1], (1,) * (y.rank - 2)
+    if b.shape not in ((c,) + spatial, (1, c) + spatial):
+        return None
+    producer = b.producer
+    if (producer is not None and producer.graph is graph and producer.type == "reshape"
+            and producer.inputs[0].shape == (c,) and _only_reader(graph, b) is add):
+        return [producer]
+    return []
+
+
+def fuse_conv_bias(graph: Graph) -> Graph:
+    """Rewrite 1's per-channel bias add, in place. Returns ``graph``."""
+    import popxl.ops as ops
+    from popxl.ops.nn import conv_fused
+
+    graph.ir._check_mutable()
+    for conv in [op for op in graph._ops if op.type == "conv"]:
+        (y,) = conv.outputs
+        add = _only_reader(graph, y)
+        if add is None or add.type != "add":
+            continue
+        reshapes = _channel_bias(graph, add, y)
+        if reshapes is None:
+            continue
+        (b,) = [t for t in add.inputs if t is not y]
+        bias = reshapes[0].inputs[0] if reshapes else None
+
+        def build(x=conv.inputs[0], w=conv.inputs[1], b=b, bias=bias, c=y.shape[1], attrs=conv.attrs):
+            return conv_fused(x, w, bias if bias is not None else ops.reshape(b, (c,)), **attrs)
+        _replace(graph, sorted([conv, add] + reshapes, key=graph._ops.index), build)
     return graph
 
 

@@ -87,6 +87,20 @@ def _shared_intermediate(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.
     return [c, y, ops.relu(z) + ops.tanh(z)]
 
 
+def _biased_convs(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.Tensor]:
+    """Convolutions plus one value per output channel, written as ONNX importers write a Conv's bias
+    (a (C, 1, 1) reshape) or as a (1, C, 1, 1) constant; plus a non-channel add, which stays."""
+    def conv(t):
+        return ops.conv(t, popxl.variable((r.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32)),
+                        padding=(1, 1, 1, 1))
+    b = popxl.variable(r.standard_normal(4).astype(np.float32))
+    y = ops.relu(conv(x) + ops.reshape(b, (4, 1, 1)))
+    z = ops.relu(popxl.constant(r.standard_normal((1, 4, 1, 1)).astype(np.float32)) + conv(y) + x)
+    spatial = conv(x) + popxl.constant(r.standard_normal((1, 1, 6, 6)).astype(np.float32))
+    shared_bias = ops.reshape(b, (4, 1, 1))  # read again below: it stays
+    return [z, spatial, (conv(z) + shared_bias) * shared_bias]
+
+
 def _run(build: Callable, x: np.ndarray, fuse: bool):
     ir = popxl.Ir()
     with ir.main_graph:
@@ -106,6 +120,7 @@ def _run(build: Callable, x: np.ndarray, fuse: bool):
 @pytest.mark.parametrize("build,fused_types", [
     (_residual_block, {"conv_fused": 2}),
     (_shared_intermediate, {"conv": 1, "batch_norm_inference": 1, "conv_fused": 1, "relu": 1}),
+    (_biased_convs, {"conv": 1, "conv_fused": 3, "relu": 0, "add": 1, "reshape": 3}),  # 1 kept, 2 to (C,)
 ])
 def test_fuse_conv_keeps_values(build, fused_types):
     x = rand(2, 4, 6, 6)
@@ -116,6 +131,17 @@ def test_fuse_conv_keeps_values(build, fused_types):
     assert "batch_norm_inference" not in types or "conv" in types
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_bias_from_a_reshape_is_the_variable_itself():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        b = popxl.variable(rand(4))
+        y = ops.conv(popxl.variable(rand(1, 4, 5, 5)), popxl.variable(rand(4, 4, 3, 3)))
+        out = ops.relu(y + ops.reshape(b, (4, 1, 1)))
+    fuse_conv(ir.main_graph)
+    (op,) = ir.main_graph.ops
+    assert op.type == "conv_fused" and op.inputs[2] is b and op.attrs["relu"] and out.producer is op
 
 
 def test_residual_block_fuses_into_two_ops_with_post_ops():
