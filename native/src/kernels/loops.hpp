@@ -23,6 +23,10 @@ namespace popxl {
 
 using f16 = _Float16;
 
+// An op's k-th input and its (first) output among the program's buffers.
+inline const Buffer& in(const OpInstr& i, const std::vector<Buffer>& b, int k) { return b[i.inputs[k]]; }
+inline const Buffer& out(const OpInstr& i, const std::vector<Buffer>& b) { return b[i.outputs[0]]; }
+
 // Compute type: arithmetic on float16 happens in float32, as in the reference engine.
 template <class T> struct Wide { using type = T; };
 template <> struct Wide<f16> { using type = float; };
