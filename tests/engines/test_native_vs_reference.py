@@ -285,6 +285,16 @@ def test_where_of_dense_tensors(dtype):
     compare_engines(lambda t: ops.sqrt(t), [root_of], native_ops=["sqrt"])
 
 
+def test_where_reads_any_nonzero_condition_byte_as_true():
+    """A bool array whose bytes are not all 0 / 1 (a view of other bytes): NumPy takes any nonzero
+    byte as True, and so does the native select, dense and broadcast, never mixing the operands' bits."""
+    c = np.array([0, 1, 2, 255, 128, 3, 0, 64] * 40, np.uint8).view(np.bool_).reshape(20, 16)
+    a, b = rand((20, 16), np.float32, -5, 5), rand((20, 16), np.float32, -5, 5)
+    (got,) = compare_engines(lambda c, a, b: ops.where(c, a, b), [c, a, b], native_ops=["where"])
+    np.testing.assert_array_equal(got, np.where(c.view(np.uint8) != 0, a, b))
+    compare_engines(lambda c, a, b: ops.where(c, a, b), [c[:, :1].copy(), a, b], native_ops=["where"])
+
+
 def test_where_cast_clip_scaled_add():
     c, a, b = rand((3, 1), np.bool_), rand((1, 4)), rand((3, 4))
     compare_engines(lambda c, a, b: ops.where(c, a, b), [c, a, b], native_ops=["where"])

@@ -27,13 +27,14 @@ const RegisterKernel where_op{{"where"}, [](const OpInstr& ins, const std::vecto
                    constexpr int64_t t = sizeof(T);
                    if (s[0] == t && s[1] == 1 && s[2] == t && s[3] == t) {  // dense: a loop the compiler vectorises
                      T* out = reinterpret_cast<T*>(p[0]);
-                     const bool* cond = reinterpret_cast<const bool*>(p[1]);
+                     // the condition's bytes as bytes: any nonzero one is true, as NumPy reads a bool
+                     const uint8_t* cond = p[1];
                      const T *xv = reinterpret_cast<const T*>(p[2]), *zv = reinterpret_cast<const T*>(p[3]);
-                     for (int64_t i = 0; i < n; ++i) out[i] = select_bits(-int64_t(cond[i]), xv[i], zv[i]);
+                     for (int64_t i = 0; i < n; ++i) out[i] = select_bits(-int64_t(cond[i] != 0), xv[i], zv[i]);
                      return;
                    }
                    for (int64_t i = 0; i < n; ++i)
-                     at<T>(p[0], i, s[0]) = at<bool>(p[1], i, s[1]) ? at<T>(p[2], i, s[2]) : at<T>(p[3], i, s[3]);
+                     at<T>(p[0], i, s[0]) = at<uint8_t>(p[1], i, s[1]) != 0 ? at<T>(p[2], i, s[2]) : at<T>(p[3], i, s[3]);
                  });
     });
   });
