@@ -76,6 +76,10 @@ KernelFactory arg_extreme(bool is_max) {
 }
 
 // ---- cumsum: sequential sums (as np.cumsum), float16 in float32, integers wrapping ----------------
+// Each element's sum is the one before plus it, in order, so every split of the work below gives
+// the same values. Lines along the last axis (post == 1) are shared out whole among the threads;
+// otherwise a step along the axis adds a row of `post` values to a row of running sums, and the
+// threads take the (pre, post-chunk) blocks.
 const RegisterKernel cumsum_op{{"cumsum"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
   if (x.dtype != y.dtype) return nullptr;
@@ -87,18 +91,32 @@ const RegisterKernel cumsum_op{{"cumsum"}, [](const OpInstr& ins, const std::vec
     using Acc = std::conditional_t<std::is_integral_v<T>, uint64_t, typename Wide<T>::type>;
     auto px = std::make_shared<Packed>(x);
     auto py = std::make_shared<Packed>(y);
+    constexpr int64_t kChunk = 256;  // running sums of a block: on the stack, in L1
+    const int64_t chunks = (l.post + kChunk - 1) / kChunk;
     k = std::make_unique<FnKernel>([=](uint8_t* a) {
       const T* v = packed_values<T>(a, *px);
       T* out = reinterpret_cast<T*>(py->write(a));
-      for (int64_t p = 0; p < l.pre; ++p)
-        for (int64_t q = 0; q < l.post; ++q) {
+      const int64_t blocks = l.pre * chunks;
+#pragma omp parallel for schedule(static) if (l.pre * l.D * l.post > kParallelElements && blocks > 1)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t p = b / chunks, q0 = b % chunks * kChunk, n = std::min(kChunk, l.post - q0);
+        const T* in = v + p * l.D * l.post + q0;
+        T* o = out + p * l.D * l.post + q0;
+        if (l.post == 1) {  // the running sum in a register
           Acc s = 0;
           for (int64_t i = 0; i < l.D; ++i) {
-            const int64_t e = (p * l.D + i) * l.post + q;
-            s = s + static_cast<Acc>(v[e]);
-            out[e] = static_cast<T>(s);
+            s = s + static_cast<Acc>(in[i]);
+            o[i] = static_cast<T>(s);
           }
+          continue;
         }
+        Acc s[kChunk] = {};
+        for (int64_t i = 0; i < l.D; ++i, in += l.post, o += l.post)
+          for (int64_t q = 0; q < n; ++q) {
+            s[q] = s[q] + static_cast<Acc>(in[q]);
+            o[q] = static_cast<T>(s[q]);
+          }
+      }
       py->commit(a);
     });
   });

@@ -3,6 +3,7 @@
 // increment_mod. Moves are byte copies, so every dtype is handled and results are bit-identical.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "loops.hpp"
 
@@ -45,15 +46,50 @@ const RegisterKernel join_ops[] = {
 struct Gather {
   int64_t groups, pre, D, K, row;  // row: bytes of `post` elements
   void run(const uint8_t* x, const int64_t* idx, uint8_t* out) const {
+    // Rows of 1, 2, 4 or 8 bytes (a gather along the last axis) move as one value each, not as a
+    // memcpy call each.
+    switch (row) {
+      case 1: return rows<uint8_t>(x, idx, out);
+      case 2: return rows<uint16_t>(x, idx, out);
+      case 4: return rows<uint32_t>(x, idx, out);
+      case 8: return rows<uint64_t>(x, idx, out);
+      default: return rows<void>(x, idx, out);
+    }
+  }
+
+ private:
+  // Output rows [r0, r1) of the (groups * pre * K) in order; the threads take even shares. The
+  // position (g, p, k) of the first is divided out once, the next ones' stepped.
+  template <class E>
+  void rows(const uint8_t* x, const int64_t* idx, uint8_t* out) const {
     const int64_t total = groups * pre * K;
-#pragma omp parallel for schedule(static) if (total * row > (1 << 18))
-    for (int64_t r = 0; r < total; ++r) {
-      const int64_t k = r % K, gp = r / K, g = gp / pre;
-      int64_t i = idx[g * K + k];
-      if (i < 0) i += D;
-      uint8_t* dst = out + r * row;
-      if (i >= 0 && i < D) std::memcpy(dst, x + (gp * D + i) * row, row);
-      else std::memset(dst, 0, row);
+    if (total == 0) return;
+#pragma omp parallel if (total * row > (1 << 18))
+    {
+      const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+      const int64_t r0 = total * t / threads, r1 = total * (t + 1) / threads;
+      int64_t k = r0 % K, gp = r0 / K;
+      const int64_t* ix = idx + gp / pre * K;
+      const uint8_t* line = x + gp * D * row;
+      for (int64_t r = r0; r < r1; ++r) {
+        int64_t i = ix[k];
+        if (i < 0) i += D;
+        uint8_t* dst = out + r * row;
+        const bool inside = i >= 0 && i < D;
+        if constexpr (std::is_void_v<E>) {
+          if (inside) std::memcpy(dst, line + i * row, static_cast<size_t>(row));
+          else std::memset(dst, 0, static_cast<size_t>(row));
+        } else {  // a memcpy of a constant size: one move, at any alignment
+          const E zero = 0;
+          std::memcpy(dst, inside ? line + i * row : reinterpret_cast<const uint8_t*>(&zero), sizeof(E));
+        }
+        if (++k == K) {
+          k = 0;
+          ++gp;
+          line += D * row;
+          ix = idx + gp / pre * K;
+        }
+      }
     }
   }
 };
