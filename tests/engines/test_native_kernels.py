@@ -210,6 +210,16 @@ def test_gather(case, idx_dtype, dtype):
         compare_engines(lambda t, i: getattr(ops, name)(t, i, axis), [x, idx], native_ops=[name])
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.float16, np.float32, np.int64, np.uint16])
+@pytest.mark.parametrize("shape,axis", [((300, 1000), 1), ((2, 300, 1000), 2), ((1000, 3, 40), 0)], ids=str)
+def test_gather_on_both_threads(shape, axis, dtype):
+    """Rows of 1, 2, 4 and 8 bytes moved as values, wider ones copied; 699 indices (in range, negative,
+    out of range), so the threads' shares start part-way through a line."""
+    d = shape[axis]
+    idx = RNG.integers(-d - 5, d + 5, size=699).astype(np.int32)
+    compare_engines(lambda t, i: ops.gather(t, i, axis), [rand(shape, dtype), idx], native_ops=["gather"])
+
+
 def test_gather_of_a_strided_view_and_groupedgather():
     x, idx = rand((4, 5)), np.array([[0, 3, -1], [7, 2, 2]], np.int32)
     compare_engines(lambda t, i: ops.gather(ops.transpose_(t), i, 1), [x, idx], native_ops=["gather"])
@@ -565,6 +575,15 @@ def test_cumsum(dtype, dim):
     x = rand((6, 7), dtype, low=0 if np.dtype(dtype).kind == "u" else -100, high=100)  # int8 wraps
     compare_engines(lambda t: ops.cumsum(t, dim), [x], native_ops=["cumsum"])
     compare_engines(lambda t: ops.cumsum(t, dim), [rand((0, 3), dtype)], native_ops=["cumsum"])
+
+
+@pytest.mark.parametrize("shape,dim", [((3, 700, 300), 1), ((300, 200), 1), ((5, 40, 600), 2)], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_cumsum_on_both_threads(shape, dim, dtype):
+    """Big enough to share out: blocks of running sums (more than one 256-column chunk a row), and
+    whole lines along the last axis; bit-identical, as the order of additions is np.cumsum's."""
+    x = rand(shape, dtype, low=-100, high=100)
+    compare_engines(lambda t: ops.cumsum(t, dim), [x], native_ops=["cumsum"])
 
 
 @pytest.mark.parametrize("sorted_", [True, False])
