@@ -564,6 +564,19 @@ def test_argmax_argmin(name, dtype, dim, keepdim):
     compare_engines(lambda t: getattr(ops, name)(t, dim, keepdim), [x], native_ops=[name])
 
 
+@pytest.mark.parametrize("dim", [0, 1, None])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_argmax_argmin_on_both_threads(dtype, dim):
+    """Lines long enough for the eight-lane pass and columns in several blocks, with ties (small
+    integers as values: the first wins) and NaNs (the first NaN wins) in some rows and columns."""
+    x = RNG.integers(-20, 20, size=(300, 700)).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x[5, 17] = x[5, 3] = x[9, 699] = x[200, 40] = np.nan
+        x[::37, 11] = np.nan
+    for op in ("argmax", "argmin"):
+        compare_engines(lambda t: getattr(ops, op)(t, dim), [x], native_ops=[op])
+
+
 def test_argmax_of_a_scalar_and_a_view():
     compare_engines(lambda t: ops.argmax(t, None), [np.asarray(3.0, np.float32)], native_ops=["argmax"])
     compare_engines(lambda t: ops.argmin(ops.transpose_(t), 1), [rand((3, 6))], native_ops=["argmin"])

@@ -44,6 +44,72 @@ template <class T>
 const T* packed_values(uint8_t* arena, Packed& p) { return reinterpret_cast<const T*>(p.read(arena)); }
 
 // ---- argmax / argmin: the first extreme wins; NaN counts as the extreme (as NumPy) --------------
+// A dense line (along the last axis): its extreme (NaN winning) first, float32 eight lanes at a
+// time, then the first position holding it. Other axes: a row of best values and positions per
+// step along the axis, the rows' columns independent. Lines or column blocks on both threads.
+template <bool kMax, class T>
+bool better(T c, T best) { return (kMax ? c > best : c < best) || isnan_any(c); }
+
+template <bool kMax, class T>
+int64_t first_extreme(const T* line, int64_t D) {
+  T m = line[0];
+  int64_t i = 0;
+#ifdef POPXL_VEC8
+  if constexpr (std::is_same_v<T, float>) {
+    if (D >= 16) {
+      __m256 m8 = _mm256_loadu_ps(line);
+      for (i = 8; i + 8 <= D; i += 8) {
+        const __m256 c = _mm256_loadu_ps(line + i);
+        const __m256 take = _mm256_or_ps(_mm256_cmp_ps(c, m8, kMax ? _CMP_GT_OQ : _CMP_LT_OQ),
+                                         _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+        m8 = _mm256_blendv_ps(m8, c, take);
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, m8);
+      m = lanes[0];
+      for (int j = 1; j < 8; ++j)
+        if (better<kMax>(lanes[j], m)) m = lanes[j];
+    }
+  }
+#endif
+  for (; i < D; ++i)
+    if (better<kMax>(line[i], m)) m = line[i];
+  // m is one of the line's values: the scans end
+  if (isnan_any(m))
+    for (i = 0;; ++i)
+      if (isnan_any(line[i])) return i;
+  for (i = 0;; ++i)
+    if (line[i] == m) return i;
+}
+
+template <bool kMax, class T>
+void arg_extreme_lines(const T* v, const Lines& l, int32_t* out) {
+  constexpr int64_t kChunk = 256;  // columns a block: best values and positions on the stack
+  const int64_t chunks = (l.post + kChunk - 1) / kChunk, blocks = l.post == 1 ? l.pre : l.pre * chunks;
+#pragma omp parallel for schedule(static) if (l.pre * l.D * l.post > kParallelElements && blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (l.post == 1) {
+      out[b] = static_cast<int32_t>(first_extreme<kMax>(v + b * l.D, l.D));
+      continue;
+    }
+    const int64_t p = b / chunks, q0 = b % chunks * kChunk, n = std::min(kChunk, l.post - q0);
+    const T* row = v + p * l.D * l.post + q0;
+    T best[kChunk];
+    int32_t at[kChunk] = {};
+    std::copy(row, row + n, best);
+    for (int64_t i = 1; i < l.D; ++i) {
+      row += l.post;
+      for (int64_t q = 0; q < n; ++q) {
+        // a NaN best stays (the first NaN wins): nothing compares better than it
+        const bool take = !isnan_any(best[q]) && better<kMax>(row[q], best[q]);
+        best[q] = take ? row[q] : best[q];
+        at[q] = take ? static_cast<int32_t>(i) : at[q];
+      }
+    }
+    std::copy(at, at + n, out + p * l.post + q0);
+  }
+}
+
 KernelFactory arg_extreme(bool is_max) {
   return [is_max](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
@@ -57,17 +123,8 @@ KernelFactory arg_extreme(bool is_max) {
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         const T* v = packed_values<T>(a, *px);
         int32_t* out = reinterpret_cast<int32_t*>(py->write(a));
-        for (int64_t p = 0; p < l.pre; ++p)
-          for (int64_t q = 0; q < l.post; ++q) {
-            const T* line = v + p * l.D * l.post + q;
-            int64_t best = 0;
-            for (int64_t i = 0; i < l.D; ++i) {
-              const T c = line[i * l.post], b = line[best * l.post];
-              if (isnan_any(c)) { best = i; break; }
-              if (is_max ? c > b : c < b) best = i;
-            }
-            out[p * l.post + q] = static_cast<int32_t>(best);
-          }
+        if (is_max) arg_extreme_lines<true>(v, l, out);
+        else arg_extreme_lines<false>(v, l, out);
         py->commit(a);
       });
     });
