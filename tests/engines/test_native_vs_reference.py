@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import popxl
 import popxl.ops as ops
 from popxl.op import create_op
 from popxl.ops import elementwise
@@ -72,6 +73,19 @@ def test_elementwise_of_transposed_views(shape, dtype):
         return out
     compare_engines(build, [x, d, row], native_ops=["add"] + (["exp", "tanh"] if dtype != np.int32 else []),
                     **({} if dtype == np.int32 else TOL[dtype]))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.int8, np.uint16])
+def test_transposed_views_of_every_width(dtype):
+    """Transposed operands of 8-, 2- and 1-byte values (copied into dense tiles value by value), a
+    transposed bool condition of where, and casts from transposed views: bit-identical."""
+    x, d = rand((150, 270), dtype, 1, 3), rand((270, 150), dtype, 1, 3)
+    c = rand((150, 270), np.bool_)
+
+    def build(a, b, cond):
+        v = ops.transpose(a)
+        return [v + b, ops.where(ops.transpose(cond), v, b), ops.cast(v, popxl.float32)]
+    compare_engines(build, [x, d, c], native_ops=["add", "where", "cast"])
 
 
 BROADCAST = [((3, 1, 5), (4, 5)), ((), (2, 3)), ((0, 3), (1, 3)), ((2, 3), (2, 3)), ((1,), (7, 1))]

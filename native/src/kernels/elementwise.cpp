@@ -35,7 +35,7 @@ const RegisterKernel where_op{{"where"}, [](const OpInstr& ins, const std::vecto
                    }
                    for (int64_t i = 0; i < n; ++i)
                      at<T>(p[0], i, s[0]) = at<uint8_t>(p[1], i, s[1]) != 0 ? at<T>(p[2], i, s[2]) : at<T>(p[3], i, s[3]);
-                 });
+                 }, true, {0, 1, int64_t(sizeof(T)), int64_t(sizeof(T))});
     });
   });
   return k;
@@ -60,7 +60,7 @@ const RegisterKernel cast_op{{"cast"}, [](const OpInstr& ins, const std::vector<
                          return f32_to_f16(reinterpret_cast<const F*>(p[1]), reinterpret_cast<T*>(p[0]), n);
                      }
                      for (int64_t i = 0; i < n; ++i) at<T>(p[0], i, s[0]) = convert<T>(at<F>(p[1], i, s[1]));
-                   });
+                   }, true, {0, int64_t(sizeof(F))});
       });
     });
   });
@@ -99,7 +99,7 @@ const RegisterKernel scaled_add_op{{"scaled_add", "scaled_add_"},
         nd_loop<3>(y.shape, {y.strides, x.strides, z.strides}, {a + y.offset, a + x.offset, a + z.offset},
                    [&](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
                      combine_rows<T, W>(p, s, n, [ka, kb](W u, W v) { return ka * u + kb * v; });
-                   });
+                   }, true, {0, int64_t(sizeof(T)), int64_t(sizeof(T))});
       });
     });
     return k;

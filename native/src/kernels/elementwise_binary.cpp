@@ -36,7 +36,7 @@ KernelFactory binary(Op op, Result result, bool ints_too) {
                      } else {
                        combine_rows<T, W>(p, s, n, op);
                      }
-                   });
+                   }, true, {0, int64_t(sizeof(T)), int64_t(sizeof(T))});
       });
     };
     if (ints_too) dispatch_numeric(a_.dtype, make); else dispatch_float(a_.dtype, make);

@@ -64,7 +64,7 @@ KernelFactory unary(Op op, bool ints_too = false, FloatRow float_row = nullptr) 
                        }
                      }
                      for (int64_t i = 0; i < n; ++i) at<T>(p[0], i, s[0]) = static_cast<T>(op(W(at<T>(p[1], i, s[1]))));
-                   });
+                   }, true, {0, int64_t(sizeof(T))});
       });
     };
     if (ints_too) dispatch_arith(x.dtype, make); else dispatch_float(x.dtype, make);
@@ -99,7 +99,7 @@ KernelFactory predicate(Op op) {  // float -> bool
         nd_loop<2>(y.shape, {y.strides, x.strides}, {a + y.offset, a + x.offset},
                    [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
                      for (int64_t i = 0; i < n; ++i) at<bool>(p[0], i, s[0]) = op(float(at<T>(p[1], i, s[1])));
-                   });
+                   }, true, {0, int64_t(sizeof(T))});
       });
     });
     return k;
