@@ -347,8 +347,9 @@ def _conv_pow2_kernel(x, w, s, strides, pads, dilations, groups):
 register(OpDef("conv", _conv_infer, _conv_kernel, family="nn"))
 
 
-# conv_fused: relu(conv(x, w) + bias[c] + residual), the residual and the relu optional. Not a
-# public op: `popxl.transforms.fuse_conv` makes it from conv / batch_norm_inference / add / relu
+# conv_fused: relu(conv(x, w) + bias[c] + residual), the residual and the relu optional; or, with
+# ``clip`` = (lo, hi) in place of the relu, clip(..., lo, hi) (ReLU6 is clip 0, 6). Not a public
+# op: `popxl.transforms.fuse_conv` makes it from conv / batch_norm_inference / add / relu / clip
 # chains so that the native engine runs the chain as one oneDNN convolution with post-ops.
 #
 # ``layouts`` (optional, native engine only) says how x, y and the residual are laid out in memory:
@@ -379,9 +380,12 @@ def _pool_of(pool: dict) -> Optional[dict]:
     return {k[len("pool_"):]: v for k, v in pool.items()}
 
 
-def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, relu: bool, layouts=None, **pool):
+def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, relu: bool, layouts=None, clip=None,
+                      **pool):
     if layouts is not None and (len(layouts) != 3 or any(v not in _LAYOUTS for v in layouts)):
         raise ValueError(f"layouts must be three of {_LAYOUTS} (x, y, residual), got {layouts!r}")
+    if clip is not None and (relu or len(clip) != 2):
+        raise ValueError(f"clip must be two bounds (lo, hi), and not with relu; got clip={clip!r}, relu={relu}")
     if len(specs) != 3 + int(residual):
         raise ValueError(f"takes (x, weight, bias{', residual' if residual else ''}), got {len(specs)} inputs")
     (y,) = _conv_infer(specs[:2], strides, pads, dilations, groups)
@@ -399,12 +403,14 @@ def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, r
 
 
 def _conv_fused_kernel(x, w, bias, *rest, strides, pads, dilations, groups, residual: bool, relu: bool,
-                       layouts=None, **pool):
+                       layouts=None, clip=None, **pool):
     """In the accumulation dtype, rounded once at the end (as the oneDNN kernel does); a fused max
     pool picks among the rounded values."""
     y = _conv_compute(x, w, strides, pads, dilations, groups) + _channel(bias, x.ndim, _wide(x.dtype))
     if residual:
         y = y + rest[0].astype(y.dtype)
+    if clip is not None:
+        y = np.clip(y, *clip)
     y = (np.maximum(y, 0) if relu else y).astype(x.dtype)
     pooled = _pool_of(pool)
     return y if pooled is None else _max_pool_kernel(y, storage_order="row", **pooled)
@@ -422,12 +428,15 @@ register(OpDef("conv_fused", _conv_fused_infer, _conv_fused_kernel, grad=Grad.RA
 
 
 def conv_fused(t: Tensor, weight: Tensor, bias: Tensor, residual: Optional[Tensor] = None, relu: bool = False,
-               **conv_attrs: Any) -> Tensor:
-    """relu(conv(t, weight) + bias + residual) as one op; ``conv_attrs`` are the explicit
-    attributes of a `conv` op (strides, pads, dilations, groups), and optionally the pool_*
-    attributes of a max pool of the result."""
+               clip: Optional[Tuple[float, float]] = None, **conv_attrs: Any) -> Tensor:
+    """relu(conv(t, weight) + bias + residual) as one op, or clip(..., *clip) instead of the relu;
+    ``conv_attrs`` are the explicit attributes of a `conv` op (strides, pads, dilations, groups),
+    and optionally the pool_* attributes of a max pool of the result."""
     inputs = [t, weight, bias] + ([residual] if residual is not None else [])
-    return create_op("conv_fused", inputs, {**conv_attrs, "residual": residual is not None, "relu": relu})[0]
+    attrs = {**conv_attrs, "residual": residual is not None, "relu": relu}
+    if clip is not None:
+        attrs["clip"] = (float(clip[0]), float(clip[1]))
+    return create_op("conv_fused", inputs, attrs)[0]
 
 
 register(OpDef("conv_pow2scaled", lambda specs, **a: _conv_infer(specs, fp8=True, **a), _conv_pow2_kernel,

@@ -13,10 +13,10 @@ with post-ops instead of three or four passes over the activations.
    ``(1, C, 1, ...)``: how ONNX importers add a Conv's bias, and what PyTorch's export leaves once it
    has folded the batch norms into the weights) becomes ``conv_fused(x, w, b)``.
 2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
-   ``other`` as its residual; one whose output is read only by ``relu`` takes the relu; one without
-   a residual whose 4-D output is read only by a ``max_pool`` takes the pool (ResNet's stem: the
-   native engine pools each batch slice of the result while it is in cache, and the unpooled
-   activation is never stored).
+   ``other`` as its residual; one whose output is read only by ``relu`` (or ``clip``: ReLU6) takes
+   it; one without a residual whose 4-D output is read only by a ``max_pool`` takes the pool
+   (ResNet's stem: the native engine pools each batch slice of the result while it is in cache,
+   and the unpooled activation is never stored).
 
 3. (`keep_channels_last`) A 4-D float32 or float16 value that a ``conv_fused`` or a 2-D pooling
    op writes and only such ops read (a convolution as input or residual, a pool as input) is kept
@@ -166,22 +166,25 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
                 break
             inputs: List[Tensor] = list(op.inputs)
             attrs = dict(op.attrs)
-            if reader.type == "add" and not attrs["residual"] and not attrs["relu"]:
+            if reader.type == "add" and not attrs["residual"] and not attrs["relu"] and "clip" not in attrs:
                 other = [t for t in reader.inputs if t is not op.outputs[0]]
                 if len(other) != 1 or other[0].shape != op.outputs[0].shape or other[0].dtype != op.outputs[0].dtype:
                     break
                 inputs.append(other[0])
                 attrs["residual"] = True
-            elif reader.type == "relu" and not attrs["relu"]:
+            elif reader.type == "relu" and not attrs["relu"] and "clip" not in attrs:
                 attrs["relu"] = True
+            elif reader.type == "clip" and not attrs["relu"] and "clip" not in attrs:
+                attrs["clip"] = (reader.attrs["min"], reader.attrs["max"])
             elif reader.type == "max_pool" and not attrs["residual"] and reader.inputs[0].rank == 4:
                 attrs.update(conv_pool_attrs(reader.attrs))
             else:
                 break
             residual = inputs[3] if attrs.pop("residual") else None
-            conv_attrs = {k: v for k, v in attrs.items() if k != "relu"}
+            conv_attrs = {k: v for k, v in attrs.items() if k not in ("relu", "clip")}
             op = _replace(graph, [op, reader],
-                          lambda: conv_fused(*inputs[:3], residual=residual, relu=attrs["relu"], **conv_attrs))
+                          lambda: conv_fused(*inputs[:3], residual=residual, relu=attrs["relu"], clip=attrs.get("clip"),
+                                             **conv_attrs))
     return graph
 
 

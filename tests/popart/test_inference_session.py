@@ -311,6 +311,30 @@ def test_small_cnn_matches_reference():
     np.testing.assert_allclose(arrays["r"], reference(model, {"input.1": x[-1]}, ["r"])[0], rtol=1e-4, atol=1e-5)
 
 
+def test_mobilenet_block_runs_as_fused_convolutions():
+    """Conv + Clip(0, 6) (ReLU6), a depthwise Conv + Clip, a 1x1 Conv + residual Add, as PyTorch
+    exports a MobileNetV2 block: three conv_fused ops (bias and clip inside), the same values as
+    ONNX's reference."""
+    r = np.random.default_rng(3)
+    def f32(*shape, scale=1.0):
+        return (r.standard_normal(shape) * scale).astype(np.float32)
+    w = {"w1": f32(24, 8, 1, 1, scale=0.4), "b1": f32(24), "w2": f32(24, 1, 3, 3, scale=0.4), "b2": f32(24),
+         "w3": f32(8, 24, 1, 1, scale=0.3), "b3": f32(8), "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    nodes = [N("Conv", ["x", "w1", "b1"], ["c1"]), N("Clip", ["c1", "lo", "hi"], ["a1"]),
+             N("Conv", ["a1", "w2", "b2"], ["c2"], group=24, pads=[1, 1, 1, 1]), N("Clip", ["c2", "lo", "hi"], ["a2"]),
+             N("Conv", ["a2", "w3", "b3"], ["c3"]), N("Add", ["c3", "x"], ["y"])]
+    x = r.standard_normal((2, 8, 10, 10)).astype(np.float32) * 3
+    model = make_model(nodes, {"x": x}, ["y"], w, opset=13)
+    s = _session({"y": popart.AnchorReturnType("All")}, model=model)
+    exe = s._px._exe
+    types = [i.get("type") for g in exe.graphs for i in g["program"]
+             if i.get("type") in ("conv", "conv_fused", "clip", "add")]
+    assert types == ["conv_fused"] * 3, types
+    arrays = s.initAnchorArrays()
+    s.run(popart.PyStepIO({"x": x}, arrays))
+    np.testing.assert_allclose(arrays["y"], reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
 def _with_initializers(model, values):
     """A copy of ``model`` whose initializers named in ``values`` hold those values."""
     from onnx import ModelProto, numpy_helper

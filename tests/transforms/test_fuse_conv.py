@@ -48,6 +48,21 @@ def test_conv_fused_native_matches_reference(attrs, residual, relu, dtype):
                     inputs, native_ops=["conv_fused"], **tol)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_conv_fused_with_clip_native_matches_reference(residual, dtype):
+    """ReLU6 (clip 0, 6) and a two-sided clip in place of the relu, after the residual."""
+    x, w, b = rand(2, 4, 9, 8, dtype=dtype), rand(6, 4, 3, 3, dtype=dtype), rand(6, dtype=dtype)
+    r = rand(2, 6, 9, 8, dtype=dtype) * 3
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else TOL[dtype]
+    for bounds in [(0.0, 6.0), (-1.5, 0.75)]:
+        got = compare_engines(lambda *t: conv_fused(*t[:3], residual=t[3] if residual else None, clip=bounds,
+                                                    **CONV_ATTRS[0]),
+                              [x, w, b] + ([r] if residual else []), native_ops=["conv_fused"], **tol)
+        lo, hi = (np.asarray(v, dtype) for v in bounds)
+        assert got[0].min() == lo and got[0].max() == hi  # both bounds reached
+
+
 def test_conv_fused_checks_its_inputs():
     with popxl.Ir().main_graph:
         x, w = popxl.constant(rand(1, 2, 4, 4)), popxl.constant(rand(3, 2, 3, 3))
@@ -60,6 +75,8 @@ def test_conv_fused_checks_its_inputs():
         assert conv_fused(x, w, popxl.constant(rand(3)), **CONV_ATTRS[0], **pool).shape == (1, 3, 2, 2)
         with pytest.raises(ValueError, match="without a residual"):
             conv_fused(x, w, popxl.constant(rand(3)), popxl.constant(rand(1, 3, 4, 4)), **CONV_ATTRS[0], **pool)
+        with pytest.raises(ValueError, match="not with relu"):
+            conv_fused(x, w, popxl.constant(rand(3)), relu=True, clip=(0.0, 6.0), **CONV_ATTRS[0])
         with pytest.raises(ValueError, match="needs all of"):
             conv_fused(x, w, popxl.constant(rand(3)), **CONV_ATTRS[0], pool_kernel=(2, 2))
 
@@ -101,6 +118,14 @@ def _biased_convs(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.Tensor]
     return [z, spatial, (conv(z) + shared_bias) * shared_bias]
 
 
+def _relu6_blocks(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.Tensor]:
+    """MobileNet's activation: conv-bn then clip(0, 6) (fused), and a clip after a relu (a second
+    activation: not fused) and before a residual add (the add stays)."""
+    y = ops.clip(_conv_bn(x, r), 0.0, 6.0)
+    z = ops.clip(ops.relu(_conv_bn(y, r)), -1.0, 0.5)
+    return [ops.clip(_conv_bn(z, r), 0.0, 6.0) + y]
+
+
 def _run(build: Callable, x: np.ndarray, fuse: bool):
     ir = popxl.Ir()
     with ir.main_graph:
@@ -121,6 +146,7 @@ def _run(build: Callable, x: np.ndarray, fuse: bool):
     (_residual_block, {"conv_fused": 2}),
     (_shared_intermediate, {"conv": 1, "batch_norm_inference": 1, "conv_fused": 1, "relu": 1}),
     (_biased_convs, {"conv": 1, "conv_fused": 3, "relu": 0, "add": 1, "reshape": 3}),  # 1 kept, 2 to (C,)
+    (_relu6_blocks, {"conv_fused": 3, "clip": 1, "relu": 0}),
 ])
 def test_fuse_conv_keeps_values(build, fused_types):
     x = rand(2, 4, 6, 6)

@@ -550,6 +550,7 @@ class BlockedConvKernel : public Kernel {
     int64_t groups;
     Window win;
     bool relu;
+    std::optional<std::pair<float, float>> clip;  // conv_fused's `clip` (lo, hi): in place of the relu
     bool nhwc_x = false, nhwc_y = false, nhwc_residual = false;  // conv_fused's `layouts`
     bool static_w = false;  // `w` lies in static storage
     // conv_fused's pool_*: a max pool of the result, which `y` then holds (no residual with it)
@@ -663,13 +664,14 @@ class BlockedConvKernel : public Kernel {
                                                                        : memory::format_tag::nchw)
                                      : yd;
       if (s.residual) residual = window(*s.residual, 0, n0, count);
-      add_after = s.residual && residual.dtype == DType::F32 && y.dtype == DType::F32 && residual.contiguous &&
-                  y.contiguous && user_desc(residual, s.nhwc_residual) == yd;
+      add_after = s.residual && !s.clip && residual.dtype == DType::F32 && y.dtype == DType::F32 &&
+                  residual.contiguous && y.contiguous && user_desc(residual, s.nhwc_residual) == yd;
       dnnl::primitive_attr attr;
       auto set_post_ops = [&] {
         dnnl::post_ops ops;
         if (s.residual && !add_after) ops.append_sum(1.f);
         if (s.relu && !add_after) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+        if (s.clip) ops.append_eltwise(dnnl::algorithm::eltwise_clip, s.clip->first, s.clip->second);
         attr = user_scratchpad();
         attr.set_post_ops(ops);
       };
@@ -838,6 +840,11 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
   s.nhwc_y = nhwc[1];
   s.nhwc_residual = nhwc[2];
   s.static_w = ins.is_static_input(kWeightsSlot);
+  if (fused && ins.attrs.count("clip") && !ins.attrs.at("clip").is_none()) {
+    const AttrList& bounds = ins.attrs.at("clip").list();
+    if (bounds.size() != 2) return nullptr;
+    s.clip = std::make_pair(static_cast<float>(bounds[0].f()), static_cast<float>(bounds[1].f()));
+  }
   // nullptr: the op falls back (the loader refuses that for channels-last operands).
   if (!one_float_type({&x, &w, &y, bias, res})) return nullptr;
   s.conv_shape = y.shape;
