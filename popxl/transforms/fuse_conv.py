@@ -11,7 +11,9 @@ with post-ops instead of three or four passes over the activations.
    no refolding step, and the variables (what ``modelToHost`` saves) stay the user's.
    ``add(conv(x, w), b)`` with ``b`` one value per output channel (shape ``(C, 1, ...)`` or
    ``(1, C, 1, ...)``: how ONNX importers add a Conv's bias, and what PyTorch's export leaves once it
-   has folded the batch norms into the weights) becomes ``conv_fused(x, w, b)``.
+   has folded the batch norms into the weights) becomes ``conv_fused(x, w, b)``; a float32 or
+   float16 ``conv`` without a bias whose result only a relu, clip, add or max pool reads becomes a
+   ``conv_fused`` with a zero bias, for step 2.
 2. A ``conv_fused`` whose output is read only by ``add(out, other)`` (same shape and dtype) takes
    ``other`` as its residual; one whose output is read only by ``relu`` (or ``clip``: ReLU6) takes
    it; one without a residual whose 4-D output is read only by a ``max_pool`` takes the pool
@@ -37,6 +39,9 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence
 
+import numpy as np
+
+import popxl
 from popxl.dtypes import float16, float32
 from popxl.graph import Graph
 from popxl.op import Op
@@ -131,26 +136,37 @@ def _channel_bias(graph: Graph, add: Op, y: Tensor) -> Optional[List[Op]]:
     return []
 
 
+def _takes_as_post_op(reader: Op, y: Tensor) -> bool:
+    """Whether fuse_conv_post_ops can take ``reader`` of a conv_fused's fresh result ``y`` into it."""
+    if reader.type == "add":
+        other = [t for t in reader.inputs if t is not y]
+        return len(other) == 1 and other[0].shape == y.shape and other[0].dtype == y.dtype
+    return reader.type in ("relu", "clip") or (reader.type == "max_pool" and y.rank == 4)
+
+
 def fuse_conv_bias(graph: Graph) -> Graph:
-    """Rewrite 1's per-channel bias add, in place. Returns ``graph``."""
+    """Rewrite 1's per-channel bias add, in place; a convolution without one whose result goes on
+    to an op that rewrite 2 fuses takes a zero bias. Returns ``graph``."""
     import popxl.ops as ops
     from popxl.ops.nn import conv_fused
 
     graph.ir._check_mutable()
     for conv in [op for op in graph._ops if op.type == "conv"]:
         (y,) = conv.outputs
-        add = _only_reader(graph, y)
-        if add is None or add.type != "add":
-            continue
-        reshapes = _channel_bias(graph, add, y)
-        if reshapes is None:
-            continue
-        (b,) = [t for t in add.inputs if t is not y]
-        bias = reshapes[0].inputs[0] if reshapes else None
+        reader = _only_reader(graph, y)
+        reshapes = _channel_bias(graph, reader, y) if reader is not None and reader.type == "add" else None
+        x, w, c = conv.inputs[0], conv.inputs[1], y.shape[1]
+        if reshapes is not None:
+            (b,) = [t for t in reader.inputs if t is not y]
+            bias = reshapes[0].inputs[0] if reshapes else None
 
-        def build(x=conv.inputs[0], w=conv.inputs[1], b=b, bias=bias, c=y.shape[1], attrs=conv.attrs):
-            return conv_fused(x, w, bias if bias is not None else ops.reshape(b, (c,)), **attrs)
-        _replace(graph, sorted([conv, add] + reshapes, key=graph._ops.index), build)
+            def build(b=b, bias=bias, attrs=conv.attrs):
+                return conv_fused(x, w, bias if bias is not None else ops.reshape(b, (c,)), **attrs)
+            _replace(graph, sorted([conv, reader] + reshapes, key=graph._ops.index), build)
+        elif reader is not None and _takes_as_post_op(reader, y) and y.dtype in _CHANNELS_LAST_DTYPES:
+            # no bias: a zero one, so that what follows fuses (and the activations stay channels-last)
+            _replace(graph, [conv], lambda attrs=conv.attrs: conv_fused(
+                x, w, popxl.constant(np.zeros(c, y.dtype.as_numpy())), **attrs))
     return graph
 
 
@@ -161,22 +177,21 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
     graph.ir._check_mutable()
     for op in [op for op in graph._ops if op.type == "conv_fused"]:
         while "pool_kernel" not in op.attrs:  # nothing follows a pool into the op
-            reader = _only_reader(graph, op.outputs[0])
-            if reader is None:
+            (y,) = op.outputs
+            reader = _only_reader(graph, y)
+            if reader is None or not _takes_as_post_op(reader, y):
                 break
             inputs: List[Tensor] = list(op.inputs)
             attrs = dict(op.attrs)
-            if reader.type == "add" and not attrs["residual"] and not attrs["relu"] and "clip" not in attrs:
-                other = [t for t in reader.inputs if t is not op.outputs[0]]
-                if len(other) != 1 or other[0].shape != op.outputs[0].shape or other[0].dtype != op.outputs[0].dtype:
-                    break
-                inputs.append(other[0])
+            activated = attrs["relu"] or "clip" in attrs  # nothing but a pool after the activation
+            if reader.type == "add" and not attrs["residual"] and not activated:
+                inputs += [t for t in reader.inputs if t is not y]
                 attrs["residual"] = True
-            elif reader.type == "relu" and not attrs["relu"] and "clip" not in attrs:
+            elif reader.type == "relu" and not activated:
                 attrs["relu"] = True
-            elif reader.type == "clip" and not attrs["relu"] and "clip" not in attrs:
+            elif reader.type == "clip" and not activated:
                 attrs["clip"] = (reader.attrs["min"], reader.attrs["max"])
-            elif reader.type == "max_pool" and not attrs["residual"] and reader.inputs[0].rank == 4:
+            elif reader.type == "max_pool" and not attrs["residual"]:
                 attrs.update(conv_pool_attrs(reader.attrs))
             else:
                 break

@@ -118,6 +118,16 @@ def _biased_convs(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.Tensor]
     return [z, spatial, (conv(z) + shared_bias) * shared_bias]
 
 
+def _bias_free_convs(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.Tensor]:
+    """Convolutions without a bias: followed by a relu, or by a residual add, they become conv_fused
+    ops (a zero bias); followed by a tanh (nothing to fuse) one stays a conv."""
+    def conv(t):
+        return ops.conv(t, popxl.variable((r.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32)),
+                        padding=(1, 1, 1, 1))
+    z = conv(ops.relu(conv(x))) + x
+    return [z, ops.tanh(conv(z))]
+
+
 def _relu6_blocks(x: popxl.Tensor, r: np.random.Generator) -> List[popxl.Tensor]:
     """MobileNet's activation: conv-bn then clip(0, 6) (fused), and a clip after a relu (a second
     activation: not fused) and before a residual add (the add stays)."""
@@ -147,6 +157,7 @@ def _run(build: Callable, x: np.ndarray, fuse: bool):
     (_shared_intermediate, {"conv": 1, "batch_norm_inference": 1, "conv_fused": 1, "relu": 1}),
     (_biased_convs, {"conv": 1, "conv_fused": 3, "relu": 0, "add": 1, "reshape": 3}),  # 1 kept, 2 to (C,)
     (_relu6_blocks, {"conv_fused": 3, "clip": 1, "relu": 0}),
+    (_bias_free_convs, {"conv_fused": 2, "conv": 1, "relu": 0, "add": 0, "tanh": 1}),
 ])
 def test_fuse_conv_keeps_values(build, fused_types):
     x = rand(2, 4, 6, 6)
