@@ -87,8 +87,9 @@ T select_bits(int64_t mask, T a, T b) {
 // 4-byte values go eight by eight through register transposes: each of the eight source lines is
 // read 32 bytes at a time, not 4 (a transposed view's lines are a power of two apart, so they
 // share an L1 set and are evicted before the next value on them is read).
-inline void stage_transposed(uint8_t* dst, int64_t pitch, const uint8_t* src, int64_t rows, int64_t cols, int64_t es,
-                             int64_t along) {
+// (Not inlined: it is called once per tile, from every nd_loop instantiation.)
+__attribute__((noinline)) inline void stage_transposed(uint8_t* dst, int64_t pitch, const uint8_t* src, int64_t rows,
+                                                       int64_t cols, int64_t es, int64_t along) {
   int64_t r8 = 0, c8 = 0;
 #ifdef __AVX2__
   if (es == 4) {
