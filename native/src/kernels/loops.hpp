@@ -98,7 +98,8 @@ __attribute__((noinline)) inline void stage_transposed(uint8_t* dst, int64_t pit
     for (int64_t c = 0; c < c8; c += 8)
       for (int64_t r = 0; r < r8; r += 8) {
         __m256 v[8], t[8];
-        for (int j = 0; j < 8; ++j) v[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(src + (c + j) * along + r * 4));
+        for (int j = 0; j < 8; ++j)
+          v[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(src + (c + j) * along + r * 4));
         // 8x8 transpose: pairs of rows interleaved, then pairs of pairs, then the 128-bit halves
         for (int j = 0; j < 8; j += 2) {
           t[j] = _mm256_unpacklo_ps(v[j], v[j + 1]);
@@ -121,7 +122,8 @@ __attribute__((noinline)) inline void stage_transposed(uint8_t* dst, int64_t pit
   auto rest = [&](auto value) {  // what the blocks left, value by value
     using V = decltype(value);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = r < r8 ? c8 : 0; c < cols; ++c) std::memcpy(dst + r * pitch + c * es, src + r * es + c * along, sizeof(V));
+      for (int64_t c = r < r8 ? c8 : 0; c < cols; ++c)
+        std::memcpy(dst + r * pitch + c * es, src + r * es + c * along, sizeof(V));
   };
   switch (es) {
     case 1: return rest(uint8_t{});
@@ -168,9 +170,8 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
   std::array<int64_t, N> inner_st;
   for (size_t k = 0; k < N; ++k) inner_st[k] = st[k][rank - 1];
   const int64_t outer = total / n_inner;
-  // Elements [lo, lo + len) of row o. (run_piece and run_rows are each called from several loops
-  // below: not inlined, so that `inner`, inlined into each of them, is compiled twice, not once
-  // per loop: nd_loop is instantiated for every kernel and dtype.)
+  // `inner` is inlined into run_at and run_rows only, which are not inlined themselves: it is
+  // compiled twice, not once per loop below (nd_loop is instantiated for every kernel and dtype).
   auto place = [&](int64_t o, int64_t lo) {  // the operands' element lo of row o
     std::array<uint8_t*, N> p = base;
     int64_t rem = o;
@@ -184,6 +185,7 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
   };
   auto run_at = [&](const std::array<uint8_t*, N>& p, const std::array<int64_t, N>& s, int64_t len)
                     __attribute__((noinline)) { inner(p, s, len); };
+  // Elements [lo, lo + len) of row o.
   auto run_piece = [&](int64_t o, int64_t lo, int64_t len) { run_at(place(o, lo), inner_st, len); };
   // Whole rows [o0, o1): the first row's place from its index, the next ones' by stepping the
   // outer indices like an odometer (no division per row: short rows would pay it per few elements).
@@ -218,11 +220,12 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
   }
   // An operand read across its layout (a transposed view: a long stride along the rows, a short
   // one down the columns) misses the cache on every element of a row: the rows are then walked in
-  // kTile x kTile tiles. An input whose values are adjacent down the columns (its `sizes` entry
-  // given) is first copied into a dense tile on the stack (stage_transposed), which `inner` then
+  // tiles. An input whose values are adjacent down the columns (its `sizes` entry given) is first
+  // copied into a dense kTile x kTile tile on the stack (stage_transposed), which `inner` then
   // reads as rows; other such operands are read in place, the tile's next rows using the lines
-  // they bring in. A (1024, 1024) float32 add of a transposed view: 2.5 ms untiled, 1.2 ms in
-  // 32 x 16 tiles read in place, ~0.3 ms staged.
+  // they bring in, in tiles of few columns (with a power-of-two stride those lines share one L1
+  // set). A (1024, 1024) float32 add of a transposed view: 2.5 ms untiled, 1.7 ms in 16 x 64 tiles
+  // read in place, 1.2 ms in 32 x 16, 0.3-0.6 ms staged in 32 x 32.
   constexpr int64_t kTile = 32;
   bool across = false;
   std::array<bool, N> staged{};
@@ -235,7 +238,8 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
       }
     }
   if (across) {
-    const int64_t R = sh[rank - 2], tiles_r = (R + kTile - 1) / kTile, tiles_c = (n_inner + kTile - 1) / kTile,
+    const int64_t tile_c = std::find(staged.begin(), staged.end(), true) != staged.end() ? kTile : kTile / 2;
+    const int64_t R = sh[rank - 2], tiles_r = (R + kTile - 1) / kTile, tiles_c = (n_inner + tile_c - 1) / tile_c,
                   planes = outer / R;
     std::array<int64_t, N> s = inner_st;
     for (size_t k = 0; k < N; ++k)
@@ -243,14 +247,16 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
 #pragma omp parallel for schedule(static)
     for (int64_t w = 0; w < planes * tiles_r * tiles_c; ++w) {
       const int64_t tc = w % tiles_c, tr = w / tiles_c % tiles_r, plane = w / (tiles_c * tiles_r);
-      const int64_t r0 = tr * kTile, c0 = tc * kTile, rows = std::min(kTile, R - r0), cols = std::min(kTile, n_inner - c0);
+      const int64_t r0 = tr * kTile, c0 = tc * tile_c, rows = std::min(kTile, R - r0),
+                    cols = std::min(tile_c, n_inner - c0);
       alignas(32) uint8_t tiles[N][kTile * kTile * 8];
       const std::array<uint8_t*, N> p0 = place(plane * R + r0, c0);
       for (size_t k = 0; k < N; ++k)
         if (staged[k]) stage_transposed(tiles[k], kTile * sizes[k], p0[k], rows, cols, sizes[k], inner_st[k]);
       for (int64_t r = 0; r < rows; ++r) {
         std::array<uint8_t*, N> p;
-        for (size_t k = 0; k < N; ++k) p[k] = staged[k] ? tiles[k] + r * kTile * sizes[k] : p0[k] + r * st[k][rank - 2];
+        for (size_t k = 0; k < N; ++k)
+          p[k] = staged[k] ? tiles[k] + r * kTile * sizes[k] : p0[k] + r * st[k][rank - 2];
         run_at(p, s, cols);
       }
     }
