@@ -384,8 +384,8 @@ def _conv_fused_infer(specs, strides, pads, dilations, groups, residual: bool, r
                       **pool):
     if layouts is not None and (len(layouts) != 3 or any(v not in _LAYOUTS for v in layouts)):
         raise ValueError(f"layouts must be three of {_LAYOUTS} (x, y, residual), got {layouts!r}")
-    if clip is not None and (relu or len(clip) != 2):
-        raise ValueError(f"clip must be two bounds (lo, hi), and not with relu; got clip={clip!r}, relu={relu}")
+    if clip is not None and (relu or len(clip) != 2 or not clip[0] <= clip[1]):
+        raise ValueError(f"clip must be two bounds lo <= hi, and not with relu; got clip={clip!r}, relu={relu}")
     if len(specs) != 3 + int(residual):
         raise ValueError(f"takes (x, weight, bias{', residual' if residual else ''}), got {len(specs)} inputs")
     (y,) = _conv_infer(specs[:2], strides, pads, dilations, groups)

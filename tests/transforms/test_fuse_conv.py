@@ -77,6 +77,8 @@ def test_conv_fused_checks_its_inputs():
             conv_fused(x, w, popxl.constant(rand(3)), popxl.constant(rand(1, 3, 4, 4)), **CONV_ATTRS[0], **pool)
         with pytest.raises(ValueError, match="not with relu"):
             conv_fused(x, w, popxl.constant(rand(3)), relu=True, clip=(0.0, 6.0), **CONV_ATTRS[0])
+        with pytest.raises(ValueError, match="lo <= hi"):
+            conv_fused(x, w, popxl.constant(rand(3)), clip=(1.0, -1.0), **CONV_ATTRS[0])
         with pytest.raises(ValueError, match="needs all of"):
             conv_fused(x, w, popxl.constant(rand(3)), **CONV_ATTRS[0], pool_kernel=(2, 2))
 
