@@ -43,13 +43,25 @@ inline int64_t offset_of(int64_t i, const std::vector<int64_t>& shape, const std
 template <class T>
 const T* packed_values(uint8_t* arena, Packed& p) { return reinterpret_cast<const T*>(p.read(arena)); }
 
+// The (pre, D, post) lines' work shared out on the threads, big enough (more than
+// kParallelElements values): `body(p, q0, n)` takes line p's columns [q0, q0 + n), blocks of up to
+// kColumns columns (a row of running state fits on the stack); a whole line (q0 = 0, n = 1) when
+// post is 1.
+constexpr int64_t kColumns = 256;
+template <class F>
+void line_blocks(const Lines& l, F body) {
+  const int64_t chunks = (l.post + kColumns - 1) / kColumns, blocks = l.pre * chunks;
+#pragma omp parallel for schedule(static) if (l.pre * l.D * l.post > kParallelElements && blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t q0 = b % chunks * kColumns;
+    body(b / chunks, q0, std::min(kColumns, l.post - q0));
+  }
+}
+
 // ---- argmax / argmin: the first extreme wins; NaN counts as the extreme (as NumPy) --------------
 // A dense line (along the last axis): its extreme (NaN winning) first, float32 eight lanes at a
 // time, then the first position holding it. Other axes: a row of best values and positions per
 // step along the axis, the rows' columns independent. Lines or column blocks on both threads.
-template <bool kMax, class T>
-bool better(T c, T best) { return (kMax ? c > best : c < best) || isnan_any(c); }
-
 template <bool kMax, class T>
 int64_t first_extreme(const T* line, int64_t D) {
   T m = line[0];
@@ -58,22 +70,17 @@ int64_t first_extreme(const T* line, int64_t D) {
   if constexpr (std::is_same_v<T, float>) {
     if (D >= 16) {
       __m256 m8 = _mm256_loadu_ps(line);
-      for (i = 8; i + 8 <= D; i += 8) {
-        const __m256 c = _mm256_loadu_ps(line + i);
-        const __m256 take = _mm256_or_ps(_mm256_cmp_ps(c, m8, kMax ? _CMP_GT_OQ : _CMP_LT_OQ),
-                                         _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
-        m8 = _mm256_blendv_ps(m8, c, take);
-      }
+      for (i = 8; i + 8 <= D; i += 8) m8 = extreme_lanes<kMax>(m8, _mm256_loadu_ps(line + i));
       alignas(32) float lanes[8];
       _mm256_store_ps(lanes, m8);
       m = lanes[0];
       for (int j = 1; j < 8; ++j)
-        if (better<kMax>(lanes[j], m)) m = lanes[j];
+        if (more_extreme<kMax>(lanes[j], m)) m = lanes[j];
     }
   }
 #endif
   for (; i < D; ++i)
-    if (better<kMax>(line[i], m)) m = line[i];
+    if (more_extreme<kMax>(line[i], m)) m = line[i];
   // m is one of the line's values: the scans end
   if (isnan_any(m))
     for (i = 0;; ++i)
@@ -84,30 +91,26 @@ int64_t first_extreme(const T* line, int64_t D) {
 
 template <bool kMax, class T>
 void arg_extreme_lines(const T* v, const Lines& l, int32_t* out) {
-  constexpr int64_t kChunk = 256;  // columns a block: best values and positions on the stack
-  const int64_t chunks = (l.post + kChunk - 1) / kChunk, blocks = l.post == 1 ? l.pre : l.pre * chunks;
-#pragma omp parallel for schedule(static) if (l.pre * l.D * l.post > kParallelElements && blocks > 1)
-  for (int64_t b = 0; b < blocks; ++b) {
+  line_blocks(l, [&](int64_t p, int64_t q0, int64_t n) {
     if (l.post == 1) {
-      out[b] = static_cast<int32_t>(first_extreme<kMax>(v + b * l.D, l.D));
-      continue;
+      out[p] = static_cast<int32_t>(first_extreme<kMax>(v + p * l.D, l.D));
+      return;
     }
-    const int64_t p = b / chunks, q0 = b % chunks * kChunk, n = std::min(kChunk, l.post - q0);
     const T* row = v + p * l.D * l.post + q0;
-    T best[kChunk];
-    int32_t at[kChunk] = {};
+    T best[kColumns];
+    int32_t at[kColumns] = {};
     std::copy(row, row + n, best);
     for (int64_t i = 1; i < l.D; ++i) {
       row += l.post;
       for (int64_t q = 0; q < n; ++q) {
         // a NaN best stays (the first NaN wins): nothing compares better than it
-        const bool take = !isnan_any(best[q]) && better<kMax>(row[q], best[q]);
+        const bool take = !isnan_any(best[q]) && more_extreme<kMax>(row[q], best[q]);
         best[q] = take ? row[q] : best[q];
         at[q] = take ? static_cast<int32_t>(i) : at[q];
       }
     }
     std::copy(at, at + n, out + p * l.post + q0);
-  }
+  });
 }
 
 KernelFactory arg_extreme(bool is_max) {
@@ -135,8 +138,8 @@ KernelFactory arg_extreme(bool is_max) {
 // ---- cumsum: sequential sums (as np.cumsum), float16 in float32, integers wrapping ----------------
 // Each element's sum is the one before plus it, in order, so every split of the work below gives
 // the same values. Lines along the last axis (post == 1) are shared out whole among the threads;
-// otherwise a step along the axis adds a row of `post` values to a row of running sums, and the
-// threads take the (pre, post-chunk) blocks.
+// otherwise a step along the axis adds a row of `post` values to a row of running sums, a column
+// block at a time (line_blocks).
 const RegisterKernel cumsum_op{{"cumsum"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
   if (x.dtype != y.dtype) return nullptr;
@@ -148,15 +151,10 @@ const RegisterKernel cumsum_op{{"cumsum"}, [](const OpInstr& ins, const std::vec
     using Acc = std::conditional_t<std::is_integral_v<T>, uint64_t, typename Wide<T>::type>;
     auto px = std::make_shared<Packed>(x);
     auto py = std::make_shared<Packed>(y);
-    constexpr int64_t kChunk = 256;  // running sums of a block: on the stack, in L1
-    const int64_t chunks = (l.post + kChunk - 1) / kChunk;
     k = std::make_unique<FnKernel>([=](uint8_t* a) {
       const T* v = packed_values<T>(a, *px);
       T* out = reinterpret_cast<T*>(py->write(a));
-      const int64_t blocks = l.pre * chunks;
-#pragma omp parallel for schedule(static) if (l.pre * l.D * l.post > kParallelElements && blocks > 1)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t p = b / chunks, q0 = b % chunks * kChunk, n = std::min(kChunk, l.post - q0);
+      line_blocks(l, [&](int64_t p, int64_t q0, int64_t n) {
         const T* in = v + p * l.D * l.post + q0;
         T* o = out + p * l.D * l.post + q0;
         if (l.post == 1) {  // the running sum in a register
@@ -165,15 +163,15 @@ const RegisterKernel cumsum_op{{"cumsum"}, [](const OpInstr& ins, const std::vec
             s = s + static_cast<Acc>(in[i]);
             o[i] = static_cast<T>(s);
           }
-          continue;
+          return;
         }
-        Acc s[kChunk] = {};
+        Acc s[kColumns] = {};
         for (int64_t i = 0; i < l.D; ++i, in += l.post, o += l.post)
           for (int64_t q = 0; q < n; ++q) {
             s[q] = s[q] + static_cast<Acc>(in[q]);
             o[q] = static_cast<T>(s[q]);
           }
-      }
+      });
       py->commit(a);
     });
   });

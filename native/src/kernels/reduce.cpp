@@ -124,13 +124,9 @@ struct Reduction : Kernel {
   // max / min, NaN winning: as a function of two accumulators, and (float values) of eight lanes.
   template <bool is_max>
   struct Extreme {
-    Acc operator()(Acc s, Acc v) const { return ((is_max ? v > s : v < s) || v != v) ? v : s; }
+    Acc operator()(Acc s, Acc v) const { return more_extreme<is_max>(v, s) ? v : s; }
 #ifdef POPXL_VEC8
-    static __m256 lanes(__m256 s, __m256 v) {
-      const __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, s, is_max ? _CMP_GT_OQ : _CMP_LT_OQ),
-                                       _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-      return _mm256_blendv_ps(s, v, take);
-    }
+    static __m256 lanes(__m256 s, __m256 v) { return extreme_lanes<is_max>(s, v); }
 #endif
   };
   template <class F>

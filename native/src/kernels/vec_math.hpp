@@ -25,6 +25,18 @@ namespace popxl {
 
 constexpr double kSqrt2OverPi = 0.7978845608028654, kGeluCubic = 0.044715, kInvSqrt2 = 0.7071067811865476;
 
+// max / min with NaN winning (as NumPy's): whether v takes the place of `best`, and (float32) the
+// same on eight lanes at once.
+template <bool kMax, class T>
+bool more_extreme(T v, T best) { return (kMax ? v > best : v < best) || v != v; }
+#ifdef POPXL_VEC8
+template <bool kMax>
+__m256 extreme_lanes(__m256 best, __m256 v) {
+  const __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, best, kMax ? _CMP_GT_OQ : _CMP_LT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_ps(best, v, take);
+}
+#endif
+
 // tanh-form gelu of one value and its derivative, in the compute type W (the scalar forms the
 // float32 vector code mirrors).
 template <class W>
