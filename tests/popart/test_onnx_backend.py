@@ -115,7 +115,7 @@ for _pattern in NAMED_EXCLUSIONS:
     backend_test.exclude(_pattern)
 for _reason, _names in DERIVED_EXCLUSIONS.items():
     if _names:
-        backend_test.exclude("^(" + "|".join(re.escape(n) for n in _names) + ")_")
+        backend_test.exclude("^(" + "|".join(re.escape(n) for n in _names) + ")_cpu$")
 
 # Only the node tests are collected (the other categories hold models downloaded from the web or
 # older converted models); of those, only the in-scope CPU cases, so the excluded ones show as
