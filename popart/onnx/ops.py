@@ -9,6 +9,7 @@ Nodes whose inputs are all known at import never reach their entry: the importer
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -93,7 +94,7 @@ class Node:
 
     def scalar(self, value: float, like: popxl.Tensor) -> popxl.Tensor:
         """A scalar constant of ``like``'s dtype."""
-        return popxl.constant(np.asarray(value, dtype=like.dtype.as_numpy()))
+        return _scalar(value, like)
 
     def constant(self, value: np.ndarray) -> popxl.Tensor:
         return popxl.constant(device_array(np.asarray(value)))
@@ -125,6 +126,28 @@ def onnx_op(*op_types: str) -> Callable:
     return deco
 
 
+def _scalar(value: float, like: popxl.Tensor) -> popxl.Tensor:
+    """A scalar constant of ``like``'s dtype."""
+    return popxl.constant(np.asarray(value, dtype=like.dtype.as_numpy()))
+
+
+def _i32(value: np.ndarray) -> popxl.Tensor:
+    return popxl.constant(np.asarray(value).astype(np.int32))
+
+
+def _as_int32(t: popxl.Tensor) -> popxl.Tensor:
+    return t if t.dtype == dtypes.int32 else ops.cast(t, dtypes.int32)
+
+
+def _strides(shape: Sequence[int]) -> np.ndarray:
+    """Row-major element strides of ``shape``."""
+    return np.cumprod((tuple(shape[1:]) + (1,))[::-1])[::-1].astype(np.int64)
+
+
+def _prod(shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
 def _axis(axis: int, rank: int, n: Node, what: str = "axis") -> int:
     if not -rank <= axis < max(rank, 1):
         raise n.fail(f"{what} {axis} is out of range for rank {rank}")
@@ -142,24 +165,23 @@ def _sigmoid(x: popxl.Tensor) -> popxl.Tensor:
     return ops.div(one, ops.add(one, ops.exp(ops.negate(x))))
 
 
+def _poly(x: popxl.Tensor, coefficients: Sequence[float]) -> popxl.Tensor:
+    """c0 + c1 x + c2 x^2 + ... by Horner's rule."""
+    y = _scalar(coefficients[-1], x)
+    for c in reversed(coefficients[:-1]):
+        y = ops.add(ops.mul(y, x), _scalar(c, x))
+    return y
+
+
 # Abramowitz & Stegun 7.1.26: |error| < 1.5e-7, below float32 resolution of erf near 1.
 _ERF_P = 0.3275911
 _ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 
 def _erf(x: popxl.Tensor) -> popxl.Tensor:
-    dt = x.dtype.as_numpy()
-
-    def c(v: float) -> popxl.Tensor:
-        return popxl.constant(np.asarray(v, dt))
-
-    ax = ops.abs(x)
-    t = ops.div(c(1.0), ops.add(c(1.0), ops.mul(c(_ERF_P), ax)))
-    poly = c(_ERF_A[-1])
-    for a in reversed(_ERF_A[:-1]):
-        poly = ops.add(ops.mul(poly, t), c(a))
-    poly = ops.mul(poly, t)
-    y = ops.sub(c(1.0), ops.mul(poly, ops.exp(ops.negate(ops.mul(x, x)))))
+    one = _scalar(1.0, x)
+    t = ops.div(one, ops.add(one, ops.mul(_scalar(_ERF_P, x), ops.abs(x))))
+    y = ops.sub(one, ops.mul(ops.mul(_poly(t, _ERF_A), t), ops.exp(ops.negate(ops.mul(x, x)))))
     return ops.mul(ops.sign(x), y)
 
 
@@ -360,7 +382,7 @@ _FP8_MAX = {dtypes.float8_143: 240.0, dtypes.float8_152: 57344.0}
 def _cast_to(n: Node, x: popxl.Tensor, to: dtypes.dtype) -> popxl.Tensor:
     if x.dtype == to:
         return x
-    zero_scale = popxl.constant(np.asarray(0, np.int32))
+    zero_scale = _i32(0)
     if to in _FP8_MAX:
         # float8 is reached only through the pow2scale cast (scale 2**0), from float16/float32.
         if x.dtype not in (dtypes.float16, dtypes.float32):
@@ -388,6 +410,179 @@ def _cast_like(n: Node) -> List[Value]:
     return [_cast_to(n, n.x(0), n.x(1).dtype)]
 
 
+# inverse and hyperbolic trigonometry ------------------------------------------------------------------
+def _odd_series(x: popxl.Tensor, coefficients: Sequence[float]) -> popxl.Tensor:
+    """x (c0 + c1 x^2 + c2 x^4 + ...): the Taylor form of an odd function near 0."""
+    return ops.mul(x, _poly(ops.mul(x, x), coefficients))
+
+
+# Abramowitz & Stegun 4.4.49: atan(t) / t on [0, 1] as a polynomial in t^2, |error| <= 2e-8.
+_ATAN = (1.0, -0.3333314528, 0.1999355085, -0.1420889944, 0.1065626393, -0.0752896400, 0.0429096138,
+         -0.0161657367, 0.0028662257)
+
+
+def _atan(x: popxl.Tensor) -> popxl.Tensor:
+    # |x| > 1 is reduced by atan(a) = pi/2 - atan(1/a); the sign is restored last (NaN stays NaN).
+    a = ops.abs(x)
+    big = ops.greater(a, _scalar(1.0, x))
+    t = ops.where(big, ops.div(_scalar(1.0, x), a), a)
+    r = _odd_series(t, _ATAN)
+    r = ops.where(big, ops.sub(_scalar(math.pi / 2, x), r), r)
+    return ops.where(_less(x, _scalar(0.0, x)), ops.negate(r), r)
+
+
+def _asin(x: popxl.Tensor) -> popxl.Tensor:
+    # x / sqrt(1 - x^2) is +-inf at +-1, where atan gives +-pi/2; beyond, sqrt gives NaN.
+    one = _scalar(1.0, x)
+    return _atan(ops.div(x, ops.sqrt(ops.mul(ops.sub(one, x), ops.add(one, x)))))
+
+
+def _acos(x: popxl.Tensor) -> popxl.Tensor:
+    # 2 atan(sqrt((1 - x) / (1 + x))): accurate near 1, where pi/2 - asin(x) would cancel.
+    one = _scalar(1.0, x)
+    return ops.mul(_scalar(2.0, x), _atan(ops.sqrt(ops.div(ops.sub(one, x), ops.add(one, x)))))
+
+
+def _small(x: popxl.Tensor, bound: float) -> popxl.Tensor:
+    return _less(ops.abs(x), _scalar(bound, x))
+
+
+def _sinh(x: popxl.Tensor) -> popxl.Tensor:
+    # (e^x - e^-x) / 2 cancels near 0: the Taylor series there (|x| < 0.5: next term < 1e-8 relative).
+    half = _scalar(0.5, x)
+    far = ops.mul(half, ops.sub(ops.exp(x), ops.exp(ops.negate(x))))
+    return ops.where(_small(x, 0.5), _odd_series(x, (1.0, 1 / 6, 1 / 120, 1 / 5040)), far)
+
+
+def _cosh(x: popxl.Tensor) -> popxl.Tensor:
+    return ops.mul(_scalar(0.5, x), ops.add(ops.exp(x), ops.exp(ops.negate(x))))
+
+
+def _log_hypot_sum(a: popxl.Tensor, root: popxl.Tensor) -> popxl.Tensor:
+    """log(a + root) for the inverse hyperbolics, with log(2a) where a is so large that a^2 under
+    ``root`` would overflow."""
+    huge = ops.greater(a, _scalar(1e4, a))
+    return ops.where(huge, ops.add(ops.log(a), _scalar(math.log(2.0), a)), ops.log(ops.add(a, root)))
+
+
+def _asinh(x: popxl.Tensor) -> popxl.Tensor:
+    # sign(x) log(|x| + sqrt(x^2 + 1)), whose logarithm of ~1 loses digits near 0: series there.
+    a = ops.abs(x)
+    r = _log_hypot_sum(a, ops.sqrt(ops.add(ops.mul(a, a), _scalar(1.0, x))))
+    r = ops.where(_less(x, _scalar(0.0, x)), ops.negate(r), r)
+    return ops.where(_small(x, 0.2), _odd_series(x, (1.0, -1 / 6, 3 / 40, -15 / 336, 105 / 3456)), r)
+
+
+def _acosh(x: popxl.Tensor) -> popxl.Tensor:
+    one = _scalar(1.0, x)
+    return _log_hypot_sum(x, ops.sqrt(ops.mul(ops.sub(x, one), ops.add(x, one))))
+
+
+def _atanh(x: popxl.Tensor) -> popxl.Tensor:
+    one = _scalar(1.0, x)
+    far = ops.mul(_scalar(0.5, x), ops.log(ops.div(ops.add(one, x), ops.sub(one, x))))
+    return ops.where(_small(x, 0.2), _odd_series(x, (1.0, 1 / 3, 1 / 5, 1 / 7, 1 / 9)), far)
+
+
+def _tan(x: popxl.Tensor) -> popxl.Tensor:
+    return ops.div(ops.sin(x), ops.cos(x))
+
+
+_TRIG: Dict[str, Callable[[popxl.Tensor], popxl.Tensor]] = {
+    "Tan": _tan, "Asin": _asin, "Acos": _acos, "Atan": _atan, "Sinh": _sinh, "Cosh": _cosh, "Asinh": _asinh,
+    "Acosh": _acosh, "Atanh": _atanh,
+}
+
+
+@onnx_op(*_TRIG)
+def _trig(n: Node) -> List[Value]:
+    x = n.x(0)
+    if not x.dtype.is_floating_point:
+        raise n.fail(f"needs a floating-point input, got {x.dtype}")
+    return [_TRIG[n.op_type](x)]
+
+
+@onnx_op("Xor")
+def _xor(n: Node) -> List[Value]:
+    a, b = n.x(0), n.x(1)
+    return [ops.logical_and(ops.logical_or(a, b), ops.logical_not(ops.logical_and(a, b)))]
+
+
+@onnx_op("Shrink")
+def _shrink(n: Node) -> List[Value]:
+    x = n.x(0)
+    lambd, bias = float(n.attr("lambd", 0.5)), float(n.attr("bias", 0.0))
+    if not x.dtype.is_floating_point:  # the thresholds and the shift act on the values as floats
+        return [ops.cast(_shrink_values(ops.cast(x, dtypes.float32), lambd, bias), x.dtype)]
+    return [_shrink_values(x, lambd, bias)]
+
+
+def _shrink_values(x: popxl.Tensor, lambd: float, bias: float) -> popxl.Tensor:
+    low = _less(x, _scalar(-lambd, x))
+    high = ops.greater(x, _scalar(lambd, x))
+    return ops.where(low, ops.add(x, _scalar(bias, x)), ops.where(high, ops.sub(x, _scalar(bias, x)), _scalar(0.0, x)))
+
+
+
+# quantization -------------------------------------------------------------------------------------------
+_INT_RANGE = {dtypes.uint8: (0, 255), dtypes.int8: (-128, 127), dtypes.uint16: (0, 65535),
+              dtypes.int16: (-32768, 32767), dtypes.int32: (-2 ** 31, 2 ** 31 - 1)}
+
+
+def _per_element(n: Node, p: popxl.Tensor, x: popxl.Tensor) -> popxl.Tensor:
+    """A scale or zero point spread over x: per tensor (a scalar), per axis (a 1-D tensor along
+    ``axis``) or per block (x's rank, ``block_size`` elements of ``axis`` sharing one value)."""
+    if p.nelms == 1 and p.rank <= 1:
+        return ops.reshape(p, ())
+    axis = _axis(int(n.attr("axis", 1)), x.rank, n)
+    block = int(n.attr("block_size", 0) or 0)
+    d = x.shape[axis]
+    if block <= 0:
+        if p.rank != 1 or p.shape[0] != d:
+            raise n.fail(f"a per-axis scale/zero point must be 1-D of length {d} (axis {axis} of {x.shape}), "
+                         f"got shape {p.shape}")
+        return ops.reshape(p, tuple(d if a == axis else 1 for a in range(x.rank)))
+    blocks = -(-d // block)
+    want = tuple(blocks if a == axis else x.shape[a] for a in range(x.rank))
+    if p.shape != want:
+        raise n.fail(f"a blocked scale/zero point for {x.shape}, axis {axis}, block_size {block} must have "
+                     f"shape {want}, got {p.shape}")
+    # repeat each value block_size times along the axis, then drop the tail past d
+    spread = ops.reshape(p, want[:axis + 1] + (1,) + want[axis + 1:])
+    spread = ops.mul(spread, popxl.constant(np.ones(want[:axis + 1] + (block,) + want[axis + 1:],
+                                                    p.dtype.as_numpy())))
+    spread = ops.reshape(spread, want[:axis] + (blocks * block,) + want[axis + 1:])
+    return spread if blocks * block == d else ops.slice(spread, start=[0], stop=[d], axis=[axis])
+
+
+@onnx_op("DequantizeLinear")
+def _dequantize_linear(n: Node) -> List[Value]:
+    x, scale = n.x(0), n.x(1)
+    f = scale.dtype
+    y = _cast_to(n, x, f)
+    if n.has(2):
+        y = ops.sub(y, _per_element(n, _cast_to(n, n.x(2), f), x))
+    return [ops.mul(y, _per_element(n, scale, x))]
+
+
+@onnx_op("QuantizeLinear")
+def _quantize_linear(n: Node) -> List[Value]:
+    x, scale = n.x(0), n.x(1)
+    if n.has(2):
+        out = n.x(2).dtype
+    else:
+        code = int(n.attr("output_dtype", 0) or 0)
+        out = _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(code)) if code else dtypes.uint8
+    if out not in _INT_RANGE or out == dtypes.int32:
+        raise n.fail(f"quantizing to {out} is not supported (8- and 16-bit integers are)")
+    f = x.dtype
+    y = _round_half_even(ops.div(x, _per_element(n, _cast_to(n, scale, f), x)))
+    if n.has(2):
+        y = ops.add(y, _per_element(n, _cast_to(n, n.x(2), f), x))
+    lo, hi = _INT_RANGE[out]
+    return [ops.cast(ops.clip(y, float(lo), float(hi)), out)]
+
+
 # matmul / gemm ----------------------------------------------------------------------------------------
 @onnx_op("MatMul")
 def _matmul(n: Node) -> List[Value]:
@@ -413,6 +608,169 @@ def _gemm(n: Node) -> List[Value]:
     return [y]
 
 
+# einsum -----------------------------------------------------------------------------------------------
+# An einsum term is held as a list of labels: one letter per axis, and "...k" for the k-th of the
+# axes the ellipsis stands for (numbered from the left of the widest ellipsis, so that narrower
+# ellipses line up on the right, as broadcasting does).
+Labels = List[str]
+
+
+def _einsum_term(term: str, n: Node) -> Tuple[Labels, bool]:
+    """The letters of one term, with "..." kept as one item; and whether it has an ellipsis."""
+    out: Labels = []
+    i = 0
+    while i < len(term):
+        if term.startswith("...", i):
+            if "..." in out:
+                raise n.fail(f"equation term {term!r} has more than one '...'")
+            out.append("...")
+            i += 3
+        elif term[i].isascii() and term[i].isalpha():
+            out.append(term[i])
+            i += 1
+        else:
+            raise n.fail(f"equation term {term!r}: expected letters and at most one '...', got {term[i]!r}")
+    return out, "..." in out
+
+
+def _einsum_parse(equation: str, shapes: Sequence[Tuple[int, ...]], n: Node) -> Tuple[List[Labels], Labels]:
+    """The labels of each operand's axes and of the output's, ellipses expanded."""
+    eq = equation.replace(" ", "")
+    if eq.count("->") > 1:
+        raise n.fail(f"equation {equation!r} has more than one '->'")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = [_einsum_term(t, n) for t in lhs.split(",")]
+    if len(terms) != len(shapes):
+        raise n.fail(f"equation {equation!r} has {len(terms)} operand term(s) but the node has {len(shapes)} "
+                     f"input(s)")
+    widths = []
+    for k, ((term, has_ellipsis), shape) in enumerate(zip(terms, shapes)):
+        letters = len(term) - has_ellipsis
+        if (len(shape) < letters) if has_ellipsis else (len(shape) != letters):
+            raise n.fail(f"equation term {k} ({''.join(term)!r}) does not fit input {k} of shape {shape}")
+        widths.append(len(shape) - letters)
+    wide = max(widths, default=0)
+
+    def expand(term: Labels, width: int) -> Labels:
+        out: Labels = []
+        for label in term:
+            out.extend([f"...{j}" for j in range(wide - width, wide)] if label == "..." else [label])
+        return out
+
+    inputs = [expand(t, w) for (t, _), w in zip(terms, widths)]
+    if not arrow:
+        # Implicit output: the broadcast axes, then the letters used exactly once, in ASCII order.
+        counts = Counter(label for t, _ in terms for label in t if label != "...")
+        return inputs, expand(["..."], wide) + sorted(label for label, c in counts.items() if c == 1)
+    out_term, out_has_ellipsis = _einsum_term(rhs, n)
+    if wide and not out_has_ellipsis:
+        raise n.fail(f"equation {equation!r}: the inputs' '...' stand for {wide} axes, so the output needs '...' too")
+    output = expand(out_term, wide)
+    if len(set(output)) != len(output):
+        raise n.fail(f"equation {equation!r}: the output repeats an index")
+    used = {label for t in inputs for label in t}
+    missing = [label for label in output if label not in used]
+    if missing:
+        raise n.fail(f"equation {equation!r}: output indices {missing} appear in no input")
+    return inputs, output
+
+
+def _label_sizes(inputs: Sequence[Labels], shapes: Sequence[Tuple[int, ...]], n: Node) -> Dict[str, int]:
+    """Each label's length; a length of 1 broadcasts against any other."""
+    sizes: Dict[str, int] = {}
+    for labels, shape in zip(inputs, shapes):
+        for label, d in zip(labels, shape):
+            have = sizes.get(label, 1)
+            if d != have and 1 not in (d, have):
+                raise n.fail(f"index {label!r} has lengths {have} and {d} in different places")
+            sizes[label] = d if have == 1 else have
+    return sizes
+
+
+def _permute(x: popxl.Tensor, labels: Labels, order: Labels) -> popxl.Tensor:
+    perm = tuple(labels.index(label) for label in order)
+    return x if perm == tuple(range(len(perm))) else ops.transpose(x, perm)
+
+
+def _einsum_diagonal(x: popxl.Tensor, labels: Labels, n: Node) -> Tuple[popxl.Tensor, Labels]:
+    """Collapse the axes that share a label into one (the diagonal), by a gather from the
+    flattened tensor: element [i, j, ...] of the result is at sum(stride[axis] * index[label[axis]])."""
+    unique = list(dict.fromkeys(labels))
+    if len(unique) == len(labels):
+        return x, labels
+    dims = {}
+    for label, d in zip(labels, x.shape):
+        if dims.setdefault(label, d) != d:
+            raise n.fail(f"repeated index {label!r} spans axes of different lengths {dims[label]} and {d}")
+    strides = _strides(x.shape)
+    grid = np.indices([dims[label] for label in unique], dtype=np.int64)
+    flat = sum(int(strides[a]) * grid[unique.index(label)] for a, label in enumerate(labels))
+    y = ops.gather(ops.reshape(x, (x.nelms,)), _i32(flat), 0)
+    return y, unique
+
+
+def _sum_labels(x: popxl.Tensor, labels: Labels, needed: set) -> Tuple[popxl.Tensor, Labels]:
+    """Sum over the axes whose label is not needed any more."""
+    axes = [a for a, label in enumerate(labels) if label not in needed]
+    if not axes:
+        return x, labels
+    return ops.sum(x, axes, keepdims=False), [label for label in labels if label in needed]
+
+
+def _contract(a: popxl.Tensor, la: Labels, b: popxl.Tensor, lb: Labels, keep: set,
+              sizes: Dict[str, int]) -> Tuple[popxl.Tensor, Labels]:
+    """One batched matmul: labels in both operands are batch axes if still needed, else summed;
+    each side's other labels are its free axes."""
+    shared = [label for label in la if label in lb]
+    batch = [label for label in shared if label in keep]
+    summed = [label for label in shared if label not in keep]
+    free_a = [label for label in la if label not in lb]
+    free_b = [label for label in lb if label not in la]
+
+    def size(ls: Labels) -> int:
+        return _prod([sizes[label] for label in ls])
+
+    a = ops.reshape(_permute(a, la, batch + free_a + summed), (size(batch), size(free_a), size(summed)))
+    b = ops.reshape(_permute(b, lb, batch + summed + free_b), (size(batch), size(summed), size(free_b)))
+    y = ops.matmul(a, b)
+    out = batch + free_a + free_b
+    return ops.reshape(y, tuple(sizes[label] for label in out)), out
+
+
+@onnx_op("Einsum")
+def _einsum(n: Node) -> List[Value]:
+    xs = [n.x(i) for i in range(n.n_inputs)]
+    if not xs:
+        raise n.fail("needs at least one input")
+    equation = n.attr("equation")
+    if equation is None:
+        raise n.fail("the equation attribute is required")
+    shapes = [tuple(x.shape) for x in xs]
+    inputs, output = _einsum_parse(equation, shapes, n)
+    sizes = _label_sizes(inputs, shapes, n)
+    operands: List[Tuple[popxl.Tensor, Labels]] = []
+    for x, labels in zip(xs, inputs):
+        x, labels = _einsum_diagonal(x, labels, n)
+        # A length-1 axis broadcast against a longer one elsewhere: drop it, leaving the label to
+        # the operands that have it in full (its value is repeated along it, which is the same).
+        drop = [label for label, d in zip(labels, x.shape) if d == 1 and sizes[label] != 1]
+        if drop:
+            labels = [label for label in labels if label not in drop]
+            x = ops.reshape(x, tuple(sizes[label] for label in labels))
+        operands.append((x, labels))
+    # Indices that only one operand has and the output lacks are summed in that operand first.
+    for k, (x, labels) in enumerate(operands):
+        others = {label for j, (_, ls) in enumerate(operands) if j != k for label in ls}
+        operands[k] = _sum_labels(x, labels, others | set(output))
+    y, ly = operands[0]
+    for k in range(1, len(operands)):
+        b, lb = operands[k]
+        later = {label for _, ls in operands[k + 1:] for label in ls}
+        y, ly = _contract(y, ly, b, lb, later | set(output), sizes)
+    y, ly = _sum_labels(y, ly, set(output))
+    return [_permute(y, ly, output)]
+
+
 # softmax ----------------------------------------------------------------------------------------------
 def _log_softmax(x: popxl.Tensor, axis: int) -> popxl.Tensor:
     return ops.sub(x, ops.logsumexp(x, axis, keepdims=True))
@@ -426,9 +784,73 @@ def _softmax(n: Node) -> List[Value]:
         return [fn(x, _axis(int(n.attr("axis", -1)), x.rank, n))]
     # Before opset 13 the input is seen as 2-D: [prod(shape[:axis]), prod(shape[axis:])].
     axis = _axis(int(n.attr("axis", 1)), x.rank, n)
-    lead = int(np.prod(x.shape[:axis], dtype=np.int64))
+    lead = _prod(x.shape[:axis])
     y = fn(ops.reshape(x, (lead, -1 if x.nelms else 0)), 1)
     return [ops.reshape(y, x.shape)]
+
+
+# losses -----------------------------------------------------------------------------------------------
+_REDUCTIONS = ("none", "sum", "mean")
+
+
+def _nll(n: Node, log_prob: popxl.Tensor, target: popxl.Tensor, weight: Optional[popxl.Tensor]) -> popxl.Tensor:
+    """-log_prob[n, target[n, d...], d...] (times weight[target]), reduced as the node asks.
+    Targets equal to ignore_index give 0 and count for no weight in the mean."""
+    reduction = n.attr("reduction", "mean")
+    if reduction not in _REDUCTIONS:
+        raise n.fail(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if log_prob.rank < 2:
+        raise n.fail(f"the input must be (N, C) or (N, C, d1, ...), got shape {log_prob.shape}")
+    nb, c = log_prob.shape[:2]
+    spatial = tuple(log_prob.shape[2:])
+    if tuple(target.shape) != (nb,) + spatial:
+        raise n.fail(f"the target's shape {target.shape} must be {(nb,) + spatial} for input shape {log_prob.shape}")
+    if weight is not None and tuple(weight.shape) != (c,):
+        raise n.fail(f"the weight's shape {weight.shape} must be ({c},)")
+    if target.dtype.is_floating_point:
+        raise n.fail(f"the target must hold integer class indices, got {target.dtype.name}")
+    target = _as_int32(target)
+    valid: Optional[popxl.Tensor] = None
+    ignore = n.attr("ignore_index")
+    if ignore is not None and -2 ** 31 <= int(ignore) < 2 ** 31:
+        # ignore_index may lie outside [0, C): point ignored targets at class 0 before any gather.
+        valid = ops.logical_not(ops.equal(target, _i32(int(ignore))))
+        target = ops.where(valid, target, _i32(0))
+    # The target class's element of each (n, d) line of the input seen as (N, C, D).
+    d = _prod(spatial)
+    flat = _element_positions(ops.reshape(target, (nb, 1, d)), (nb, c, d), 1, (nb, 1, d))
+    loss = ops.negate(ops.gather(ops.reshape(log_prob, (log_prob.nelms,)), ops.reshape(flat, target.shape), 0))
+    zero = n.scalar(0.0, loss)
+    w: Optional[popxl.Tensor] = None
+    if weight is not None:
+        w = ops.gather(weight, target, 0)
+        if valid is not None:
+            w = ops.where(valid, w, zero)
+        loss = ops.mul(loss, w)
+    elif valid is not None:
+        w = ops.cast(valid, loss.dtype)
+    if valid is not None:
+        loss = ops.where(valid, loss, zero)  # exactly 0, even where log_prob is -inf
+    if reduction == "none":
+        return loss
+    total = ops.sum(loss)
+    if reduction == "sum":
+        return total
+    return ops.mean(loss) if w is None else ops.div(total, ops.sum(w))
+
+
+@onnx_op("NegativeLogLikelihoodLoss")
+def _nll_loss(n: Node) -> List[Value]:
+    return [_nll(n, n.x(0), n.x(1), n.x(2) if n.has(2) else None)]
+
+
+@onnx_op("SoftmaxCrossEntropyLoss")
+def _softmax_cross_entropy(n: Node) -> List[Value]:
+    scores = n.x(0)
+    if scores.rank < 2:
+        raise n.fail(f"the scores must be (N, C) or (N, C, d1, ...), got shape {scores.shape}")
+    log_prob = _log_softmax(scores, 1)
+    return [_nll(n, log_prob, n.x(1), n.x(2) if n.has(2) else None), log_prob]
 
 
 # convolution and pooling ------------------------------------------------------------------------------
@@ -523,6 +945,61 @@ def _global_pool(n: Node) -> List[Value]:
     axes = list(range(2, x.rank))
     fn = ops.mean if n.op_type == "GlobalAveragePool" else ops.max
     return [fn(x, axes, keepdims=True)]
+
+
+# Lp pools: the sum of |x|^p over each window, to the power 1/p
+def _abs_pow(x: popxl.Tensor, p: int) -> popxl.Tensor:
+    return ops.abs(x) if p == 1 else ops.mul(x, x) if p == 2 else ops.pow(ops.abs(x), _scalar(float(p), x))
+
+
+def _root(x: popxl.Tensor, p: int) -> popxl.Tensor:
+    return x if p == 1 else ops.sqrt(x) if p == 2 else ops.pow(x, _scalar(1.0 / p, x))
+
+
+def _p(n: Node) -> int:
+    p = int(n.attr("p", 2))
+    if p < 1:
+        raise n.fail(f"p must be a positive integer, got {p}")
+    return p
+
+
+
+@onnx_op("GlobalLpPool")
+def _global_lp_pool(n: Node) -> List[Value]:
+    x, p = n.x(0), _p(n)
+    return [_root(ops.sum(_abs_pow(x, p), list(range(2, x.rank)), keepdims=True), p)]
+
+
+def _window_sum(x: popxl.Tensor, kernel: Sequence[int], **window) -> popxl.Tensor:
+    """The sum over each pooling window of every channel: a depthwise convolution with ones, whose
+    zero padding adds nothing."""
+    c = x.shape[1]
+    ones = popxl.constant(np.ones((c, 1) + tuple(kernel), x.dtype.as_numpy()))
+    return ops.conv(x, ones, groups=c, **window)
+
+
+@onnx_op("LpPool")
+def _lp_pool(n: Node) -> List[Value]:
+    x, p = n.x(0), _p(n)
+    kernel = n.ints("kernel_shape")
+    if kernel is None:
+        raise n.fail("kernel_shape is required")
+    rank = len(kernel)
+    if x.rank != rank + 2:
+        raise n.fail(f"a {rank}-D kernel needs a rank-{rank + 2} input, got shape {x.shape}")
+    kw = _window_attrs(n, rank)
+    if n.attr("ceil_mode", 0) and kw["pad_type"] == "not_set":
+        # the windows a ceil-mode pool adds at the end read only padding beyond the input: more
+        # end padding (zeros, which add nothing) gives the convolution those windows
+        pads = list(kw["padding"])
+        for i in range(rank):
+            eff = (kernel[i] - 1) * kw["dilation"][i] + 1
+            want = _ceil_pool_len(x.shape[2 + i], kernel[i], kw["stride"][i], kw["dilation"][i], pads[i],
+                                  pads[rank + i])
+            pads[rank + i] += max(0, (want - 1) * kw["stride"][i] + eff - (x.shape[2 + i] + pads[i] + pads[rank + i]))
+        kw["padding"] = tuple(pads)
+    return [_root(_window_sum(_abs_pow(x, p), kernel, **kw), p)]
+
 
 
 # normalisation ----------------------------------------------------------------------------------------
@@ -625,6 +1102,51 @@ def _dropout(n: Node) -> List[Value]:
     return [x, np.ones(x.shape, np.bool_)]
 
 
+@onnx_op("LpNormalization")
+def _lp_normalization(n: Node) -> List[Value]:
+    x = n.x(0)
+    p = _p(n)
+    if p not in (1, 2):
+        raise n.fail(f"p must be 1 or 2, got {p}")
+    axis = _axis(int(n.attr("axis", -1)), x.rank, n)
+    norm = _root(ops.sum(_abs_pow(x, p), [axis], keepdims=True), p)
+    zero = _scalar(0.0, x)
+    # an all-zero line stays zero (its norm is 0; the division's NaN is not selected)
+    return [ops.where(ops.equal(norm, zero), zero, ops.div(x, norm))]
+
+
+
+@onnx_op("LRN")
+def _lrn(n: Node) -> List[Value]:
+    x = n.x(0)
+    size = n.attr("size")
+    if size is None or int(size) < 1:
+        raise n.fail(f"size must be a positive integer, got {size}")
+    size = int(size)
+    if x.rank < 2:
+        raise n.fail(f"needs an (N, C, ...) input, got shape {x.shape}")
+    alpha, beta, bias = float(n.attr("alpha", 1e-4)), float(n.attr("beta", 0.75)), float(n.attr("bias", 1.0))
+    # The channel window [c - (size - 1) // 2, c + ceil((size - 1) / 2)]: channels as the one
+    # spatial axis of a window sum, the other axes flattened beside them.
+    lead, c = x.shape[:2]
+    rest = _prod(x.shape[2:])
+    sq = ops.reshape(ops.mul(x, x), (lead, 1, c, rest))
+    lo, hi = (size - 1) // 2, size // 2
+    ss = ops.reshape(_window_sum(sq, (size, 1), padding=(lo, 0, hi, 0)), x.shape)
+    scale = ops.add(_scalar(bias, x), ops.mul(_scalar(alpha / size, x), ss))
+    return [ops.div(x, ops.pow(scale, _scalar(beta, x)))]
+
+
+@onnx_op("MeanVarianceNormalization")
+def _mean_variance_normalization(n: Node) -> List[Value]:
+    x = n.x(0)
+    axes = sorted({_axis(a, x.rank, n, "axes") for a in n.ints("axes", [0, 2, 3])})
+    centred = ops.sub(x, ops.mean(x, axes, keepdims=True))
+    std = ops.sqrt(ops.mean(ops.mul(centred, centred), axes, keepdims=True))
+    return [ops.div(centred, ops.add(std, _scalar(1e-9, x)))]
+
+
+
 # reductions -------------------------------------------------------------------------------------------
 _REDUCE: Dict[str, Callable[..., popxl.Tensor]] = {
     "ReduceMean": ops.mean, "ReduceSum": ops.sum, "ReduceMax": ops.max, "ReduceMin": ops.min,
@@ -654,7 +1176,7 @@ def _reduce(n: Node) -> List[Value]:
         # also gives the right identity (False for max, True for min) over an empty set.
         probe = x if n.op_type == "ReduceMax" else ops.logical_not(x)
         count = ops.sum(ops.cast(probe, dtypes.int32), axes, keepdims=keep)
-        hit = ops.greater(count, popxl.constant(np.asarray(0, np.int32)))
+        hit = ops.greater(count, _i32(0))
         return [hit if n.op_type == "ReduceMax" else ops.logical_not(hit)]
     return [_REDUCE[n.op_type](x, axes, keepdims=keep)]
 
@@ -685,7 +1207,7 @@ def _shape(n: Node) -> List[Value]:
 
 @onnx_op("Size")
 def _size(n: Node) -> List[Value]:
-    return [np.asarray(int(np.prod(n.shape(0), dtype=np.int64)), np.int64)]
+    return [np.asarray(_prod(n.shape(0)), np.int64)]
 
 
 def _import_time_only(n: Node) -> List[Value]:
@@ -707,7 +1229,7 @@ def _reshape(n: Node) -> List[Value]:
     if shape.count(-1) > 1:
         raise n.fail(f"shape {shape} has more than one -1")
     if -1 in shape:
-        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        known = _prod([d for d in shape if d != -1])
         if known == 0 or x.nelms % known:
             raise n.fail(f"cannot reshape {x.shape} to {shape}")
         shape[shape.index(-1)] = x.nelms // known
@@ -721,8 +1243,8 @@ def _flatten(n: Node) -> List[Value]:
     axis = axis + x.rank if axis < 0 else axis
     if not 0 <= axis <= x.rank:
         raise n.fail(f"axis {axis} is out of range for rank {x.rank}")
-    lead = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return [ops.reshape(x, (lead, int(np.prod(x.shape[axis:], dtype=np.int64))))]
+    lead = _prod(x.shape[:axis])
+    return [ops.reshape(x, (lead, _prod(x.shape[axis:])))]
 
 
 def _unsqueezed_shape(shape: Sequence[int], axes: Sequence[int], n: Node) -> Tuple[int, ...]:
@@ -1026,15 +1548,18 @@ def _depth_space(n: Node) -> List[Value]:
     return [ops.reshape(y, (nb, c // (b * b), h * b, w * b))]
 
 
-@onnx_op("Round")
-def _round(n: Node) -> List[Value]:
-    # Half to even, composed: floor(x + 0.5), minus one where that rounded a tie up to an odd value.
-    x = n.x(0)
-    half, one, two = n.scalar(0.5, x), n.scalar(1.0, x), n.scalar(2.0, x)
+def _round_half_even(x: popxl.Tensor) -> popxl.Tensor:
+    # floor(x + 0.5), minus one where that rounded a tie up to an odd value.
+    half = _scalar(0.5, x)
     r = ops.floor(ops.add(x, half))
     tie = ops.equal(ops.sub(r, x), half)
-    odd = ops.logical_not(ops.equal(ops.fmod(r, two), n.scalar(0.0, x)))
-    return [ops.where(ops.logical_and(tie, odd), ops.sub(r, one), r)]
+    odd = ops.logical_not(ops.equal(ops.fmod(r, _scalar(2.0, x)), _scalar(0.0, x)))
+    return ops.where(ops.logical_and(tie, odd), ops.sub(r, _scalar(1.0, x)), r)
+
+
+@onnx_op("Round")
+def _round(n: Node) -> List[Value]:
+    return [_round_half_even(n.x(0))]
 
 
 @onnx_op("Trilu")
@@ -1070,24 +1595,256 @@ def _onehot(n: Node) -> List[Value]:
     return [ops.onehot(indices, popxl.constant(np.asarray(depth, np.int32)), values, axis)]
 
 
+# indexing: gathers and scatters on a flattened view of the data -----------------------------------
+# Every index (tuple) becomes a flat row number, so one popxl gather / scatter_reduce along axis 0
+# does the work whatever the ranks involved.
+def _wrap_negative(idx: popxl.Tensor, dims: np.ndarray) -> popxl.Tensor:
+    """Negative indices counted from the end: idx + dims where idx < 0 (``dims`` broadcasts)."""
+    return ops.where(_less(idx, _i32(0)), ops.add(idx, _i32(dims)), idx)
+
+
+def _index_input(n: Node, i: int, dims: np.ndarray, what: str) -> popxl.Tensor:
+    """Input ``i`` (indices into axes of lengths ``dims``, broadcasting over its trailing axis) as
+    int32 with negative values wrapped; checked against the range when known at import."""
+    static = n.imp.static(n.proto.input[i]) if n.has(i) else None
+    if static is None:
+        return _wrap_negative(_as_int32(n.x(i)), dims)
+    idx = np.asarray(static).astype(np.int64)
+    if idx.size and ((idx < -dims).any() or (idx >= dims).any()):
+        raise n.fail(f"{what} out of range for axes of lengths {dims.tolist()}")
+    return _i32(np.where(idx < 0, idx + dims, idx))
+
+
+def _nd_rows(n: Node, data_shape: Tuple[int, ...], batch_dims: int) -> Tuple[popxl.Tensor, int]:
+    """GatherND/ScatterND: the flat row of ``data`` viewed as [rows, slice] that each index tuple of
+    input 1 names (shape ``indices.shape[:-1]``), and k, the tuple length. Rows count the batch
+    dimensions first, then the k indexed dimensions."""
+    ishape = n.shape(1)
+    b = batch_dims
+    if len(ishape) < 1 or not 0 <= b < min(len(ishape), len(data_shape)):
+        raise n.fail(f"batch_dims {b} must be below the ranks of data {data_shape} and indices {ishape}")
+    if tuple(ishape[:b]) != tuple(data_shape[:b]):
+        raise n.fail(f"the first {b} dimensions of indices {ishape} and data {data_shape} must be equal")
+    k = ishape[-1]
+    if not 1 <= k <= len(data_shape) - b:
+        raise n.fail(f"indices.shape[-1] = {k} must be between 1 and {len(data_shape) - b} for data {data_shape}")
+    dims = np.asarray(data_shape[b:b + k], np.int64)
+    idx = _index_input(n, 1, dims, "indices")
+    rows = ops.sum(ops.mul(idx, _i32(_strides(dims))), [-1]) if k > 1 else ops.reshape(idx, tuple(ishape[:-1]))
+    if b:
+        # Each index tuple stays inside its batch: add the batch's first row.
+        batch = np.indices(ishape[:-1])[:b]
+        first = sum(int(s) * g for s, g in zip(_strides(data_shape[:b]), batch)) * _prod(dims)
+        rows = ops.add(rows, _i32(first))
+    return rows, k
+
+
+def _element_positions(idx: popxl.Tensor, data_shape: Tuple[int, ...], axis: int,
+                       grid_shape: Tuple[int, ...]) -> popxl.Tensor:
+    """GatherElements-style flat positions into ``data``: the coordinates of each place of
+    ``grid_shape`` with the ``axis`` coordinate replaced by ``idx`` (which broadcasts to
+    ``grid_shape`` and is already wrapped to non-negative values)."""
+    strides = _strides(data_shape)
+    grid = np.indices(grid_shape)
+    base = sum((int(strides[a]) * grid[a] for a in range(len(data_shape)) if a != axis),
+               np.zeros(grid_shape, np.int64))
+    return ops.add(_i32(base), ops.mul(idx, _i32(strides[axis])))
+
+
+# Reductions by opset: ONNX added add/mul at opset 16 and max/min at 18.
+_SCATTER_REDUCTION = {"none": "none", "add": "sum", "mul": "mul", "max": "max", "min": "min"}
+
+
+def _scatter_reduction(n: Node) -> str:
+    r = n.attr("reduction", "none")
+    allowed = ["none"] + (["add", "mul"] if n.opset >= 16 else []) + (["max", "min"] if n.opset >= 18 else [])
+    if r not in allowed:
+        raise n.fail(f"reduction must be one of {allowed} at opset {n.opset}, got {r!r}")
+    return _SCATTER_REDUCTION[r]
+
+
+def _scatter_rows(data: popxl.Tensor, rows: popxl.Tensor, updates: popxl.Tensor, reduction: str) -> popxl.Tensor:
+    """Scatter ``updates`` [U, S] into the rows ``rows`` [U] of ``data`` [R, S] with ``reduction``
+    ("none", "sum", "mul", "max", "min"); returns the new [R, S]."""
+    if data.dtype == dtypes.bool:  # scatter_reduce works on numbers: round-trip through int32
+        y = _scatter_rows(ops.cast(data, dtypes.int32), rows, ops.cast(updates, dtypes.int32), reduction)
+        return ops.cast(y, dtypes.bool)
+    if reduction == "mul":
+        # No multiplying scatter in popxl: give every update the product of all updates aimed at its
+        # row (a [U, U] same-row mask; O(U^2 S) work), multiply the row by it, then write it back.
+        # Updates sharing a row write the same value, so the plain write is well defined.
+        u = rows.shape[0]
+        same = ops.equal(ops.reshape(rows, (u, 1, 1)), ops.reshape(rows, (1, u, 1)))
+        ones = popxl.constant(np.ones((), updates.dtype.as_numpy()))
+        factor = ops.prod(ops.where(same, ops.reshape(updates, (1,) + updates.shape), ones), [1])
+        updates, reduction = ops.mul(ops.gather(data, rows, 0), factor), "none"
+    return ops.scatter_reduce(updates, rows, reduction, initial_values=data, axis=0)
+
+
+# GatherND / ScatterND ---------------------------------------------------------------------------------
+@onnx_op("GatherND")
+def _gather_nd(n: Node) -> List[Value]:
+    x = n.x(0)
+    b = int(n.attr("batch_dims", 0)) if n.opset >= 12 else 0
+    rows, k = _nd_rows(n, x.shape, b)
+    tail = x.shape[b + k:]
+    y = ops.gather(ops.reshape(x, (_prod(x.shape[:b + k]), _prod(tail))), rows, 0)
+    return [ops.reshape(y, tuple(n.shape(1)[:-1]) + tuple(tail))]
+
+
+@onnx_op("ScatterND")
+def _scatter_nd(n: Node) -> List[Value]:
+    x, upd = n.x(0), n.x(2)
+    reduction = _scatter_reduction(n)
+    rows, k = _nd_rows(n, x.shape, 0)
+    want = tuple(n.shape(1)[:-1]) + tuple(x.shape[k:])
+    if tuple(upd.shape) != want:
+        raise n.fail(f"updates have shape {upd.shape}, expected indices.shape[:-1] + data.shape[k:] = {want}")
+    r, s, u = _prod(x.shape[:k]), _prod(x.shape[k:]), _prod(n.shape(1)[:-1])
+    y = _scatter_rows(ops.reshape(x, (r, s)), ops.reshape(rows, (u,)), ops.reshape(upd, (u, s)), reduction)
+    return [ops.reshape(y, x.shape)]
+
+
+# ScatterElements / ReverseSequence -------------------------------------------------------------------
+@onnx_op("ScatterElements")
+def _scatter_elements(n: Node) -> List[Value]:
+    x, upd = n.x(0), n.x(2)
+    reduction = _scatter_reduction(n)
+    axis = _axis(int(n.attr("axis", 0)), x.rank, n)
+    ishape = n.shape(1)
+    if len(ishape) != x.rank or tuple(upd.shape) != tuple(ishape):
+        raise n.fail(f"indices {ishape} and updates {upd.shape} must have one shape, of the rank of data {x.shape}")
+    if any(i > d for i, d in zip(ishape, x.shape)):
+        raise n.fail(f"indices {ishape} may not be larger than data {x.shape} in any dimension")
+    idx = _index_input(n, 1, np.asarray(x.shape[axis], np.int64), "indices")
+    flat = ops.reshape(_element_positions(idx, x.shape, axis, tuple(ishape)), (_prod(ishape),))
+    y = _scatter_rows(ops.reshape(x, (x.nelms, 1)), flat, ops.reshape(upd, (_prod(ishape), 1)), reduction)
+    return [ops.reshape(y, x.shape)]
+
+
+@onnx_op("ReverseSequence")
+def _reverse_sequence(n: Node) -> List[Value]:
+    x = n.x(0)
+    t_axis, b_axis = int(n.attr("time_axis", 0)), int(n.attr("batch_axis", 1))
+    if x.rank < 2 or {t_axis, b_axis} != {0, 1}:
+        raise n.fail(f"needs rank >= 2 and time_axis/batch_axis 0 and 1 (one each), got {t_axis}/{b_axis} "
+                     f"for shape {x.shape}")
+    t, b = x.shape[t_axis], x.shape[b_axis]
+    if tuple(n.shape(1)) != (b,):
+        raise n.fail(f"sequence_lens must have shape ({b},), got {n.shape(1)}")
+
+    def along(axis: int, v: popxl.Tensor) -> popxl.Tensor:  # v laid along ``axis`` of x's rank
+        return ops.reshape(v, tuple(v.nelms if a == axis else 1 for a in range(x.rank)))
+
+    lens = along(b_axis, _as_int32(n.x(1)))
+    time = along(t_axis, _i32(np.arange(t)))
+    # Time step i of a sequence of length L reads step L - 1 - i while i < L, else itself.
+    src = ops.where(_less(time, lens), ops.sub(ops.sub(lens, _i32(1)), time), time)
+    flat = _element_positions(src, x.shape, t_axis, x.shape)
+    return [ops.gather(ops.reshape(x, (x.nelms,)), flat, 0)]
+
+
+# EyeLike / CenterCropPad / Hardmax / Compress ----------------------------------------------------------
+@onnx_op("EyeLike")
+def _eye_like(n: Node) -> List[Value]:
+    shape = n.shape(0)
+    if len(shape) != 2:
+        raise n.fail(f"needs a 2-D input, got shape {shape}")
+    if n.attr("dtype") is not None:
+        dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(n.attr("dtype"))))
+    else:
+        static = n.imp.static(n.proto.input[0])
+        dt = static.dtype if static is not None else np.dtype(n.x(0).dtype.as_numpy())
+    # Only the input's shape matters, which is known at import: the result is a constant.
+    return [np.eye(shape[0], shape[1], int(n.attr("k", 0)), dtype=dt)]
+
+
+@onnx_op("CenterCropPad")
+def _center_crop_pad(n: Node) -> List[Value]:
+    x = n.x(0)
+    target = [int(v) for v in n.static(1, "shape").reshape(-1)]
+    axes = n.ints("axes", list(range(x.rank)))
+    axes = [_axis(a, x.rank, n, "axes") for a in axes]
+    if len(set(axes)) != len(axes) or len(target) != len(axes) or any(v < 0 for v in target):
+        raise n.fail(f"shape {target} must hold one non-negative length per axis of {axes}")
+    starts, stops, pads = [], [], [0] * (2 * x.rank)
+    for a, want in zip(axes, target):
+        d = x.shape[a]
+        if want <= d:  # crop: the window starts at floor((d - want) / 2)
+            starts.append((d - want) // 2)
+            stops.append((d - want) // 2 + want)
+        else:  # pad: an odd extra element goes after
+            starts.append(0)
+            stops.append(d)
+            pads[a], pads[a + x.rank] = (want - d) // 2, (want - d + 1) // 2
+    y = ops.slice(x, start=starts, stop=stops, axis=axes) if axes else x
+    return [_pad_tensor(y, pads, "constant", 0, n) if any(pads) else y]
+
+
+def _hardmax_along(x: popxl.Tensor, axis: int) -> popxl.Tensor:
+    """1 at the first maximum along ``axis``, 0 elsewhere."""
+    on_off = popxl.constant(np.asarray([0, 1], x.dtype.as_numpy()))
+    return ops.onehot(ops.argmax(x, axis, False), _i32(x.shape[axis]), on_off, axis)
+
+
+@onnx_op("Hardmax")
+def _hardmax(n: Node) -> List[Value]:
+    x = n.x(0)
+    if x.rank == 0:
+        raise n.fail("needs a tensor of rank >= 1")
+    if n.opset >= 13:
+        return [_hardmax_along(x, _axis(int(n.attr("axis", -1)), x.rank, n))]
+    # Before opset 13 the input is seen as 2-D: [prod(shape[:axis]), prod(shape[axis:])].
+    axis = _axis(int(n.attr("axis", 1)), x.rank, n)
+    y = _hardmax_along(ops.reshape(x, (_prod(x.shape[:axis]), _prod(x.shape[axis:]))), 1)
+    return [ops.reshape(y, x.shape)]
+
+
+@onnx_op("Compress")
+def _compress(n: Node) -> List[Value]:
+    x = n.x(0)
+    cond = np.asarray(n.static(1, "condition"))
+    if cond.ndim != 1:
+        raise n.fail(f"condition must be 1-D, got shape {cond.shape}")
+    axis: Optional[int] = n.attr("axis")
+    if axis is None:  # no axis: select from the flattened input
+        x, axis = ops.reshape(x, (x.nelms,)), 0
+    axis = _axis(int(axis), x.rank, n)
+    keep = np.flatnonzero(cond.astype(bool))
+    if keep.size and keep[-1] >= x.shape[axis]:
+        raise n.fail(f"condition selects index {int(keep[-1])}, beyond the length {x.shape[axis]} of axis {axis}")
+    return [ops.gather(x, _i32(keep), axis)]
+
+
 @onnx_op("GatherElements")
 def _gather_elements(n: Node) -> List[Value]:
-    # Composed as a gather from the flattened input: flat index = (position with the axis
-    # coordinate removed) + index * stride of the axis.
     x, idx = n.x(0), n.x(1)
     axis = _axis(int(n.attr("axis", 0)), x.rank, n)
     if idx.rank != x.rank:
         raise n.fail(f"indices rank {idx.rank} differs from data rank {x.rank}")
-    d = x.shape[axis]
-    strides = np.cumprod((x.shape[1:] + (1,))[::-1])[::-1]
-    grid = np.indices(idx.shape)
-    base = sum(int(strides[a]) * grid[a] for a in range(x.rank) if a != axis)
-    idx = idx if idx.dtype == dtypes.int32 else ops.cast(idx, dtypes.int32)
-    zero = popxl.constant(np.asarray(0, np.int32))
-    idx = ops.where(_less(idx, zero), ops.add(idx, popxl.constant(np.asarray(d, np.int32))), idx)
-    flat = ops.add(popxl.constant(base.astype(np.int32)),
-                   ops.mul(idx, popxl.constant(np.asarray(int(strides[axis]), np.int32))))
-    return [ops.gather(ops.reshape(x, (x.nelms,)), flat, 0)]
+    idx = _wrap_negative(_as_int32(idx), np.asarray(x.shape[axis], np.int64))
+    return [ops.gather(ops.reshape(x, (x.nelms,)), _element_positions(idx, x.shape, axis, idx.shape), 0)]
+
+
+# windows (known at import: their only input is the length) ------------------------------------------
+# Each window is sum_k (-1)^k a_k cos(2 pi k i / N) over i in [0, size), N = size when periodic
+# (the window of a DFT frame) and size - 1 when symmetric.
+_WINDOWS = {"HannWindow": (0.5, 0.5), "HammingWindow": (25 / 46, 21 / 46), "BlackmanWindow": (0.42, 0.5, 0.08)}
+
+
+@onnx_op(*_WINDOWS)
+def _window(n: Node) -> List[Value]:
+    size = int(np.asarray(n.static(0, "size")).reshape(-1)[0])
+    if size < 0:
+        raise n.fail(f"size must be >= 0, got {size}")
+    out = _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(int(n.attr("output_datatype", 1))))
+    period = size if n.attr("periodic", 1) else size - 1
+    i = np.arange(size, dtype=np.float64)
+    w = np.zeros(size)
+    for k, a in enumerate(_WINDOWS[n.op_type]):
+        w += (-1) ** k * a * np.cos(2 * np.pi * k * i / period) if period else (-1) ** k * a
+    return [w.astype(out.as_numpy())]
+
 
 
 # PopART's own domain registers its entries into OPS when imported.

@@ -258,7 +258,7 @@ def test_model_from_file_model_to_host_and_reset_host_weights(tmp_path):
 
 def test_unsupported_ops_are_listed_in_one_error():
     model = make_model([N("Relu", ["x"], ["a"], name="r0"), N("NonZero", ["a"], ["b"], name="nz1"),
-                        N("Hardmax", ["x"], ["c"], name="hm"), N("NonZero", ["c"], ["d"], name="nz2"),
+                        N("Unique", ["x"], ["c"], name="hm"), N("NonZero", ["c"], ["d"], name="nz2"),
                         N("Det", ["x"], ["e"], name="det", domain="com.example")],
                        {"x": np.zeros((2, 2), np.float32)}, ["b", "d", "e"])
     with pytest.raises(popart.OnnxImportError) as e:
@@ -266,7 +266,7 @@ def test_unsupported_ops_are_listed_in_one_error():
                                 popart.DeviceManager().createCpuDevice())
     msg = str(e.value)
     assert "4 node(s) of 3 unsupported op type(s)" in msg
-    assert "NonZero: nz1, nz2" in msg and "Hardmax: hm" in msg and "com.example.Det: det" in msg
+    assert "NonZero: nz1, nz2" in msg and "Unique: hm" in msg and "com.example.Det: det" in msg
 
 
 def test_unknown_input_shape_needs_input_shape_info():
