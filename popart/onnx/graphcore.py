@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import List
 
-import numpy as np
 
 import popxl
 import popxl.ops as ops

@@ -122,11 +122,13 @@ class GraphImporter:
 
     def __init__(self, model: onnx.ModelProto,
                  input_shapes: Optional[Mapping[str, Tuple[Sequence[int], Any]]] = None) -> None:
+        from popart.onnx.functions import expand_functions
         from popart.onnx.ops import OPS  # the table imports this module's helpers
-        self.model = model
-        self.graph = model.graph
         self.opset = self._default_opset(model)
         self._ops = OPS
+        # ops without an entry but defined as functions of other ops are replaced by their bodies
+        self.model, self._node_opsets = expand_functions(model, OPS, self.opset)
+        self.graph = self.model.graph
         self.initializers: Dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
         self._check_supported()
         self.inputs = self._resolve_inputs(dict(input_shapes or {}))
@@ -196,6 +198,11 @@ class GraphImporter:
                 f"the shape of model input(s) {desc} is not fully known. Give it with inputShapeInfo: "
                 f"info = popart.InputShapeInfo(); info.add({unknown[0][0]!r}, popart.TensorInfo('FLOAT', [...])).")
         return specs
+
+    def node_opset(self, index: int) -> int:
+        """The ai.onnx opset node ``index`` was written for: the model's, or that of the function
+        body it came from."""
+        return self._node_opsets[index]
 
     # values -------------------------------------------------------------------------------------------
     def names(self) -> List[str]:
@@ -322,7 +329,7 @@ class GraphImporter:
         from onnx.reference import ReferenceEvaluator
         feeds = {x: self.static(x) for x in node.input if x}
         try:
-            ref = ReferenceEvaluator(node, opsets={"": self.opset})
+            ref = ReferenceEvaluator(node, opsets={"": n.opset})
             results = ref.run(None, feeds)
         except Exception as e:
             raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {e}") from None

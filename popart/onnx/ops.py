@@ -34,7 +34,7 @@ class Node:
         self.proto = proto
         self.index = index
         self.op_type = proto.op_type
-        self.opset = importer.opset
+        self.opset = importer.node_opset(index)
         self.entry: Entry = importer._ops[op_key(proto)]
         self._attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
 
