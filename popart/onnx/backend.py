@@ -44,7 +44,9 @@ def _declared_dtype(vi: onnx.ValueInfoProto) -> Optional[np.dtype]:
 _COMPILE_TIME_INPUTS: Dict[str, Tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,),
     "Split": (1,), "Pad": (1, 3), "Resize": (1, 2, 3), "TopK": (1,), "OneHot": (1,), "CumSum": (1,),
-    "Range": (0, 1, 2), "ConstantOfShape": (0,), "Dropout": (1, 2), "Compress": (1,), "CenterCropPad": (1,),
+    "CumProd": (1,), "Range": (0, 1, 2), "ConstantOfShape": (0,), "Dropout": (1, 2), "Compress": (1,),
+    "CenterCropPad": (1,), "DFT": (1, 2), "STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4),
+    "Col2Im": (1, 2), "MaxUnpool": (2,),
     **{op: (0,) for op in ("HannWindow", "HammingWindow", "BlackmanWindow")},
     **{op: (1,) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
                            "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", "ReduceLogSum")},

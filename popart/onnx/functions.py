@@ -75,7 +75,8 @@ def _standard_body(node: onnx.NodeProto, opset: int,
     return body
 
 
-def _attribute_defaults(node: onnx.NodeProto, opset: int, local: Optional[onnx.FunctionProto]) -> Dict[str, onnx.AttributeProto]:
+def _attribute_defaults(node: onnx.NodeProto, opset: int,
+                        local: Optional[onnx.FunctionProto]) -> Dict[str, onnx.AttributeProto]:
     """The values a body's attribute references take when ``node`` does not set them."""
     if local is not None:
         return {a.name: a for a in local.attribute_proto}

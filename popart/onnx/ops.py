@@ -1,5 +1,11 @@
 """The ONNX op table: one entry per ONNX op type, each turning one node into popxl ops.
 
+This module holds the table, the ``Node`` entries receive, and the entries of the common ops
+(elementwise, matmul, softmax and losses, convolution and pooling, normalisation, reductions,
+shapes, indexing); ``recurrent`` (LSTM/GRU/RNN), ``signal`` (DFT, STFT, windows, mel weights),
+``sampling`` (GridSample, RoiAlign, MaxUnpool, Col2Im) and ``graphcore`` (PopART's own domain)
+register the rest. Ops defined as functions of others are expanded before import (``functions``).
+
 An entry receives a ``Node`` (the node plus helpers to read its attributes and inputs) and returns
 one value per output: a popxl Tensor, or a NumPy array when the output is known at import (Shape,
 Size). Differences between opsets (attributes that became inputs, changed defaults) are handled
@@ -102,7 +108,8 @@ class Node:
 
 class Entry:
     """How one ONNX op type is lowered. ``foldable``: a node whose inputs are all known at import
-    is computed at import instead (every op here is deterministic, so all are)."""
+    is computed at import instead, by ONNX's reference implementation (all ops here are
+    deterministic; only those whose reference implementation lacks features are not foldable)."""
 
     def __init__(self, fn: Callable[[Node], Sequence[Optional[Value]]], foldable: bool = True) -> None:
         self.fn = fn
@@ -115,13 +122,14 @@ class Entry:
 OPS: Dict[str, Entry] = {}
 
 
-def onnx_op(*op_types: str) -> Callable:
-    """Register the decorated function as the entry of each of ``op_types``."""
+def onnx_op(*op_types: str, foldable: bool = True) -> Callable:
+    """Register the decorated function as the entry of each of ``op_types`` (``foldable=False``:
+    never computed at import, for ops whose ONNX reference implementation misses features)."""
     def deco(fn: Callable[[Node], Sequence[Optional[Value]]]) -> Callable:
         for t in op_types:
             if t in OPS:
                 raise RuntimeError(f"ONNX op {t} registered twice")
-            OPS[t] = Entry(fn)
+            OPS[t] = Entry(fn, foldable)
         return fn
     return deco
 
@@ -892,12 +900,17 @@ def _pad_explicit(x: popxl.Tensor, pads: Sequence[int], value: float, n: Node) -
     return _pad_tensor(x, full, "constant", value, n)
 
 
-@onnx_op("MaxPool", "AveragePool")
-def _pool(n: Node) -> List[Value]:
-    x = n.x(0)
+def _kernel_shape(n: Node) -> List[int]:
     kernel = n.ints("kernel_shape")
     if kernel is None:
         raise n.fail("kernel_shape is required")
+    return kernel
+
+
+@onnx_op("MaxPool", "AveragePool")
+def _pool(n: Node) -> List[Value]:
+    x = n.x(0)
+    kernel = _kernel_shape(n)
     rank = len(kernel)
     kw = _window_attrs(n, rank)
     ceil_mode = bool(n.attr("ceil_mode", 0))
@@ -981,9 +994,7 @@ def _window_sum(x: popxl.Tensor, kernel: Sequence[int], **window) -> popxl.Tenso
 @onnx_op("LpPool")
 def _lp_pool(n: Node) -> List[Value]:
     x, p = n.x(0), _p(n)
-    kernel = n.ints("kernel_shape")
-    if kernel is None:
-        raise n.fail("kernel_shape is required")
+    kernel = _kernel_shape(n)
     rank = len(kernel)
     if x.rank != rank + 2:
         raise n.fail(f"a {rank}-D kernel needs a rank-{rank + 2} input, got shape {x.shape}")
@@ -1505,16 +1516,37 @@ def _resize(n: Node) -> List[Value]:
     return [y]
 
 
-@onnx_op("CumSum")
-def _cumsum(n: Node) -> List[Value]:
+def _shift_in(x: popxl.Tensor, axis: int, k: int, fill: float) -> popxl.Tensor:
+    """``x`` moved ``k`` places up ``axis``, the first ``k`` positions holding ``fill``."""
+    length = x.shape[axis]
+    k = min(k, length)
+    head = popxl.constant(np.full(x.shape[:axis] + (k,) + x.shape[axis + 1:], fill, x.dtype.as_numpy()))
+    if k == length:
+        return head
+    return ops.concat([head, ops.slice(x, start=[0], stop=[length - k], axis=[axis])], axis)
+
+
+def _cumprod(x: popxl.Tensor, axis: int) -> popxl.Tensor:
+    # log2(n) rounds of multiplying by the partial products 1, 2, 4 ... places back (popxl has no
+    # cumulative product; log/exp would fail on zeros and negative values).
+    y, step = x, 1
+    while step < x.shape[axis]:
+        y = ops.mul(y, _shift_in(y, axis, step, 1))
+        step *= 2
+    return y
+
+
+@onnx_op("CumSum", "CumProd")
+def _cumulative(n: Node) -> List[Value]:
     x = n.x(0)
     axis = _axis(int(n.static(1, "axis").reshape(-1)[0]), x.rank, n)
-    reverse = bool(n.attr("reverse", 0))
     flip = np.arange(x.shape[axis] - 1, -1, -1)
+    reverse = bool(n.attr("reverse", 0))
+    product = n.op_type == "CumProd"
     y = _repeat_axis(x, axis, flip) if reverse else x
-    y = ops.cumsum(y, axis)
-    if n.attr("exclusive", 0):
-        y = ops.sub(y, _repeat_axis(x, axis, flip) if reverse else x)
+    if n.attr("exclusive", 0):  # each position sees only those before it: shift the identity in
+        y = _shift_in(y, axis, 1, 1 if product else 0)
+    y = _cumprod(y, axis) if product else ops.cumsum(y, axis)
     return [_repeat_axis(y, axis, flip) if reverse else y]
 
 
@@ -1826,26 +1858,6 @@ def _gather_elements(n: Node) -> List[Value]:
     return [ops.gather(ops.reshape(x, (x.nelms,)), _element_positions(idx, x.shape, axis, idx.shape), 0)]
 
 
-# windows (known at import: their only input is the length) ------------------------------------------
-# Each window is sum_k (-1)^k a_k cos(2 pi k i / N) over i in [0, size), N = size when periodic
-# (the window of a DFT frame) and size - 1 when symmetric.
-_WINDOWS = {"HannWindow": (0.5, 0.5), "HammingWindow": (25 / 46, 21 / 46), "BlackmanWindow": (0.42, 0.5, 0.08)}
-
-
-@onnx_op(*_WINDOWS)
-def _window(n: Node) -> List[Value]:
-    size = int(np.asarray(n.static(0, "size")).reshape(-1)[0])
-    if size < 0:
-        raise n.fail(f"size must be >= 0, got {size}")
-    out = _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(int(n.attr("output_datatype", 1))))
-    period = size if n.attr("periodic", 1) else size - 1
-    i = np.arange(size, dtype=np.float64)
-    w = np.zeros(size)
-    for k, a in enumerate(_WINDOWS[n.op_type]):
-        w += (-1) ** k * a * np.cos(2 * np.pi * k * i / period) if period else (-1) ** k * a
-    return [w.astype(out.as_numpy())]
-
-
-
-# PopART's own domain registers its entries into OPS when imported.
-from popart.onnx import graphcore as _graphcore  # noqa: E402,F401
+# The entries of the other modules register into OPS when imported: recurrent, signal and
+# sampling ops, and PopART's own domain.
+from popart.onnx import graphcore, recurrent, sampling, signal  # noqa: E402,F401

@@ -2,7 +2,7 @@
 InferenceSession and in ONNX's reference evaluator (the oracle)."""
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
