@@ -15,7 +15,7 @@ from popxl.tensor import Tensor, TensorSpec
 
 __all__ = ["abs", "add", "add_", "cast", "ceil", "clamp", "clip", "cos", "detach", "detach_", "div", "equal", "exp", "exp_", "fmod", "gelu", "gelu_", "geluerf", "geluerf_", "greater", "identity", "isfinite", "isinf", "isnan", "log", "logical_and", "logical_not", "logical_or", "maximum", "mul", "negate", "pow", "relu", "relu_", "rename", "scaled_add", "scaled_add_", "sign", "sin", "sqrt", "sub", "swish", "swish_", "tanh", "where"]
 
-_FLOAT, _SIGNED, _NUMERIC, _ANY = "float", "signed", "numeric", "any"
+_FLOAT, _SIGNED, _NUMERIC, _INT, _ANY = "float", "signed", "numeric", "int", "any"
 
 
 def _check_kind(s: TensorSpec, kind: str) -> None:
@@ -24,10 +24,12 @@ def _check_kind(s: TensorSpec, kind: str) -> None:
         _FLOAT: dt.is_floating_point,
         _SIGNED: dt.is_floating_point or (dt.is_int and dt.is_signed),
         _NUMERIC: dt.is_floating_point or dt.is_int,
+        _INT: dt.is_int,
         _ANY: True,
     }[kind]
     if not ok:
-        need = {_FLOAT: "a floating point", _SIGNED: "a signed numeric", _NUMERIC: "a numeric"}[kind]
+        need = {_FLOAT: "a floating point", _SIGNED: "a signed numeric", _NUMERIC: "a numeric",
+                _INT: "an integer"}[kind]
         raise TypeError(f"needs {need} dtype, got {dt.name}")
 
 
@@ -187,6 +189,30 @@ _BINARY = {
 for _name, (_kernel, _infer, _grad) in _BINARY.items():
     register(OpDef(_name, _infer, _kernel, grad=_grad, family="elementwise", elementwise=True))
 register(OpDef("add_", _inplace_infer(_arith_infer()), np.add, inplace=0, grad=Grad.STOP, family="elementwise"))
+
+
+# integer bit operations: PopXL has no functions for them; the ONNX importer creates them by name
+def _shift(left: bool) -> Callable:
+    # ONNX's rules: left shifts wrap (in unsigned arithmetic), right shifts of signed values
+    # sign-extend, and a negative shift or one by the width or more leaves only the sign fill
+    def k(a, b):
+        out = (b < 0) | (b >= 8 * a.dtype.itemsize)
+        s = np.where(out, 0, b).astype(a.dtype)
+        if left:
+            u = np.dtype(f"u{a.dtype.itemsize}")
+            shifted = np.left_shift(a.view(u), s.view(u)).view(a.dtype)
+        else:
+            shifted = np.right_shift(a, s)
+        fill = np.where(a < 0, -1, 0) if not left and a.dtype.kind == "i" else 0
+        return np.where(out, fill, shifted).astype(a.dtype)
+    return k
+
+
+for _name, _kernel, _kind in (("bitwise_and", np.bitwise_and, _INT), ("bitwise_or", np.bitwise_or, _INT),
+                              ("bitwise_xor", np.bitwise_xor, _INT), ("bitshift_left", _shift(True), _INT),
+                              ("bitshift_right", _shift(False), _INT)):
+    register(OpDef(_name, _arith_infer(_kind), _kernel, grad=Grad.RAISE, family="elementwise", elementwise=True))
+register(OpDef("bitwise_not", _unary_infer(_INT), np.invert, grad=Grad.RAISE, family="elementwise", elementwise=True))
 
 
 def _binary(opname: str, lhs: Tensor, rhs: Tensor) -> Tensor:

@@ -115,6 +115,51 @@ def test_compare_and_logic(name, dtype):
     compare_engines(lambda x, y: getattr(ops, name)(x, y), [a, b], native_ops=[name])
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.uint32, np.int64])
+@pytest.mark.parametrize("shapes", BROADCAST[:3], ids=str)
+@pytest.mark.parametrize("name", ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"])
+def test_bitwise(name, shapes, dtype):
+    info = np.iinfo(dtype)
+    a, b = rand(shapes[0], dtype, info.min, info.max), rand(shapes[1], dtype, info.min, info.max)
+    inputs = [a] if name == "bitwise_not" else [a, b]
+    want = {"bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
+            "bitwise_not": np.invert}[name](*inputs)
+    got = compare_engines(lambda *xs: create_op(name, list(xs))[0], inputs, native_ops=[name])
+    np.testing.assert_array_equal(got[0], want)
+
+
+def _shift_oracle(x: int, k: int, left: bool, bits: int, signed: bool) -> int:
+    """ONNX BitShift on Python ints: the result wraps to ``bits``; out-of-range shifts leave the sign fill."""
+    if k < 0 or k >= bits:
+        return -1 if (not left and x < 0) else 0
+    r = (x << k) % (1 << bits) if left else x >> k  # Python's >> on negative ints sign-extends
+    return r - (1 << bits) if signed and r >= 1 << (bits - 1) else r
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int32, np.uint32, np.int64, np.uint64])
+@pytest.mark.parametrize("direction", ["left", "right"])
+def test_bitshift_by_every_amount(direction, dtype):
+    # every shift from (for signed types) -3 to past the width, of large, small and negative values
+    info, bits = np.iinfo(dtype), 8 * np.dtype(dtype).itemsize
+    amounts = np.arange(-3 if info.min < 0 else 0, bits + 3)
+    values = [info.max - 5, 1, 3] + ([-1, info.min + 7] if info.min < 0 else [])
+    x = np.repeat(np.array(values, dtype), len(amounts))
+    s = np.tile(amounts, len(values)).astype(dtype)
+    got = compare_engines(lambda a, b: create_op(f"bitshift_{direction}", [a, b])[0], [x, s],
+                          native_ops=[f"bitshift_{direction}"])
+    want = [_shift_oracle(int(v), int(k), direction == "left", bits, info.min < 0) for v, k in zip(x, s)]
+    np.testing.assert_array_equal(got[0], np.array(want, dtype))
+
+
+def test_bit_operations_refuse_other_dtypes():
+    with popxl.Ir().main_graph:
+        f, b = popxl.constant(np.ones(2, np.float32)), popxl.constant(np.ones(2, np.bool_))
+        with pytest.raises(TypeError, match="needs an integer dtype, got float32"):
+            create_op("bitwise_and", [f, f])
+        with pytest.raises(TypeError, match="needs an integer dtype, got bool"):
+            create_op("bitshift_left", [b, b])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
 def test_relu_grad(dtype):
     """g * (x > 0), bit for bit: zero, negative and NaN x give g * 0 (NaN for an infinite or NaN

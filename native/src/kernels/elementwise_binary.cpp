@@ -81,6 +81,24 @@ W power(W a, W b) {
   }
 }
 
+// Integer bit operations (the engine is only asked for integer operands: the ops' dtype checks);
+// other instantiations of the dispatch return the operand unchanged.
+template <class F>
+auto int_bits(F f) {
+  return [f](auto a, auto b) {
+    using W = decltype(a);
+    if constexpr (std::is_integral_v<W> && !std::is_same_v<W, bool>) return W(f(a, b));
+    else return a;
+  };
+}
+
+template <class W>
+bool shift_in_range(W b) {
+  if constexpr (std::is_signed_v<W>)
+    if (b < 0) return false;
+  return b < W(8 * sizeof(W));
+}
+
 const RegisterKernel binary_ops[] = {
     {{"add", "add_"}, binary([](auto a, auto b) { return a + b; }, Result::Same, true)},
     {{"sub"}, binary([](auto a, auto b) { return a - b; }, Result::Same, true)},
@@ -98,6 +116,22 @@ const RegisterKernel binary_ops[] = {
     {{"sigmoid_grad"}, binary([](auto g, auto y) { return g * (y * (decltype(y)(1) - y)); }, Result::Same, false)},
     {{"logical_and"}, binary([](auto a, auto b) { return bool(a) && bool(b); }, Result::Bool, true)},
     {{"logical_or"}, binary([](auto a, auto b) { return bool(a) || bool(b); }, Result::Bool, true)},
+    {{"bitwise_and"}, binary(int_bits([](auto a, auto b) { return a & b; }), Result::Same, true)},
+    {{"bitwise_or"}, binary(int_bits([](auto a, auto b) { return a | b; }), Result::Same, true)},
+    {{"bitwise_xor"}, binary(int_bits([](auto a, auto b) { return a ^ b; }), Result::Same, true)},
+    // ONNX's rules: left shifts in unsigned arithmetic (no overflow); right shifts of signed values
+    // sign-extend; a negative shift or one by the width or more leaves only the sign fill (C++
+    // leaves those undefined)
+    {{"bitshift_left"}, binary(int_bits([](auto a, auto b) {
+       using W = decltype(a);
+       if (!shift_in_range(b)) return W(0);
+       return W(std::make_unsigned_t<W>(a) << b);
+     }), Result::Same, true)},
+    {{"bitshift_right"}, binary(int_bits([](auto a, auto b) {
+       using W = decltype(a);
+       if (!shift_in_range(b)) return W(a < 0 ? -1 : 0);
+       return W(a >> b);
+     }), Result::Same, true)},
 };
 
 // maximum with exactly two operands (NaN propagates, as np.maximum)

@@ -127,6 +127,11 @@ const RegisterKernel unary_ops[] = {
     {{"abs"}, unary([](auto x) { return x < 0 ? -x : x; }, true)},
     {{"relu", "relu_"}, unary([](auto x) { return x < 0 ? decltype(x)(0) : x; }, true)},  // NaN stays NaN
     {{"sign"}, unary([](auto x) { return decltype(x)((x > 0) - (x < 0)); }, true)},
+    {{"bitwise_not"}, unary([](auto x) {  // integers only (the op's dtype check)
+       using W = decltype(x);
+       if constexpr (std::is_integral_v<W> && !std::is_same_v<W, bool>) return W(~x);
+       else return x;
+     }, true)},
     {{"isnan"}, predicate([](float x) { return std::isnan(x); })},
     {{"isinf"}, predicate([](float x) { return std::isinf(x); })},
     {{"isfinite"}, predicate([](float x) { return std::isfinite(x); })},
