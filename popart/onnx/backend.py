@@ -14,7 +14,7 @@ the declared element type on the host.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import onnx
@@ -46,24 +46,51 @@ _COMPILE_TIME_INPUTS: Dict[str, Tuple[int, ...]] = {
     "Split": (1,), "Pad": (1, 3), "Resize": (1, 2, 3), "TopK": (1,), "OneHot": (1,), "CumSum": (1,),
     "CumProd": (1,), "Range": (0, 1, 2), "ConstantOfShape": (0,), "Dropout": (1, 2), "Compress": (1,),
     "CenterCropPad": (1,), "DFT": (1, 2), "STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4),
-    "Col2Im": (1, 2), "MaxUnpool": (2,),
+    "Col2Im": (1, 2), "MaxUnpool": (2,), "Loop": (0, 1), "AffineGrid": (1,),
     **{op: (0,) for op in ("HannWindow", "HammingWindow", "BlackmanWindow")},
     **{op: (1,) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
                            "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", "ReduceLogSum")},
 }
 
 
+def _subgraphs(node: onnx.NodeProto) -> List[onnx.GraphProto]:
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def _outer_reads(graph: onnx.GraphProto) -> Set[str]:
+    """The names ``graph`` (and its subgraphs) read but do not define: values of enclosing scopes."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    reads: Set[str] = set()
+    for node in graph.node:
+        reads |= {x for x in node.input if x and x not in defined}
+        for g in _subgraphs(node):
+            reads |= _outer_reads(g) - defined
+        defined |= {o for o in node.output if o}
+    return reads
+
+
 def compile_time_inputs(model: onnx.ModelProto) -> List[str]:
-    """The graph inputs whose values a node needs at a position in ``_COMPILE_TIME_INPUTS``:
-    read there directly, or through the nodes that compute that value (Shape and Size read only
-    their input's shape, which is always known, so the search stops there)."""
+    """The graph inputs whose values a node (at any subgraph depth) needs at a position in
+    ``_COMPILE_TIME_INPUTS``: read there directly, or through the nodes that compute that value
+    (a control op's results also depend on the outer values its subgraphs read; Shape and Size
+    read only their input's shape, which is always known, so the search stops there)."""
     g = model.graph
     inputs = {i.name for i in g.input} - {t.name for t in g.initializer}
-    producer = {o: node for node in g.node for o in node.output if o}
+    producer: Dict[str, onnx.NodeProto] = {}
+    todo: List[str] = []
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            producer.update({o: node for o in node.output if o})
+            if node.domain in ("", "ai.onnx"):
+                todo.extend(node.input[k] for k in _COMPILE_TIME_INPUTS.get(node.op_type, ())
+                            if k < len(node.input) and node.input[k])
+            for sub in _subgraphs(node):
+                visit(sub)
+
+    visit(g)
     found: Dict[str, None] = {}
     seen = set()
-    todo = [node.input[k] for node in g.node if node.domain in ("", "ai.onnx")
-            for k in _COMPILE_TIME_INPUTS.get(node.op_type, ()) if k < len(node.input) and node.input[k]]
     while todo:
         name = todo.pop()
         if name in seen:
@@ -72,7 +99,11 @@ def compile_time_inputs(model: onnx.ModelProto) -> List[str]:
         if name in inputs:
             found[name] = None
         elif name in producer and producer[name].op_type not in ("Shape", "Size"):
-            todo.extend(x for x in producer[name].input if x)
+            node = producer[name]
+            todo.extend(x for x in node.input if x)
+            for sub in _subgraphs(node):  # a control op's result also depends on what its subgraphs read
+                todo.extend(_outer_reads(sub))
+                todo.extend(o.name for o in sub.output)
     return [i.name for i in g.input if i.name in found]
 
 

@@ -101,29 +101,48 @@ def _instantiate(node: onnx.NodeProto, body: onnx.FunctionProto, prefix: str,
             return ""
         return rename.setdefault(v, f"{prefix}{v}")
 
-    out = []
-    for inner in body.node:
-        n = onnx.NodeProto()
-        n.CopyFrom(inner)
-        n.name = f"{prefix}{inner.name or inner.op_type}"
-        n.input[:] = [name(v) for v in inner.input]
-        n.output[:] = [name(v) for v in inner.output]
-        attrs = []
-        for a in inner.attribute:
-            if a.ref_attr_name:
-                source = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
-                if source is None:
-                    continue  # unset and without a default: the inner op's own default applies
-                a2 = onnx.AttributeProto()
-                a2.CopyFrom(source)
-                a2.name = a.name
-                attrs.append(a2)
-            else:
-                attrs.append(a)
-        del n.attribute[:]
-        n.attribute.extend(attrs)
-        out.append(n)
-    return out
+    def instantiate_nodes(nodes: Sequence[onnx.NodeProto]) -> List[onnx.NodeProto]:
+        out = []
+        for inner in nodes:
+            n = onnx.NodeProto()
+            n.CopyFrom(inner)
+            n.name = f"{prefix}{inner.name or inner.op_type}"
+            n.input[:] = [name(v) for v in inner.input]
+            n.output[:] = [name(v) for v in inner.output]
+            attrs = []
+            for a in inner.attribute:
+                if a.ref_attr_name:
+                    source = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+                    if source is None:
+                        continue  # unset and without a default: the inner op's own default applies
+                    a2 = onnx.AttributeProto()
+                    a2.CopyFrom(source)
+                    a2.name = a.name
+                    attrs.append(a2)
+                elif a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                    # subgraphs (If branches, Loop/Scan bodies) read the body's values by name
+                    a2 = onnx.AttributeProto()
+                    a2.CopyFrom(a)
+                    for g in ([a2.g] if a2.type == onnx.AttributeProto.GRAPH else list(a2.graphs)):
+                        instantiate_graph(g)
+                    attrs.append(a2)
+                else:
+                    attrs.append(a)
+            del n.attribute[:]
+            n.attribute.extend(attrs)
+            out.append(n)
+        return out
+
+    def instantiate_graph(g: onnx.GraphProto) -> None:
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            vi.name = name(vi.name)
+        for t in g.initializer:
+            t.name = name(t.name)
+        nodes = instantiate_nodes(g.node)
+        del g.node[:]
+        g.node.extend(nodes)
+
+    return instantiate_nodes(body.node)
 
 
 def expand_functions(model: onnx.ModelProto, supported: Collection[str],

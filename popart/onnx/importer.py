@@ -25,7 +25,7 @@ from popart.errors import OnnxImportError
 logger = logging.getLogger("popart.ces")
 
 __all__ = ["load_model", "InputSpec", "GraphImporter", "device_array", "device_dtype", "op_key", "MIN_OPSET",
-           "MAX_OPSET", "GRAPHCORE_DOMAIN"]
+           "MAX_OPSET", "GRAPHCORE_DOMAIN", "SubgraphImporter"]
 
 MIN_OPSET, MAX_OPSET = 11, 21
 Value = Union[np.ndarray, popxl.Tensor]
@@ -146,6 +146,7 @@ class GraphImporter:
         # A source of fresh random seeds in the current graph (``split()``), for dropout when training.
         self.random: Optional[Any] = None
         self.stat_updates: List[Tuple[str, popxl.Tensor]] = []
+        self.popxl_graph: Optional[popxl.Graph] = None  # the popxl graph the nodes are lowered into
 
     # checks -------------------------------------------------------------------------------------------
     @staticmethod
@@ -262,11 +263,20 @@ class GraphImporter:
               materialize_weight: Callable[[str, np.ndarray], popxl.Tensor]) -> None:
         """Lower every node into the current popxl graph. ``inputs`` holds a tensor per model input;
         ``materialize_weight(name, value)`` makes the device tensor of a weight on first use."""
-        from popart.onnx.ops import Node
         self._materialize_weight = materialize_weight
+        self.popxl_graph = popxl.gcg()
         for spec in self.inputs:
             self._set(spec.name, inputs[spec.name])
         self._order.extend(n for n in self.initializers)
+        self._walk()
+
+    def value(self, name: str) -> Value:
+        """``name``'s value: a NumPy array if it is known at import (see ``is_foldable``), else a Tensor."""
+        return self.static(name) if self.is_foldable(name) else self.tensor(name)
+
+    def _walk(self) -> None:
+        """Lower (or fold) the nodes of ``self.graph`` in order, recording their outputs."""
+        from popart.onnx.ops import Node
         for i, node in enumerate(self.graph.node):
             present = [x for x in node.input if x]
             for x in present:
@@ -296,7 +306,7 @@ class GraphImporter:
         computed with in float32 and the float32 results rounded to float16 by ``self.rounder``.
         Nodes that only move data produce exact values and are lowered as they are."""
         node = n.proto
-        if node.op_type in _EXACT_OPS:
+        if node.op_type in _EXACT_OPS or node.op_type in _CONTROL_OPS:  # control ops: their bodies' nodes round
             return list(n.entry(n))
         if node.op_type == "Cast":
             outs = list(n.entry(n))
@@ -328,12 +338,21 @@ class GraphImporter:
         """Compute a node whose inputs are all known with ONNX's reference implementation."""
         from onnx.reference import ReferenceEvaluator
         feeds = {x: self.static(x) for x in node.input if x}
+        # Evaluated as a one-node graph: a bare NodeProto is always run by the latest opset's
+        # implementation (ReferenceEvaluator ignores ``opsets`` for it), wrong for attribute forms
+        # of older opsets (Unsqueeze-11's axes, say).
+        opsets = {"": n.opset}
+        if node.domain not in ("", "ai.onnx"):
+            opsets[node.domain] = 1
+        untyped = onnx.TypeProto()
+        produced = [o for o in node.output if o]
+        graph = onnx.helper.make_graph([node], "fold", [onnx.helper.make_value_info(x, untyped) for x in feeds],
+                                       [onnx.helper.make_value_info(o, untyped) for o in produced])
         try:
-            ref = ReferenceEvaluator(node, opsets={"": n.opset})
-            results = ref.run(None, feeds)
+            results = dict(zip(produced, ReferenceEvaluator(graph, opsets=opsets).run(None, feeds)))
         except Exception as e:
             raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {e}") from None
-        return [np.asarray(r) if r is not None else None for r in results]
+        return [np.asarray(results[o]) if o and results.get(o) is not None else None for o in node.output]
 
 
 # ONNX ops whose float results are copies of input values (exact in any precision).
@@ -341,6 +360,107 @@ _EXACT_OPS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze
                         "Concat", "Split", "Expand", "Tile", "Pad", "GatherElements", "DepthToSpace",
                         "SpaceToDepth", "Shape", "Size", "Relu", "Neg", "Abs", "MaxPool", "ReduceMax",
                         "ReduceMin", "Max", "Min", "Where", "TopK", "ArgMax", "ArgMin"})
+
+
+# Ops whose nodes hold subgraphs (lowered by ``SubgraphImporter`` walks, node by node).
+_CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
+
+
+class SubgraphImporter(GraphImporter):
+    """Imports an ONNX subgraph (an If branch, a Loop or Scan body) inside the scope of ``parent``.
+
+    The subgraph's nodes are walked as a model's are; a name the subgraph does not define is looked
+    up in the enclosing scope. With ``capture=False`` the nodes are lowered into the parent's popxl
+    graph (the subgraph is inlined: a taken branch, an unrolled iteration). With ``capture=True`` they
+    are lowered into a separate popxl graph (current when ``run`` is called, ``popxl_graph``): outer
+    values known at import become constants there, outer device tensors become inputs of that graph,
+    recorded in ``captured`` (name -> (parent tensor, graph input)) in the order they were made.
+    Initializers of the subgraph are values known at import.
+    """
+
+    def __init__(self, parent: GraphImporter, graph: onnx.GraphProto, opset: int, capture: bool = False) -> None:
+        from popart.onnx.functions import expand_functions
+        self.parent = parent
+        self.opset = opset
+        self._ops = parent._ops
+        body = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)],
+                                      functions=list(parent.model.functions))
+        self.model, self._node_opsets = expand_functions(body, self._ops, opset)
+        self.graph = self.model.graph
+        self.initializers = {}
+        self._check_supported_subgraph()
+        self.inputs = []
+        self._own_initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self._values, self._order = {}, []
+        self._weights, self._consts, self._promoted = {}, {}, {}
+        self._materialize_weight = parent._materialize_weight
+        self.rounder, self.random, self.training = parent.rounder, parent.random, parent.training
+        self.stat_updates = parent.stat_updates
+        self.capture = capture
+        self.popxl_graph = None if capture else parent.popxl_graph
+        self.captured: Dict[str, Tuple[popxl.Tensor, popxl.Tensor]] = {}
+
+    def _check_supported_subgraph(self) -> None:
+        bad = sorted({op_key(n) for n in self.graph.node if op_key(n) not in self._ops})
+        if bad:
+            raise OnnxImportError(f"subgraph {self.graph.name!r} has node(s) of unsupported op type(s) "
+                                  f"{', '.join(bad)}.")
+
+    def run(self, bindings: Mapping[str, Value]) -> List[Value]:
+        """Bind the subgraph's inputs (name -> value), walk its nodes in the current popxl graph and
+        return the values of its outputs (NumPy arrays where known at import, else Tensors; with
+        ``capture``, always Tensors of this graph). Each call is a fresh walk (one per unrolled iteration)."""
+        self._values, self._consts, self._order = dict(self._own_initializers), {}, list(self._own_initializers)
+        if self.capture:
+            self.popxl_graph = popxl.gcg()
+        for name, v in bindings.items():
+            self._set(name, v if isinstance(v, popxl.Tensor) else np.asarray(v))
+        self._walk()
+        names = [o.name for o in self.graph.output]
+        return [self.tensor(o) for o in names] if self.capture else [self.value(o) for o in names]
+
+    def node_opset(self, index: int) -> int:
+        return self._node_opsets[index]
+
+    def _local(self, name: str) -> bool:
+        return name in self._values
+
+    def has_value(self, name: str) -> bool:
+        return self._local(name) or self.parent.has_value(name)
+
+    def is_foldable(self, name: str) -> bool:
+        if self._local(name):
+            return isinstance(self._values[name], np.ndarray)
+        return self.parent.is_foldable(name)
+
+    def static(self, name: str) -> Optional[np.ndarray]:
+        if self._local(name):
+            v = self._values[name]
+            return v if isinstance(v, np.ndarray) else None
+        return self.parent.static(name)
+
+    def tensor(self, name: str) -> popxl.Tensor:
+        if name in self._promoted:
+            return self._promoted[name]
+        if self._local(name):
+            return super().tensor(name)
+        if not self.capture:
+            return self.parent.tensor(name)
+        if name in self.captured:
+            return self.captured[name][1]
+        if name in self._consts:
+            return self._consts[name]
+        if self.parent.is_foldable(name):  # known at import: a constant of this graph
+            self._consts[name] = popxl.constant(device_array(self.parent.static(name)), name=_safe(name))
+            return self._consts[name]
+        if not self.parent.has_value(name):
+            raise OnnxImportError(f"subgraph {self.graph.name!r} reads tensor {name!r}, which neither it nor "
+                                  f"an enclosing scope defines.")
+        with self.parent.popxl_graph:
+            outer = self.parent.tensor(name)
+        inner = popxl.graph_input(outer.shape, outer.dtype, name=_safe(name))
+        self.captured[name] = (outer, inner)
+        return inner
 
 
 def _safe(name: str) -> str:

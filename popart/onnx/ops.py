@@ -2,9 +2,9 @@
 
 This module holds the table, the ``Node`` entries receive, and the entries of the common ops
 (elementwise, matmul, softmax and losses, convolution and pooling, normalisation, reductions,
-shapes, indexing); ``recurrent`` (LSTM/GRU/RNN), ``signal`` (DFT, STFT, windows, mel weights),
-``sampling`` (GridSample, RoiAlign, MaxUnpool, Col2Im) and ``graphcore`` (PopART's own domain)
-register the rest. Ops defined as functions of others are expanded before import (``functions``).
+shapes, indexing); ``control`` (If, Loop, Scan), ``recurrent`` (LSTM/GRU/RNN), ``signal`` (DFT,
+STFT, windows, mel weights), ``sampling`` (GridSample, RoiAlign, MaxUnpool, Col2Im) and ``graphcore``
+(PopART's own domain) register the rest. Ops defined as functions of others are expanded before import (``functions``).
 
 An entry receives a ``Node`` (the node plus helpers to read its attributes and inputs) and returns
 one value per output: a popxl Tensor, or a NumPy array when the output is known at import (Shape,
@@ -24,6 +24,7 @@ import onnx
 import popxl
 import popxl.ops as ops
 from popxl import dtypes
+from popxl.op import create_op
 from popart.errors import OnnxImportError
 from popart.onnx.importer import GraphImporter, device_array, device_dtype, op_key
 
@@ -514,6 +515,22 @@ def _trig(n: Node) -> List[Value]:
 def _xor(n: Node) -> List[Value]:
     a, b = n.x(0), n.x(1)
     return [ops.logical_and(ops.logical_or(a, b), ops.logical_not(ops.logical_and(a, b)))]
+
+
+_BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor",
+            "BitwiseNot": "bitwise_not"}
+
+
+@onnx_op(*_BITWISE, "BitShift")
+def _bitwise(n: Node) -> List[Value]:
+    # popxl has no functions for bit operations: the ops (integer operands only) are made by name
+    xs = n.xs()
+    if n.op_type == "BitShift":
+        direction = n.attr("direction")
+        if direction not in ("LEFT", "RIGHT"):
+            raise n.fail(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+        return [create_op(f"bitshift_{direction.lower()}", xs)[0]]
+    return [create_op(_BITWISE[n.op_type], xs)[0]]
 
 
 @onnx_op("Shrink")
@@ -1858,6 +1875,6 @@ def _gather_elements(n: Node) -> List[Value]:
     return [ops.gather(ops.reshape(x, (x.nelms,)), _element_positions(idx, x.shape, axis, idx.shape), 0)]
 
 
-# The entries of the other modules register into OPS when imported: recurrent, signal and
-# sampling ops, and PopART's own domain.
-from popart.onnx import graphcore, recurrent, sampling, signal  # noqa: E402,F401
+# The entries of the other modules register into OPS when imported: control-flow, recurrent,
+# signal and sampling ops, and PopART's own domain.
+from popart.onnx import control, graphcore, recurrent, sampling, signal  # noqa: E402,F401

@@ -265,6 +265,16 @@ CASES = [
         ("Atanh", np.linspace(-0.95, 0.95, 13, dtype=np.float32)))],
     Case("Xor", [N("Greater", ["a", "b"], ["p"]), N("Less", ["a", "c"], ["q"]), N("Xor", ["p", "q"], ["y"])],
          {"a": f32(3, 4), "b": f32(4), "c": f32(3, 1)}, ["y"]),
+    *[Case(op, [N(op, ["a", "b"], ["y"])], {"a": np.array([[5, -3, 127, 0]], np.int8),
+                                            "b": np.array([[3], [-128]], np.int8)}, ["y"], opset=18)
+      for op in ("BitwiseAnd", "BitwiseOr", "BitwiseXor")],
+    Case("BitwiseNot", [N("BitwiseNot", ["a"], ["y"])], {"a": np.array([0, 1, 255, 7], np.uint8)}, ["y"], opset=18),
+    *[Case(f"BitShift-{d}-uint", [N("BitShift", ["a", "b"], ["y"], direction=d)],
+           {"a": np.array([1, 255, 16, 9], np.uint16), "b": np.array([0, 3, 15, 16], np.uint16)}, ["y"], opset=11)
+      for d in ("LEFT", "RIGHT")],
+    *[Case(f"BitShift-{d}-signed", [N("BitShift", ["a", "b"], ["y"], direction=d)],
+           {"a": np.array([-7, 100, -128, 5, -1], np.int8), "b": np.array([1, 2, 9, -1, 3], np.int8)}, ["y"],
+           opset=28) for d in ("LEFT", "RIGHT")],
     Case("Shrink", [N("Shrink", ["x"], ["y"], lambd=0.4, bias=0.1)], {"x": f32(3, 4)}, ["y"]),
     *[Case(f"{op}-{'periodic' if periodic else 'symmetric'}", [N(op, ["n"], ["y"], periodic=periodic)], {}, ["y"],
            {"n": np.int64(9)}) for op in ("HannWindow", "HammingWindow", "BlackmanWindow") for periodic in (0, 1)],
