@@ -200,7 +200,7 @@ class InferenceSession:
         with body:
             loaded = {name: ops.host_load(s, _safe(name)) for name, s in self._in_streams.items()}
             rounder = self._rounder(thread)
-            self._importer.rounder = rounder
+            self._importer.rounder = rounder if self.options.enableStochasticRounding else None
             self._importer.random = rounder
             self._importer.lower(loaded, weight)
             self._store_seed(rounder, thread)
@@ -219,8 +219,11 @@ class InferenceSession:
 
     # stochastic rounding: a seed variable, split for every rounding and stored back each step
     def _needs_random(self) -> bool:
-        """Whether the program draws random numbers (stochastic rounding; dropout when training)."""
-        return bool(self.options.enableStochasticRounding)
+        """Whether the program draws random numbers (stochastic rounding, random ops; dropout when
+        training)."""
+        from popart.onnx.ops import RANDOM_OPS
+        return bool(self.options.enableStochasticRounding) or any(
+            n.op_type in RANDOM_OPS for n in self._importer.graph.node)
 
     def _make_seed(self, main: popxl.Graph) -> None:
         self._seed_var: Optional[popxl.Variable] = None

@@ -105,6 +105,9 @@ NAMED_EXCLUSIONS: Dict[str, str] = {
     # float16 rounding: 2 of 192 outputs differ by one float16 ulp from the reference (different
     # rounding order in the composed attention), which exceeds the test's rtol of 1e-3.
     r"^test_attention_4d_causal_fp16(_expanded)?$": "float16 last-ulp differences",
+    # Random draws: the expected values are NumPy's generator's; popart's come from its own
+    # counter-based generator (tests/popart/test_onnx_random.py checks the distributions).
+    r"^test_bernoulli": "random values of another generator",
     # The expected inverse DFT was computed with a float32 FFT: entries that are exactly 0 carry
     # ~1.9e-7 of its rounding noise, above the runner's atol of 1e-7; ours are exactly 0.
     r"^test_dft_inverse(_opset19)?$": "float32 FFT rounding noise in the expected output",
