@@ -1888,7 +1888,9 @@ def _random_seed(n: Node) -> popxl.Tensor:
         s = int(np.float64(seed).view(np.uint64))  # every float seed its own stream
         return popxl.constant(np.array([s & 0xFFFFFFFF, s >> 32], np.uint32))
     if n.imp.random is None:
-        raise n.fail("no random seed source: the session does not expect random ops")
+        # the session's seed reaches the top-level graph only
+        raise n.fail("a random op without a seed attribute inside an If/Loop/Scan body is not supported; "
+                     "give it a seed attribute")
     return n.imp.random.split()
 
 

@@ -73,3 +73,12 @@ def test_set_random_seed_makes_unseeded_ops_reproducible_and_steps_differ():
 def test_random_ops_need_a_shape():
     with pytest.raises(popart.OnnxImportError, match="RandomNormal.*the shape attribute is required"):
         _run(make_model([N("RandomNormal", [], ["y"])], {}, ["y"]))
+
+
+def test_an_unseeded_random_op_in_a_subgraph_is_refused_by_name():
+    body = helper.make_graph([N("RandomNormal", [], ["r"], shape=[2])], "body", [],
+                             [helper.make_tensor_value_info("r", TensorProto.FLOAT, [2])])
+    c = np.array(True)
+    model = make_model([N("If", ["c"], ["y"], then_branch=body, else_branch=body)], {"c": c}, ["y"])
+    with pytest.raises(popart.OnnxImportError, match="RandomNormal.*inside an If/Loop/Scan body.*seed attribute"):
+        _run(model, {"c": c})
