@@ -94,6 +94,13 @@ class Node:
     def optional_static(self, i: int, what: str) -> Optional[np.ndarray]:
         return self.static(i, what) if self.has(i) else None
 
+    def static_int(self, i: int, what: str) -> int:
+        """Input ``i``, a single value known at import (an axis, a count, a length), as an int."""
+        v = np.asarray(self.static(i, what))
+        if v.size != 1:
+            raise self.fail(f"input {i} ({what}) must hold a single value, got shape {v.shape}")
+        return int(v.reshape(-1)[0])
+
     def shape(self, i: int) -> Tuple[int, ...]:
         """The shape of input ``i`` (known at import in every case)."""
         v = self.imp.static(self.proto.input[i])
@@ -1556,7 +1563,7 @@ def _cumprod(x: popxl.Tensor, axis: int) -> popxl.Tensor:
 @onnx_op("CumSum", "CumProd")
 def _cumulative(n: Node) -> List[Value]:
     x = n.x(0)
-    axis = _axis(int(n.static(1, "axis").reshape(-1)[0]), x.rank, n)
+    axis = _axis(n.static_int(1, "axis"), x.rank, n)
     flip = np.arange(x.shape[axis] - 1, -1, -1)
     reverse = bool(n.attr("reverse", 0))
     product = n.op_type == "CumProd"
@@ -1570,7 +1577,7 @@ def _cumulative(n: Node) -> List[Value]:
 @onnx_op("TopK")
 def _topk(n: Node) -> List[Value]:
     x = n.x(0)
-    k = int(n.static(1, "K").reshape(-1)[0])
+    k = n.static_int(1, "K")
     axis = _axis(int(n.attr("axis", -1)), x.rank, n)
     values, indices = ops.topk(x, k, axis, bool(n.attr("largest", 1)), bool(n.attr("sorted", 1)))
     return [values, indices]
@@ -1626,8 +1633,7 @@ def _trilu(n: Node) -> List[Value]:
         diag = popxl.constant((np.arange(cols)[None, :] - np.arange(rows)[:, None]).astype(np.int32))
         keep_t = ops.logical_not(_less(diag, k)) if upper else ops.logical_not(ops.greater(diag, k))
         return [ops.where(keep_t, x, n.scalar(0, x))]
-    k = n.optional_static(1, "k")
-    k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+    k = n.static_int(1, "k") if n.has(1) else 0
     keep = np.ones((rows, cols), np.bool_)
     keep = np.triu(keep, k) if upper else np.tril(keep, k)
     return [ops.where(popxl.constant(keep), x, n.scalar(0, x))]
@@ -1636,7 +1642,7 @@ def _trilu(n: Node) -> List[Value]:
 @onnx_op("OneHot")
 def _onehot(n: Node) -> List[Value]:
     indices = n.x(0)
-    depth = int(np.asarray(n.static(1, "depth")).reshape(-1)[0])
+    depth = n.static_int(1, "depth")
     values = n.x(2)
     axis = int(n.attr("axis", -1))
     if indices.dtype.is_floating_point:  # ONNX allows float indices; they are truncated

@@ -19,7 +19,7 @@ def _scalar_int(n: Node, i: int, what: str) -> int:
     v = np.asarray(n.static(i, what))
     if v.size != 1 or v.dtype.kind not in "iu":
         raise n.fail(f"{what} must be an integer scalar, got {v.dtype} of shape {v.shape}")
-    return int(v.reshape(-1)[0])
+    return n.static_int(i, what)
 
 
 def _dft_matrix(rows: int, cols: int, length: int, complex_in: bool, complex_out: bool, inverse: bool,
@@ -177,7 +177,7 @@ _WINDOWS = {"HannWindow": (0.5, 0.5), "HammingWindow": (25 / 46, 21 / 46), "Blac
 
 @onnx_op(*_WINDOWS)
 def _window(n: Node) -> List[Value]:
-    size = int(np.asarray(n.static(0, "size")).reshape(-1)[0])
+    size = n.static_int(0, "size")
     if size < 0:
         raise n.fail(f"size must be >= 0, got {size}")
     out = _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(int(n.attr("output_datatype", 1))))
