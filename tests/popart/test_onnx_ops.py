@@ -375,6 +375,7 @@ def test_composed_trigonometry_is_accurate_over_its_range(op, fn, lo, hi) -> Non
      "per-axis scale/zero point must be 1-D of length 3"),
     ([N("HannWindow", ["n"], ["y"])], {"n": np.int64(4)}, None, "must be known at import"),
     ([N("Atan", ["x"], ["y"])], {"x": np.int32([1, 2])}, None, "needs a floating-point input"),
+    ([N("TopK", ["x", "k"], ["y", "i"])], {"x": f32(2, 5)}, {"k": i64(2, 3)}, r"input 1 \(K\) must hold a single value"),
 ])
 def test_bad_nodes_are_named_at_import(nodes, inputs, inits, message) -> None:
     import popart
