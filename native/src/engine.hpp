@@ -107,6 +107,9 @@ class Kernel {
   // True when one call serves all replicas together (collectives, Python fallbacks): profiling then
   // shares the call's time out evenly instead of timing each replica on its own.
   virtual bool spans_replicas() const { return false; }
+  // How the kernel computes, where it chooses among ways (e.g. a convolution's algorithm), for
+  // tests and profiles; empty otherwise.
+  virtual std::string algorithm() const { return {}; }
   // The engine's weights epoch, set at load (null for a kernel run outside an engine): while it
   // is unchanged, static inputs (OpInstr::static_inputs) hold the same bytes in each arena.
   const uint64_t* weights_epoch = nullptr;

@@ -278,6 +278,12 @@ NB_MODULE(_native, m) {
         for (auto& k : e.kernels) v.push_back(dynamic_cast<PyFallback*>(k.get()) == nullptr);
         return v;
       }, "For each op instruction: whether it runs natively.")
+      .def("kernel_algorithms", [](Engine& e) {
+        std::vector<std::string> v;
+        for (auto& k : e.kernels) v.push_back(k->algorithm());
+        return v;
+      }, "For each op instruction: how its kernel computes, where it chooses (e.g. a convolution's "
+         "algorithm), else an empty string.")
       .def_prop_rw("profiling", &Engine::profiling, &Engine::set_profiling,
                    "Time every op instruction per replica (setting it resets the profile).")
       .def("reset_profile", &Engine::reset_profile)

@@ -72,6 +72,12 @@ class NativeEngine(ReferenceEngine):
         native = self._engine.native_kernels()
         self.fallback_ops = sorted({ins["type"] for ins, ok in zip(self._op_instrs, native) if not ok})
 
+    def kernel_algorithms(self) -> List[Tuple[str, str]]:
+        """(op type, algorithm) of each op instruction's kernel, in program order, where the kernel
+        chooses how it computes (a convolution: ``"winograd F(4x4,3x3)"`` or oneDNN's implementation
+        name); an empty string otherwise."""
+        return [(ins["type"], a) for ins, a in zip(self._op_instrs, self._engine.kernel_algorithms())]
+
     def _fallback(self, index: int, replicas: List[int]) -> None:
         self._op(self._op_instrs[index], list(replicas))
 

@@ -25,6 +25,7 @@
 
 #include "fp8.hpp"
 #include "gemm.hpp"
+#include "winograd.hpp"
 
 namespace popxl {
 namespace {
@@ -581,6 +582,8 @@ class BlockedConvKernel : public Kernel {
     for (auto& part : parts_) part->conv.arg(DNNL_ARG_WEIGHTS, wei_.inner);
   }
 
+  std::string algorithm() const override { return parts_[0]->impl; }
+
   void run(uint8_t* arena) override {
     wei_.bind(arena + w_.offset, scratch);
     wei_.to_inner(strm_, scratch, weights_epoch);
@@ -642,6 +645,7 @@ class BlockedConvKernel : public Kernel {
     ReorderedOperand src, dst, bias_in;
     memory residual_mem;
     memory::desc weights_desc;
+    std::string impl;  // oneDNN's name for the convolution's implementation
     bool sliced, has_bias = false, residual_copied = false, relu_after = false, add_after = false, pooled = false;
     std::optional<size_t> residual_staging;  // float16: the residual's float32 copy in scratch
     size_t result_bytes = 0;  // > 0: the convolution writes its result to a result area (see above)
@@ -706,6 +710,7 @@ class BlockedConvKernel : public Kernel {
         pd = choose_pd();
       }
       conv = Primitive(pd, scratch);
+      impl = pd.impl_info_str();
       weights_desc = pd.weights_desc();
       src = ReorderedOperand(xd, pd.src_desc(), false, scratch);
       if (s.pool) {
@@ -862,6 +867,13 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
     s.pool = BlockedConvKernel::Spec::MaxPool{memory::dims(kernel.begin(), kernel.end()), pw};
   }
   fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(s.conv_shape), false);
+  const auto all = [](const memory::dims& d, int64_t v) { return std::all_of(d.begin(), d.end(), [v](auto e) { return e == v; }); };
+  if (!s.pool && s.groups == 1 && x.shape.size() == 4 && w.shape[2] == 3 && w.shape[3] == 3 && all(s.win.strides, 1) &&
+      all(s.win.dilates, 0)) {
+    const WinogradSpec ws{&x, &w, bias, res, &y, s.nhwc_x, s.nhwc_y, s.nhwc_residual, s.win.pad_l[0], s.win.pad_l[1],
+                          s.relu, s.clip, s.static_w};
+    if (auto k = winograd_conv(ws)) return k;
+  }
   try {
     return std::make_unique<BlockedConvKernel>(s);
   } catch (const dnnl::error&) {

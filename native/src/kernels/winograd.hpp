@@ -1,0 +1,30 @@
+// 3x3 stride-1 float32 convolutions by Winograd's minimal filtering F(4x4, 3x3), used by the conv
+// kernels in dnnl_ops.cpp where it pays.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "../engine.hpp"
+
+namespace popxl {
+
+// A convolution y = conv(x, w) [+ bias] [+ residual] [relu] [clip], NCHW shapes; `nhwc_*`: the
+// operand's bytes are channels-last (keep_channels_last), otherwise its strides say where its
+// values are. The caller has checked the geometry: groups 1, 3x3 window, strides and dilations 1.
+struct WinogradSpec {
+  const Buffer *x, *w, *bias, *residual, *y;  // bias and residual may be null
+  bool nhwc_x, nhwc_y, nhwc_residual;
+  int64_t pad_top, pad_left;
+  bool relu;
+  std::optional<std::pair<float, float>> clip;  // applied after the relu
+  bool static_w;  // w lies in static storage (OpInstr::static_inputs)
+};
+
+// The kernel, or nullptr when the operands do not suit it (not float32, channels not contiguous)
+// or the direct convolution would be as fast (few channels; few tiles to share transformed
+// weights that change every run).
+std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& spec);
+
+}  // namespace popxl
