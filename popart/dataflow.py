@@ -4,7 +4,7 @@ the step IO objects ``PyStepIO`` / ``PyStepIOCallback`` that carry the buffers o
 from __future__ import annotations
 
 from enum import Enum
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 

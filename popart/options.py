@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from enum import Enum
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Union
 
 from popart.errors import popart_exception
 from popart.losses import ReductionType

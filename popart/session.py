@@ -28,9 +28,9 @@ from popxl.transforms import fuse_conv, hoist_invariants
 from popart.dataflow import (AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO, PyStepIOCallback,
                              PyWeightsIO, TensorInfo)
 from popart.devices import DeviceInfo, DeviceType
-from popart.errors import (TRACE, OnnxImportError, StepIOError, popart_exception, popart_internal_exception,
+from popart.errors import (TRACE, StepIOError, popart_exception, popart_internal_exception,
                            poplar_application_runtime_error, poplibs_exception)
-from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, device_dtype, load_model
+from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, load_model
 from popart.losses import GRAPHCORE_DOMAIN, Loss
 from popart.options import Patterns, SessionOptions
 from popart.rounding import StochasticRounder, seed_value

@@ -34,7 +34,7 @@ from popart.dataflow import DataFlow, InputShapeInfo
 from popart.devices import DeviceInfo
 from popart.errors import TRACE, popart_exception
 from popart.losses import Loss, ReductionType, reduction_of
-from popart.onnx.importer import ModelLike, device_array
+from popart.onnx.importer import ModelLike
 from popart.optimizers import Optimizer
 from popart.options import Patterns, SessionOptions
 from popart.rounding import StochasticRounder

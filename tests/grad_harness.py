@@ -3,7 +3,7 @@ a Session: the forward graph and its gradient graph run in one program; the fini
 rerun the same session with perturbed inputs."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 

@@ -4,7 +4,7 @@ and kernel of their op and write into their first input."""
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Union
 
 import numpy as np
 

@@ -12,7 +12,7 @@ Attributes reach the kernels fully resolved: per-dimension strides/dilations, ex
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union
 
 import ml_dtypes
 import numpy as np

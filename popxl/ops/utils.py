@@ -1,7 +1,7 @@
 """Helpers shared by op functions and shape rules (also public in PopXL as popxl.ops.utils)."""
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 

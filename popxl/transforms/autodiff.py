@@ -20,7 +20,7 @@ or with the user's ``called_graphs_grad_info``) and calling their gradient graph
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from popxl.graph import Graph
 from popxl.op import REGISTRY, Grad, Op, create_op

@@ -1,6 +1,6 @@
 """Optimisers as PopXL users write them (var_updates + autodiff), checked step by step against
 NumPy: SGD with momentum, Adam, AdamW, LAMB, and loss scaling."""
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import numpy as np
 import pytest

@@ -2,7 +2,6 @@
 explicit gradient decision for each."""
 import pytest
 
-import popxl
 import popxl.ops as ops
 from popxl.op import REGISTRY, Grad
 from popxl.ops import collectives, var_updates
