@@ -91,6 +91,13 @@ def test_winograd_not_used_for_few_tiles_with_streamed_weights_or_few_channels()
     _compare(lambda t: _block(t, popxl.variable(w), 8, (1, 1, 1, 1), False, True, None), [x], expect_winograd=False)
 
 
+def test_winograd_turned_off_by_the_environment(monkeypatch):
+    r = np.random.default_rng(7)
+    x, w = r.standard_normal((1, 16, 8, 8)).astype(np.float32), _weights(r, 16, 16)
+    monkeypatch.setenv("POPXL_WINOGRAD", "0")
+    _compare(lambda t: _block(t, popxl.variable(w), 16, (1, 1, 1, 1), False, True, None), [x], expect_winograd=False)
+
+
 def test_winograd_weights_written_between_runs_are_used():
     """Static weights are transformed once per weights epoch: a write of new weights must reach the
     next run, and a run after writing the old ones back gives the first result again."""

@@ -283,3 +283,75 @@ def test_scan_length_mismatch_is_an_error():
     feeds = {"a": _rand(3, 2), "b": _rand(4, 2)}
     with pytest.raises(popart.OnnxImportError, match="different lengths"):
         run_session(make_model(nodes, feeds, ["y"]), feeds, ["y"])
+
+
+# Training through control flow ---------------------------------------------------------------------
+def _train_one_step(model, feeds, weight="w", lr=0.1):
+    """One SGD step of a TrainingSession on `model`'s scalar output "loss": the weight after it."""
+    s = popart.TrainingSession(model.SerializeToString(), popart.DataFlow(1, {"loss": popart.AnchorReturnType("ALL")}),
+                               "loss", popart.ConstSGD(lr), popart.DeviceManager().createCpuDevice())
+    s.prepareDevice()
+    s.weightsFromHost()
+    s.run(popart.PyStepIO(dict(feeds), s.initAnchorArrays()))
+    s.weightsToHost()
+    out = {weight: np.zeros(s.getInfo(weight).shape(), np.float32)}
+    s.readWeights(popart.PyWeightsIO(out))
+    return out[weight]
+
+
+def _numeric_grad(loss_of, w, eps=1e-6):
+    """Central differences of loss_of(w) (float64)."""
+    w = w.astype(np.float64)
+    g = np.zeros_like(w)
+    for i in np.ndindex(w.shape):
+        d = np.zeros_like(w)
+        d[i] = eps
+        g[i] = (loss_of(w + d) - loss_of(w - d)) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_training_through_if_on_a_device_condition(sign):
+    """loss = mean(y^2), y = If(sum(s) > 0): x * w, else: w * w. The gradient reaches w through the
+    branch the condition takes on the device."""
+    then_g = _graph("then", [helper.make_node("Mul", ["x", "w"], ["t"])], ["t"])
+    else_g = _graph("else", [helper.make_node("Mul", ["w", "w"], ["e"])], ["e"])
+    nodes = [helper.make_node("ReduceSum", ["s"], ["r"], keepdims=0), _const("zero", np.float32(0)),
+             helper.make_node("Greater", ["r", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Mul", ["y", "y"], ["y2"]), helper.make_node("ReduceMean", ["y2"], ["loss"], keepdims=0)]
+    feeds = {"x": _rand(2, 3), "s": np.full(4, sign, np.float32)}
+    w = _rand(2, 3, seed=1)
+    model = make_model(nodes, feeds, ["loss"], initializers={"w": w})
+    x = feeds["x"].astype(np.float64)
+    grad = _numeric_grad(lambda v: np.mean((x * v if sign > 0 else v * v) ** 2), w)
+    np.testing.assert_allclose(_train_one_step(model, feeds), w - 0.1 * grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("trips, unroll_cap", [(3, None), (6, 4)])
+def test_training_through_a_loop(monkeypatch, trips, unroll_cap):
+    """loss = mean(acc^2) after `trips` iterations of acc = acc * w + x (w and x read from the outer
+    scope): unrolled, or (over the unroll cap) a repeat of the body, differentiated through."""
+    if unroll_cap:
+        from popart.onnx import control
+        monkeypatch.setattr(control, "UNROLL_LIMIT", unroll_cap)
+        monkeypatch.setattr(control, "MAX_UNROLL", unroll_cap)  # so it cannot have been unrolled
+    body = helper.make_graph([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                              helper.make_node("Mul", ["acc", "w"], ["aw"]),
+                              helper.make_node("Add", ["aw", "x"], ["acc_out"])],
+                             "body", [_vi("i", I64, []), _vi("cond_in", B, []), _vi("acc", F, [3])],
+                             [_vi("cond_out", B, []), _vi("acc_out", F, [3])])
+    nodes = [_const("M", np.int64(trips)), _const("c", np.array(True)),
+             helper.make_node("Loop", ["M", "c", "acc0"], ["y"], body=body),
+             helper.make_node("Mul", ["y", "y"], ["y2"]), helper.make_node("ReduceMean", ["y2"], ["loss"], keepdims=0)]
+    feeds = {"x": _rand(3), "acc0": _rand(3, seed=1)}
+    w = (0.5 * _rand(3, seed=2)).astype(np.float32)
+    model = make_model(nodes, feeds, ["loss"], initializers={"w": w})
+
+    def loss_of(v):
+        acc = feeds["acc0"].astype(np.float64)
+        for _ in range(trips):
+            acc = acc * v + feeds["x"]
+        return np.mean(acc ** 2)
+    np.testing.assert_allclose(_train_one_step(model, feeds), w - 0.1 * _numeric_grad(loss_of, w),
+                               rtol=1e-4, atol=1e-5)

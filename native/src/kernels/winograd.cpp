@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace popxl {
@@ -321,6 +322,7 @@ std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& s) {
     return true;
   }();
   (void)single_threaded_blas;
+  if (const char* on = std::getenv("POPXL_WINOGRAD"); on && std::string(on) == "0") return nullptr;
   View x, y, r;
   if (!channels_innermost(*s.x, s.nhwc_x, x) || !channels_innermost(*s.y, s.nhwc_y, y)) return nullptr;
   if (s.residual && !channels_innermost(*s.residual, s.nhwc_residual, r)) return nullptr;

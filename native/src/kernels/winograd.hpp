@@ -24,7 +24,7 @@ struct WinogradSpec {
 
 // The kernel, or nullptr when the operands do not suit it (not float32, channels not contiguous)
 // or the direct convolution would be as fast (few channels; few tiles to share transformed
-// weights that change every run).
+// weights that change every run), or the environment says POPXL_WINOGRAD=0.
 std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& spec);
 
 }  // namespace popxl
