@@ -48,7 +48,7 @@ def _block(x: popxl.Tensor, w: popxl.Tensor, k: int, pads: Tuple[int, ...], resi
 def _compare(build, inputs, expect_winograd: bool = True):
     want, _ = run_program(build, inputs, "reference")
     got, eng = run_program(build, inputs, "native")
-    algorithms = [a for t, a in eng.kernel_algorithms() if t == "conv_fused"]
+    algorithms = [a for t, a in eng.kernel_algorithms() if t in ("conv", "conv_fused")]
     assert (WINOGRAD in algorithms) == expect_winograd, algorithms
     scale = np.abs(want[0]).max()
     # Winograd's sums differ from direct ones by ~1e-5 of the largest value; a wrong tile, channel
@@ -71,6 +71,24 @@ def test_winograd_matches_direct_convolution(shape, k, pads, residual, relu, cli
     x = r.standard_normal(shape).astype(np.float32)
     out = _compare(lambda t: _block(t, popxl.variable(w), k, pads, residual, relu, clip), [x])
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("shape, k, pads", [((2, 16, 9, 7), 24, (1, 1, 1, 1)), ((1, 20, 6, 10), 16, (2, 0, 1, 1)),
+                                             ((3, 17, 13, 12), 33, (0, 0, 0, 0))])
+def test_winograd_on_nchw_values_stages_them(shape, k, pads):
+    """A plain conv, and a conv_fused outside channels-last chains: x is copied channels-last and
+    the result back around the tiles."""
+    r = np.random.default_rng(8)
+    x, w, b = r.standard_normal(shape).astype(np.float32), _weights(r, k, shape[1]), r.standard_normal(k).astype(
+        np.float32)
+    _compare(lambda t: ops.conv(t, popxl.variable(w), padding=pads), [x])
+    attrs = dict(strides=(1, 1), pads=pads, dilations=(1, 1), groups=1)
+    _compare(lambda t: conv_fused(t, popxl.variable(w), popxl.variable(b), clip=(-0.5, 0.5), **attrs), [x])
+    # an NCHW residual is not read by the tiles: the direct convolution runs
+    oh, ow = (shape[2 + i] + pads[i] + pads[2 + i] - 2 for i in range(2))
+    res = r.standard_normal((shape[0], k, oh, ow)).astype(np.float32)
+    _compare(lambda t, rt: conv_fused(t, popxl.variable(w), popxl.variable(b), residual=rt, relu=True, **attrs),
+             [x, res], expect_winograd=False)
 
 
 def test_winograd_many_tiles_with_weights_streamed_every_run():

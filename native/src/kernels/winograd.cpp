@@ -10,6 +10,10 @@
 // 1.7-2.1x faster than oneDNN's direct brgconv. The result differs from direct summation by
 // about 1e-5 of its largest value (the transforms' coefficients are up to 8 and 1/24).
 //
+// Operands in NCHW (a plain `conv`, outside popart's channels-last chains) are copied channels-last
+// into scratch first, and the result back, through 8x8 register transposes: the same two passes
+// oneDNN's direct kernels make into and out of their blocked layout.
+//
 // Work is cut two ways. Many tiles: blocks of ~64 tiles, each transformed, multiplied and
 // transformed back by one thread while its V and M stay in that core's cache. Few tiles (the
 // transformed operands fit in L3 together): all tiles' transforms on all threads, then the 36
@@ -24,6 +28,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "loops.hpp"
 
 namespace popxl {
 namespace {
@@ -58,21 +64,41 @@ inline void output_1d(const V* m, V* y) {
 }
 
 // A 4-D float32 view whose channels lie 4 bytes apart: byte offset and N, H, W byte strides.
+// `staged`: the operand is a dense NCHW tensor at `offset`, and the view describes its dense NHWC
+// copy in scratch (offset 0 there).
 struct View {
   int64_t offset = 0, n = 0, h = 0, w = 0;
+  bool staged = false;
 };
 
-bool channels_innermost(const Buffer& b, bool nhwc, View& v) {
+// False when `b` is neither channels-innermost nor a dense NCHW tensor to stage.
+bool channels_last_view(const Buffer& b, bool nhwc, View& v) {
   if (b.dtype != DType::F32 || b.shape.size() != 4) return false;
   const int64_t C = b.shape[1], H = b.shape[2], W = b.shape[3], f = sizeof(float);
-  if (nhwc) {  // the bytes of a dense NHWC tensor
-    if (!b.contiguous) return false;
-    v = {b.offset, H * W * C * f, W * C * f, C * f};
+  if (!nhwc && (C == 1 || b.strides[1] == f)) {
+    v = {b.offset, b.strides[0], b.strides[2], b.strides[3]};
     return true;
   }
-  if (C > 1 && b.strides[1] != f) return false;
-  v = {b.offset, b.strides[0], b.strides[2], b.strides[3]};
+  if (!b.contiguous) return false;
+  v = {b.offset, H * W * C * f, W * C * f, C * f, !nhwc};  // dense NHWC: the operand's bytes, or its copy
   return true;
+}
+
+// Each of `images` row-major (A x B) float matrices at `src`, transposed into (B x A) at `dst`, in
+// pieces of up to 64 x 256 on the threads.
+void transpose_images(float* dst, const float* src, int64_t images, int64_t A, int64_t B, int threads) {
+  constexpr int64_t kRows = 64, kCols = 256;  // of the result
+  const int64_t row_pieces = (B + kRows - 1) / kRows, col_pieces = (A + kCols - 1) / kCols;
+  const int64_t f = sizeof(float);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t w = 0; w < images * row_pieces * col_pieces; ++w) {
+    const int64_t n = w / (row_pieces * col_pieces), b0 = w / col_pieces % row_pieces * kRows,
+                  a0 = w % col_pieces * kCols;
+    const float* from = src + n * A * B + a0 * B + b0;
+    float* to = dst + n * A * B + b0 * A + a0;
+    stage_transposed(reinterpret_cast<uint8_t*>(to), A * f, reinterpret_cast<const uint8_t*>(from),
+                     std::min(kRows, B - b0), std::min(kCols, A - a0), f, B * f);
+  }
 }
 
 class WinogradConvKernel : public Kernel {
@@ -101,12 +127,28 @@ class WinogradConvKernel : public Kernel {
       }
     }
     if (!static_w_) u_at_ = scratch.reserve(kPos * C_ * K_ * f);
+    if (x_.staged) x_at_ = scratch.reserve(N_ * H_ * W_ * C_ * f);
+    if (y_.staged) y_at_ = scratch.reserve(N_ * OH_ * OW_ * K_ * f);
   }
 
   std::string algorithm() const override { return "winograd F(4x4,3x3)"; }
 
   void run(uint8_t* arena) override {
     const float* U = transformed_weights(arena);
+    auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
+    const int th = static_cast<int>(threads_);
+    const uint8_t* xbase = x_.staged ? scratch.at(x_at_) : arena + x_.offset;
+    uint8_t* ybase = y_.staged ? scratch.at(y_at_) : arena + y_.offset;
+    if (x_.staged)
+      transpose_images(at(x_at_), reinterpret_cast<const float*>(arena + x_.offset), N_, C_, H_ * W_, th);
+    tiles(arena, xbase, ybase, U);
+    if (y_.staged)
+      transpose_images(reinterpret_cast<float*>(arena + y_.offset), at(y_at_), N_, OH_ * OW_, K_, th);
+  }
+
+ private:
+  // The convolution from x's channels-last values at `xbase` into y's at `ybase`.
+  void tiles(uint8_t* arena, const uint8_t* xbase, uint8_t* ybase, const float* U) {
     auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
     if (few_tiles_) {
       float *V = at(v_at_[0]), *M = at(m_at_[0]);
@@ -115,11 +157,11 @@ class WinogradConvKernel : public Kernel {
       {
         const int64_t th = omp_get_num_threads(), id = omp_get_thread_num();
         const int64_t t0 = T_ * id / th, t1 = T_ * (id + 1) / th;
-        input_tiles(arena, t0, t1 - t0, V + t0 * C_, ldv);
+        input_tiles(xbase, t0, t1 - t0, V + t0 * C_, ldv);
 #pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
         for (int p = 0; p < kPos; ++p) gemm(p, T_, V, ldv, U, M, ldm);
-        output_tiles(arena, t0, t1 - t0, M + t0 * K_, ldm);
+        output_tiles(arena, ybase, t0, t1 - t0, M + t0 * K_, ldm);
       }
       return;
     }
@@ -129,13 +171,12 @@ class WinogradConvKernel : public Kernel {
       const size_t id = static_cast<size_t>(omp_get_thread_num());
       float *V = at(v_at_[id]), *M = at(m_at_[id]);
       const int64_t t0 = b * block_, count = std::min(block_, T_ - t0);
-      input_tiles(arena, t0, count, V, count * C_);
+      input_tiles(xbase, t0, count, V, count * C_);
       for (int p = 0; p < kPos; ++p) gemm(p, count, V, count * C_, U, M, count * K_);
-      output_tiles(arena, t0, count, M, count * K_);
+      output_tiles(arena, ybase, t0, count, M, count * K_);
     }
   }
 
- private:
   // M[p] (tiles x K) = V[p] (tiles x C) @ U[p] (C x K); ldv, ldm: the position strides.
   void gemm(int p, int64_t tiles, const float* V, int64_t ldv, const float* U, float* M, int64_t ldm) const {
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tiles), static_cast<int>(K_),
@@ -151,13 +192,13 @@ class WinogradConvKernel : public Kernel {
   }
 
   // Tiles [t0, t0 + count): position p of tile t0 + i, channel c, at V[p * ldv + i * C + c].
-  void input_tiles(const uint8_t* arena, int64_t t0, int64_t count, float* V, int64_t ldv) const {
+  void input_tiles(const uint8_t* xbase, int64_t t0, int64_t count, float* V, int64_t ldv) const {
     for (int64_t i = 0; i < count; ++i) {
       int64_t n, oy, ox;
       tile_origin(t0 + i, n, oy, ox);
       const int64_t r0 = oy - pt_, c0 = ox - pl_;
       const bool inside = r0 >= 0 && c0 >= 0 && r0 + kSide <= H_ && c0 + kSide <= W_;
-      const uint8_t* image = arena + x_.offset + n * x_.n;
+      const uint8_t* image = xbase + n * x_.n;
       float* v = V + i * C_;
       int64_t c = 0;
       for (; c + 8 <= C_; c += 8) input_tile<v8>(image + c * 4, r0, c0, inside, v + c, ldv);
@@ -191,11 +232,12 @@ class WinogradConvKernel : public Kernel {
   }
 
   // Tiles [t0, t0 + count) from M (as V in input_tiles, K channels) into y, with the epilogue.
-  void output_tiles(uint8_t* arena, int64_t t0, int64_t count, const float* M, int64_t ldm) const {
+  void output_tiles(const uint8_t* arena, uint8_t* ybase, int64_t t0, int64_t count, const float* M,
+                    int64_t ldm) const {
     for (int64_t i = 0; i < count; ++i) {
       int64_t n, oy, ox;
       tile_origin(t0 + i, n, oy, ox);
-      uint8_t* out = arena + y_.offset + n * y_.n + oy * y_.h + ox * y_.w;
+      uint8_t* out = ybase + n * y_.n + oy * y_.h + ox * y_.w;
       const uint8_t* res = has_residual_ ? arena + r_.offset + n * r_.n + oy * r_.h + ox * r_.w : nullptr;
       const int64_t rows = std::min<int64_t>(4, OH_ - oy), cols = std::min<int64_t>(4, OW_ - ox);
       const float* m = M + i * K_;
@@ -311,6 +353,7 @@ class WinogradConvKernel : public Kernel {
   bool few_tiles_;
   std::vector<size_t> v_at_, m_at_;  // V and M in scratch: one pair, or one a thread
   size_t u_at_ = 0;                  // non-static weights: U in scratch
+  size_t x_at_ = 0, y_at_ = 0;       // staged x, y: their channels-last copies in scratch
   std::vector<Kept> kept_;
 };
 
@@ -324,8 +367,9 @@ std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& s) {
   (void)single_threaded_blas;
   if (const char* on = std::getenv("POPXL_WINOGRAD"); on && std::string(on) == "0") return nullptr;
   View x, y, r;
-  if (!channels_innermost(*s.x, s.nhwc_x, x) || !channels_innermost(*s.y, s.nhwc_y, y)) return nullptr;
-  if (s.residual && !channels_innermost(*s.residual, s.nhwc_residual, r)) return nullptr;
+  if (!channels_last_view(*s.x, s.nhwc_x, x) || !channels_last_view(*s.y, s.nhwc_y, y)) return nullptr;
+  // A residual is read in place, channels innermost (a staged y is written NHWC before it goes out).
+  if (s.residual && (!channels_last_view(*s.residual, s.nhwc_residual, r) || r.staged || y.staged)) return nullptr;
   if (s.w->dtype != DType::F32 || (s.bias && s.bias->dtype != DType::F32)) return nullptr;
   const int64_t C = s.x->shape[1], K = s.y->shape[1];
   // Few channels: the transforms cost more than the products they save.

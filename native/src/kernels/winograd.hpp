@@ -22,7 +22,8 @@ struct WinogradSpec {
   bool static_w;  // w lies in static storage (OpInstr::static_inputs)
 };
 
-// The kernel, or nullptr when the operands do not suit it (not float32, channels not contiguous)
+// The kernel, or nullptr when the operands do not suit it (not float32; neither channels-innermost
+// nor dense NCHW, which is staged; a residual not channels-innermost or with a staged y)
 // or the direct convolution would be as fast (few channels; few tiles to share transformed
 // weights that change every run), or the environment says POPXL_WINOGRAD=0.
 std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& spec);
