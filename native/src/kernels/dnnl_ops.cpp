@@ -832,6 +832,15 @@ bool one_float_type(std::initializer_list<const Buffer*> bs) {
   return true;
 }
 
+// A 2-D 3x3 convolution with stride and dilation 1, one group: what winograd_conv computes.
+bool winograd_geometry(const Buffer& w, int64_t groups, const Window& win) {
+  const auto all = [](const memory::dims& d, int64_t v) {
+    return std::all_of(d.begin(), d.end(), [v](int64_t e) { return e == v; });
+  };
+  return groups == 1 && w.shape.size() == 4 && w.shape[2] == 3 && w.shape[3] == 3 && all(win.strides, 1) &&
+         all(win.dilates, 0);
+}
+
 // conv and conv_fused (float32 or float16): x, w, [bias, [residual]] -> y.
 std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffer>& bufs, bool fused) {
   const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
@@ -867,9 +876,7 @@ std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffe
     s.pool = BlockedConvKernel::Spec::MaxPool{memory::dims(kernel.begin(), kernel.end()), pw};
   }
   fit_right_padding(s.win, spatial(x.shape), spatial(w.shape), spatial(s.conv_shape), false);
-  const auto all = [](const memory::dims& d, int64_t v) { return std::all_of(d.begin(), d.end(), [v](auto e) { return e == v; }); };
-  if (!s.pool && s.groups == 1 && x.shape.size() == 4 && w.shape[2] == 3 && w.shape[3] == 3 && all(s.win.strides, 1) &&
-      all(s.win.dilates, 0)) {
+  if (!s.pool && winograd_geometry(w, s.groups, s.win)) {
     const WinogradSpec ws{&x, &w, bias, res, &y, s.nhwc_x, s.nhwc_y, s.nhwc_residual, s.win.pad_l[0], s.win.pad_l[1],
                           s.relu, s.clip, s.static_w};
     if (auto k = winograd_conv(ws)) return k;
@@ -927,6 +934,35 @@ KernelFactory convolution(bool transposed, bool pow2 = false) {
     }
   };
 }
+
+// Kernels run one after another as one op's kernel (they share the scratch region, as kernels
+// run in turn do).
+class KernelSequence : public Kernel {
+ public:
+  explicit KernelSequence(std::vector<std::unique_ptr<Kernel>> parts) : parts_(std::move(parts)) {}
+  void run(uint8_t* arena) override {
+    for (auto& k : parts_) {
+      k->weights_epoch = weights_epoch;  // set on this kernel at load, after construction
+      k->run(arena);
+    }
+  }
+  size_t scratch_bytes() const override {
+    size_t n = 0;
+    for (auto& k : parts_) n = std::max(n, k->scratch_bytes());
+    return n;
+  }
+  void bind_scratch(uint8_t* region) override {
+    for (auto& k : parts_) k->bind_scratch(region);
+  }
+  std::string algorithm() const override {
+    std::string s;
+    for (auto& k : parts_) s += (s.empty() ? "" : " + ") + (k->algorithm().empty() ? "oneDNN" : k->algorithm());
+    return s;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Kernel>> parts_;
+};
 
 // conv_grad: dx and/or dweight (its `grads` attribute) from oneDNN's backward-data and
 // backward-weights primitives, both built against the forward convolution they differentiate.
@@ -1028,10 +1064,30 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
     for (const AttrValue& name : it->second.list()) (name.s() == "dx" ? dx : dw) = &bufs[ins.outputs[out++]];
   }
   if (!one_float_type({&x, &w, &g, dx, dw})) return nullptr;
+  const int64_t groups = ins.attrs.at("groups").i();
   Window win = window_of(ins, x.shape.size() - 2);
   fit_right_padding(win, spatial(x.shape), spatial(w.shape), spatial(g.shape), false);
+  // dx of a 3x3 stride-1 convolution is itself one: dy correlated with the weights turned round in
+  // space, input and output channels swapped (a view of w: (C, K, 3, 3), negative spatial strides),
+  // padded by 2 - pad at the top and left. Winograd computes it where it pays; oneDNN does dw.
+  std::unique_ptr<Kernel> winograd_dx;
+  if (dx && winograd_geometry(w, groups, win)) {
+    Buffer turned = w;
+    turned.shape = {w.shape[1], w.shape[0], 3, 3};
+    turned.strides = {w.strides[1], w.strides[0], -w.strides[2], -w.strides[3]};
+    turned.offset = w.offset + 2 * (w.strides[2] + w.strides[3]);
+    turned.contiguous = false;
+    winograd_dx = winograd_conv({&g, &turned, nullptr, nullptr, dx, false, false, false, 2 - win.pad_l[0],
+                                 2 - win.pad_l[1], false, std::nullopt, ins.is_static_input(kWeightsSlot)});
+    if (winograd_dx && !dw) return winograd_dx;
+  }
   try {
-    return std::make_unique<ConvGradKernel>(x, w, g, dx, dw, ins.attrs.at("groups").i(), win);
+    auto k = std::make_unique<ConvGradKernel>(x, w, g, winograd_dx ? nullptr : dx, dw, groups, win);
+    if (!winograd_dx) return k;
+    std::vector<std::unique_ptr<Kernel>> parts;
+    parts.push_back(std::move(winograd_dx));
+    parts.push_back(std::move(k));
+    return std::make_unique<KernelSequence>(std::move(parts));
   } catch (const dnnl::error&) {
     return nullptr;
   } catch (const std::runtime_error&) {
