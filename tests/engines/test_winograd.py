@@ -92,7 +92,7 @@ def test_winograd_on_nchw_values_stages_them(shape, k, pads):
              [x, res], expect_winograd=False)
 
 
-@pytest.mark.parametrize("pads", [(1, 1, 1, 1), (0, 0, 0, 0), (2, 0, 1, 2)], ids=str)
+@pytest.mark.parametrize("pads", [(1, 1, 1, 1), (0, 0, 0, 0), (2, 0, 1, 2), (3, 3, 3, 3)], ids=str)
 @pytest.mark.parametrize("grads", [None, ("dx",), ("dx", "dweight")], ids=str)
 def test_conv_grad_dx_by_winograd(pads, grads):
     """conv_grad's dx of a 3x3 stride-1 convolution is a convolution of dy with the weights turned

@@ -243,16 +243,20 @@ class WinogradConvKernel : public Kernel {
       const float* m = M + i * K_;
       const float* bias = reinterpret_cast<const float*>(arena + bias_at_);
       int64_t k = 0;
-      for (; k + 8 <= K_; k += 8) output_tile<v8>(m + k, ldm, bias, k, out + k * 4, res ? res + k * 4 : nullptr, rows, cols);
-      for (; k < K_; ++k) output_tile<float>(m + k, ldm, bias, k, out + k * 4, res ? res + k * 4 : nullptr, rows, cols);
+      for (; k + 8 <= K_; k += 8) output_tile<v8>(m, ldm, bias, k, out, res, rows, cols);
+      for (; k < K_; ++k) output_tile<float>(m, ldm, bias, k, out, res, rows, cols);
     }
   }
 
-  // `out`, `res`: channel(s) k of the tile's first output.
+  // Channel(s) k from k onwards: `m`: the tile's products at position 0, `out`, `res` (or null):
+  // its first output in y and in the residual, all at channel 0.
   template <class V>
   void output_tile(const float* m, int64_t ldm, const float* bias, int64_t k, uint8_t* out, const uint8_t* res,
                    int64_t rows, int64_t cols) const {
     constexpr int L = sizeof(V) / sizeof(float);
+    m += k;
+    out += k * sizeof(float);
+    if (res) res += k * sizeof(float);
     V p[kPos], t[4 * kSide], b{};
     for (int q = 0; q < kPos; ++q) std::memcpy(&p[q], m + q * ldm, sizeof(V));
     if (has_bias_) {
