@@ -14,6 +14,7 @@ import popxl
 import popxl.ops as ops
 from popxl.op import create_op
 from popxl.ops.nn import conv_fused
+from popxl import transforms
 from popxl.transforms import keep_channels_last
 
 from engine_harness import engine, run_program
@@ -93,10 +94,11 @@ def test_winograd_on_nchw_values_stages_them(shape, k, pads):
 
 
 @pytest.mark.parametrize("pads", [(1, 1, 1, 1), (0, 0, 0, 0), (2, 0, 1, 2), (3, 3, 3, 3)], ids=str)
-@pytest.mark.parametrize("grads", [None, ("dx",), ("dx", "dweight")], ids=str)
-def test_conv_grad_dx_by_winograd(pads, grads):
-    """conv_grad's dx of a 3x3 stride-1 convolution is a convolution of dy with the weights turned
-    round: Winograd computes it (weights streamed: 256 tiles of dx), oneDNN the weight gradient."""
+@pytest.mark.parametrize("grads", [None, ("dx",), ("dweight",), ("dx", "dweight")], ids=str)
+def test_conv_grad_by_winograd(pads, grads):
+    """conv_grad of a 3x3 stride-1 convolution: dx is a convolution of dy with the weights turned
+    round (weights streamed: 256 tiles of dx), dw the sum over tiles of transformed x and dy
+    products turned back into 3x3; Winograd computes both."""
     r = np.random.default_rng(9)
     x, w = r.standard_normal((16, 16, 16, 16)).astype(np.float32), _weights(r, 24, 16)
     attrs = dict(strides=(1, 1), pads=pads, dilations=(1, 1), groups=1)
@@ -174,7 +176,8 @@ def test_winograd_weights_written_between_runs_are_used():
 
 
 def test_conv_grad_dx_by_winograd_with_static_weights():
-    """Weights a variable nothing writes (kept transformed, turned round): few tiles suffice."""
+    """Weights a variable nothing writes (kept transformed, turned round): few tiles suffice for dx;
+    dw, from 6 tiles, is oneDNN's (the two kernels run in turn as the op's)."""
     r = np.random.default_rng(10)
     x, w = r.standard_normal((1, 20, 7, 9)).astype(np.float32), _weights(r, 16, 20)
     gy = r.standard_normal((1, 16, 7, 9)).astype(np.float32)
@@ -183,3 +186,29 @@ def test_conv_grad_dx_by_winograd_with_static_weights():
         b = popxl.variable(w)
         return create_op("conv_grad", [a, b, g], dict(ops.conv(a, b, padding=(1, 1, 1, 1)).producer.attrs))
     _compare(build, [x, gy])
+    _, eng = run_program(build, [x, gy], "native")
+    assert ("conv_grad", f"{WINOGRAD} + oneDNN") in eng.kernel_algorithms()
+
+
+def test_gradients_of_a_3x3_cnn_match_the_reference_engine():
+    """autodiff of conv -> relu -> conv with weights streamed in (not static): the forward convolutions,
+    and both gradients of each, by Winograd on the native engine."""
+    r = np.random.default_rng(11)
+    x = r.standard_normal((16, 16, 16, 16)).astype(np.float32)
+    w1, w2 = _weights(r, 16, 16), _weights(r, 16, 16)
+    seed = r.standard_normal((16, 16, 16, 16)).astype(np.float32)
+
+    def build(t, a, b):
+        ir = t.graph.ir
+
+        def forward(xt, wa, wb):
+            return ops.conv(ops.relu(ops.conv(xt, wa, padding=(1, 1, 1, 1))), wb, padding=(1, 1, 1, 1))
+        graph = ir.create_graph(forward, t, a, b)
+        grads = transforms.autodiff(graph)
+        info = ops.call_with_info(graph, t, a, b)
+        return ops.call(grads.graph, popxl.constant(seed), inputs_dict=grads.inputs_dict(info))
+    got = _compare(build, [x, w1, w2])
+    _, eng = run_program(build, [x, w1, w2], "native")
+    algorithms = [a for t, a in eng.kernel_algorithms() if t.startswith("conv")]
+    assert algorithms.count(WINOGRAD) == 2 and algorithms.count(f"{WINOGRAD} + {WINOGRAD}") == 2, algorithms
+    assert np.isfinite(got).all()

@@ -1069,30 +1069,40 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
   fit_right_padding(win, spatial(x.shape), spatial(w.shape), spatial(g.shape), false);
   // dx of a 3x3 stride-1 convolution is itself one: dy correlated with the weights turned round in
   // space, input and output channels swapped (a view of w: (C, K, 3, 3), negative spatial strides),
-  // padded by 2 - pad at the top and left. Winograd computes it where it pays; oneDNN does dw.
-  std::unique_ptr<Kernel> winograd_dx;
-  if (dx && winograd_geometry(w, groups, win)) {
-    Buffer turned = w;
-    turned.shape = {w.shape[1], w.shape[0], 3, 3};
-    turned.strides = {w.strides[1], w.strides[0], -w.strides[2], -w.strides[3]};
-    turned.offset = w.offset + 2 * (w.strides[2] + w.strides[3]);
-    turned.contiguous = false;
-    winograd_dx = winograd_conv({&g, &turned, nullptr, nullptr, dx, false, false, false, 2 - win.pad_l[0],
-                                 2 - win.pad_l[1], false, std::nullopt, ins.is_static_input(kWeightsSlot)});
-    if (winograd_dx && !dw) return winograd_dx;
+  // padded by 2 - pad at the top and left. Winograd computes it, and dw, where it pays; oneDNN
+  // computes what it does not.
+  std::vector<std::unique_ptr<Kernel>> parts;
+  if (winograd_geometry(w, groups, win)) {
+    if (dx) {
+      Buffer turned = w;
+      turned.shape = {w.shape[1], w.shape[0], 3, 3};
+      turned.strides = {w.strides[1], w.strides[0], -w.strides[2], -w.strides[3]};
+      turned.offset = w.offset + 2 * (w.strides[2] + w.strides[3]);
+      turned.contiguous = false;
+      if (auto k = winograd_conv({&g, &turned, nullptr, nullptr, dx, false, false, false, 2 - win.pad_l[0],
+                                  2 - win.pad_l[1], false, std::nullopt, ins.is_static_input(kWeightsSlot)})) {
+        parts.push_back(std::move(k));
+        dx = nullptr;
+      }
+    }
+    if (dw) {
+      if (auto k = winograd_weight_grad(x, g, *dw, win.pad_l[0], win.pad_l[1])) {
+        parts.push_back(std::move(k));
+        dw = nullptr;
+      }
+    }
   }
-  try {
-    auto k = std::make_unique<ConvGradKernel>(x, w, g, winograd_dx ? nullptr : dx, dw, groups, win);
-    if (!winograd_dx) return k;
-    std::vector<std::unique_ptr<Kernel>> parts;
-    parts.push_back(std::move(winograd_dx));
-    parts.push_back(std::move(k));
-    return std::make_unique<KernelSequence>(std::move(parts));
-  } catch (const dnnl::error&) {
-    return nullptr;
-  } catch (const std::runtime_error&) {
-    return nullptr;
+  if (dx || dw) {
+    try {
+      parts.push_back(std::make_unique<ConvGradKernel>(x, w, g, dx, dw, groups, win));
+    } catch (const dnnl::error&) {
+      return nullptr;
+    } catch (const std::runtime_error&) {
+      return nullptr;
+    }
   }
+  if (parts.size() == 1) return std::move(parts[0]);
+  return std::make_unique<KernelSequence>(std::move(parts));
 }};
 
 // 2-D float32 (or float16, computed in float32) pooling in channels-last: oneDNN has only a slow

@@ -1,5 +1,5 @@
-// Winograd's minimal filtering F(4x4, 3x3) for 3x3 stride-1 float32 convolutions (Lavin and
-// Gray, "Fast Algorithms for Convolutional Neural Networks", 2016).
+// Winograd's minimal filtering F(4x4, 3x3) for 3x3 stride-1 float32 convolutions and their
+// gradients (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016).
 //
 // The output is cut into 4x4 tiles; each reads a 6x6 patch of the input. With the 6x6 transforms
 // B (input), G (filter) and A (output) of the interpolation points 0, 1, -1, 2, -2 and infinity,
@@ -41,6 +41,7 @@ constexpr int kSide = 6;            // a tile's input patch side (4 outputs + 2)
 constexpr int kPos = kSide * kSide;  // transformed positions of a tile
 constexpr int64_t kBlockTiles = 64;  // tiles a block, many-tile mode (best for 56x56x64 and 28x28x128)
 constexpr int64_t kFewTilesBytes = int64_t(16) << 20;  // all of V and M within this: few-tile mode
+constexpr int64_t kMaxGradBytes = int64_t(96) << 20;   // the weight gradient's V and Z, at most
 
 // One column of B^T d: six inputs to six transformed values.
 template <class V>
@@ -51,6 +52,23 @@ inline void input_1d(const V* d, V* o) {
   o[3] = 2.f * (d[3] - d[1]) - d[2] + d[4];
   o[4] = 2.f * (d[1] - d[3]) - d[2] + d[4];
   o[5] = 4.f * d[1] - 5.f * d[3] + d[5];
+}
+
+// G: a 3-tap filter to its six transformed values.
+constexpr float kG[kSide][3] = {{1.f / 4, 0, 0},           {-1.f / 6, -1.f / 6, -1.f / 6},
+                                {-1.f / 6, 1.f / 6, -1.f / 6}, {1.f / 24, 1.f / 12, 1.f / 6},
+                                {1.f / 24, -1.f / 12, 1.f / 6}, {0, 0, 1}};
+
+// One column of A dy (the transpose of the output transform): four output gradients to six.
+template <class V>
+inline void gradient_1d(const V* d, V* z) {
+  const V a = d[0] + d[2], b = d[1] + d[3], c = d[0] + 4.f * d[2], e = 2.f * d[1] + 8.f * d[3];
+  z[0] = d[0];
+  z[1] = a + b;
+  z[2] = a - b;
+  z[3] = c + e;
+  z[4] = c - e;
+  z[5] = d[3];
 }
 
 // One column of A^T m: six products to four outputs.
@@ -101,108 +119,42 @@ void transpose_images(float* dst, const float* src, int64_t images, int64_t A, i
   }
 }
 
-class WinogradConvKernel : public Kernel {
- public:
-  WinogradConvKernel(const WinogradSpec& s, const View& x, const View& y, const View& r)
-      : x_(x), y_(y), r_(r), w_(*s.w), has_bias_(s.bias), has_residual_(s.residual), relu_(s.relu),
-        clip_(s.clip), static_w_(s.static_w) {
-    if (s.bias) bias_at_ = s.bias->offset, bias_step_ = s.bias->strides[0] / static_cast<int64_t>(sizeof(float));
-    N_ = s.x->shape[0], C_ = s.x->shape[1], H_ = s.x->shape[2], W_ = s.x->shape[3];
-    K_ = s.y->shape[1], OH_ = s.y->shape[2], OW_ = s.y->shape[3];
-    pt_ = s.pad_top, pl_ = s.pad_left;
-    TH_ = (OH_ + 3) / 4, TW_ = (OW_ + 3) / 4, T_ = N_ * TH_ * TW_;
-    threads_ = omp_get_max_threads();
-    const int64_t f = sizeof(float);
-    few_tiles_ = kPos * T_ * (C_ + K_) * f <= kFewTilesBytes || T_ < 2 * kBlockTiles * threads_;
-    if (few_tiles_) {
-      v_at_.push_back(scratch.reserve(kPos * T_ * C_ * f));
-      m_at_.push_back(scratch.reserve(kPos * T_ * K_ * f));
-    } else {  // blocks shared evenly over the threads
-      int64_t blocks = (T_ + kBlockTiles - 1) / kBlockTiles;
-      blocks = (blocks + threads_ - 1) / threads_ * threads_;
-      block_ = (T_ + blocks - 1) / blocks;
-      for (int64_t t = 0; t < threads_; ++t) {
-        v_at_.push_back(scratch.reserve(kPos * block_ * C_ * f));
-        m_at_.push_back(scratch.reserve(kPos * block_ * K_ * f));
-      }
-    }
-    if (!static_w_) u_at_ = scratch.reserve(kPos * C_ * K_ * f);
-    if (x_.staged) x_at_ = scratch.reserve(N_ * H_ * W_ * C_ * f);
-    if (y_.staged) y_at_ = scratch.reserve(N_ * OH_ * OW_ * K_ * f);
-  }
+// A convolution's output cut into 4x4 tiles (N x TH x TW of them, T in all), and the input
+// transform of the tiles' 6x6 patches of x (C channels of H x W, padded by pt, pl at the top, left).
+struct Tiling {
+  View x;
+  int64_t N, C, H, W, OH, OW, pt, pl, TH, TW, T;
+  Tiling(const View& x_, const std::vector<int64_t>& xs, const std::vector<int64_t>& ys, int64_t pad_top,
+         int64_t pad_left)
+      : x(x_), N(xs[0]), C(xs[1]), H(xs[2]), W(xs[3]), OH(ys[2]), OW(ys[3]), pt(pad_top), pl(pad_left),
+        TH((OH + 3) / 4), TW((OW + 3) / 4), T(N * TH * TW) {}
 
-  std::string algorithm() const override { return "winograd F(4x4,3x3)"; }
-
-  void run(uint8_t* arena) override {
-    const float* U = transformed_weights(arena);
-    auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
-    const int th = static_cast<int>(threads_);
-    const uint8_t* xbase = x_.staged ? scratch.at(x_at_) : arena + x_.offset;
-    uint8_t* ybase = y_.staged ? scratch.at(y_at_) : arena + y_.offset;
-    if (x_.staged)
-      transpose_images(at(x_at_), reinterpret_cast<const float*>(arena + x_.offset), N_, C_, H_ * W_, th);
-    tiles(arena, xbase, ybase, U);
-    if (y_.staged)
-      transpose_images(reinterpret_cast<float*>(arena + y_.offset), at(y_at_), N_, OH_ * OW_, K_, th);
-  }
-
- private:
-  // The convolution from x's channels-last values at `xbase` into y's at `ybase`.
-  void tiles(uint8_t* arena, const uint8_t* xbase, uint8_t* ybase, const float* U) {
-    auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
-    if (few_tiles_) {
-      float *V = at(v_at_[0]), *M = at(m_at_[0]);
-      const int64_t ldv = T_ * C_, ldm = T_ * K_;
-#pragma omp parallel num_threads(static_cast<int>(threads_))
-      {
-        const int64_t th = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t t0 = T_ * id / th, t1 = T_ * (id + 1) / th;
-        input_tiles(xbase, t0, t1 - t0, V + t0 * C_, ldv);
-#pragma omp barrier
-#pragma omp for schedule(dynamic, 1)
-        for (int p = 0; p < kPos; ++p) gemm(p, T_, V, ldv, U, M, ldm);
-        output_tiles(arena, ybase, t0, t1 - t0, M + t0 * K_, ldm);
-      }
-      return;
-    }
-    const int64_t blocks = (T_ + block_ - 1) / block_;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(threads_))
-    for (int64_t b = 0; b < blocks; ++b) {
-      const size_t id = static_cast<size_t>(omp_get_thread_num());
-      float *V = at(v_at_[id]), *M = at(m_at_[id]);
-      const int64_t t0 = b * block_, count = std::min(block_, T_ - t0);
-      input_tiles(xbase, t0, count, V, count * C_);
-      for (int p = 0; p < kPos; ++p) gemm(p, count, V, count * C_, U, M, count * K_);
-      output_tiles(arena, ybase, t0, count, M, count * K_);
-    }
-  }
-
-  // M[p] (tiles x K) = V[p] (tiles x C) @ U[p] (C x K); ldv, ldm: the position strides.
-  void gemm(int p, int64_t tiles, const float* V, int64_t ldv, const float* U, float* M, int64_t ldm) const {
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tiles), static_cast<int>(K_),
-                      static_cast<int>(C_), 1.f, V + p * ldv, static_cast<int>(C_), U + p * C_ * K_,
-                      static_cast<int>(K_), 0.f, M + p * ldm, static_cast<int>(K_));
+  // x's channels-last values: in the arena, or (staged) copied into `staging` first.
+  const uint8_t* channels_last(const uint8_t* arena, float* staging, int threads) const {
+    if (!x.staged) return arena + x.offset;
+    transpose_images(staging, reinterpret_cast<const float*>(arena + x.offset), N, C, H * W, threads);
+    return reinterpret_cast<const uint8_t*>(staging);
   }
 
   // The tile's image and its first output row and column.
-  void tile_origin(int64_t t, int64_t& n, int64_t& oy, int64_t& ox) const {
-    n = t / (TH_ * TW_);
-    oy = (t / TW_) % TH_ * 4;
-    ox = t % TW_ * 4;
+  void origin(int64_t t, int64_t& n, int64_t& oy, int64_t& ox) const {
+    n = t / (TH * TW);
+    oy = (t / TW) % TH * 4;
+    ox = t % TW * 4;
   }
 
   // Tiles [t0, t0 + count): position p of tile t0 + i, channel c, at V[p * ldv + i * C + c].
-  void input_tiles(const uint8_t* xbase, int64_t t0, int64_t count, float* V, int64_t ldv) const {
+  void input(const uint8_t* xbase, int64_t t0, int64_t count, float* V, int64_t ldv) const {
     for (int64_t i = 0; i < count; ++i) {
       int64_t n, oy, ox;
-      tile_origin(t0 + i, n, oy, ox);
-      const int64_t r0 = oy - pt_, c0 = ox - pl_;
-      const bool inside = r0 >= 0 && c0 >= 0 && r0 + kSide <= H_ && c0 + kSide <= W_;
-      const uint8_t* image = xbase + n * x_.n;
-      float* v = V + i * C_;
+      origin(t0 + i, n, oy, ox);
+      const int64_t r0 = oy - pt, c0 = ox - pl;
+      const bool inside = r0 >= 0 && c0 >= 0 && r0 + kSide <= H && c0 + kSide <= W;
+      const uint8_t* image = xbase + n * x.n;
+      float* v = V + i * C;
       int64_t c = 0;
-      for (; c + 8 <= C_; c += 8) input_tile<v8>(image + c * 4, r0, c0, inside, v + c, ldv);
-      for (; c < C_; ++c) input_tile<float>(image + c * 4, r0, c0, inside, v + c, ldv);
+      for (; c + 8 <= C; c += 8) input_tile<v8>(image + c * 4, r0, c0, inside, v + c, ldv);
+      for (; c < C; ++c) input_tile<float>(image + c * 4, r0, c0, inside, v + c, ldv);
     }
   }
 
@@ -213,8 +165,8 @@ class WinogradConvKernel : public Kernel {
     for (int i = 0; i < kSide; ++i)
       for (int j = 0; j < kSide; ++j) {
         const int64_t r = r0 + i, q = c0 + j;
-        if (inside || (r >= 0 && r < H_ && q >= 0 && q < W_))
-          std::memcpy(&d[i * kSide + j], src + r * x_.h + q * x_.w, sizeof(V));
+        if (inside || (r >= 0 && r < H && q >= 0 && q < W))
+          std::memcpy(&d[i * kSide + j], src + r * x.h + q * x.w, sizeof(V));
         else
           d[i * kSide + j] = V{};
       }
@@ -230,16 +182,95 @@ class WinogradConvKernel : public Kernel {
       for (int j = 0; j < kSide; ++j) std::memcpy(v + (i * kSide + j) * ldv, &o[j], sizeof(V));
     }
   }
+};
+
+class WinogradConvKernel : public Kernel {
+ public:
+  WinogradConvKernel(const WinogradSpec& s, const View& x, const View& y, const View& r)
+      : tl_(x, s.x->shape, s.y->shape, s.pad_top, s.pad_left), y_(y), r_(r), w_(*s.w), has_bias_(s.bias),
+        has_residual_(s.residual), relu_(s.relu), clip_(s.clip), static_w_(s.static_w) {
+    if (s.bias) bias_at_ = s.bias->offset, bias_step_ = s.bias->strides[0] / static_cast<int64_t>(sizeof(float));
+    K_ = s.y->shape[1];
+    threads_ = omp_get_max_threads();
+    const int64_t f = sizeof(float);
+    few_tiles_ = kPos * tl_.T * (tl_.C + K_) * f <= kFewTilesBytes || tl_.T < 2 * kBlockTiles * threads_;
+    if (few_tiles_) {
+      v_at_.push_back(scratch.reserve(kPos * tl_.T * tl_.C * f));
+      m_at_.push_back(scratch.reserve(kPos * tl_.T * K_ * f));
+    } else {  // blocks shared evenly over the threads
+      int64_t blocks = (tl_.T + kBlockTiles - 1) / kBlockTiles;
+      blocks = (blocks + threads_ - 1) / threads_ * threads_;
+      block_ = (tl_.T + blocks - 1) / blocks;
+      for (int64_t t = 0; t < threads_; ++t) {
+        v_at_.push_back(scratch.reserve(kPos * block_ * tl_.C * f));
+        m_at_.push_back(scratch.reserve(kPos * block_ * K_ * f));
+      }
+    }
+    if (!static_w_) u_at_ = scratch.reserve(kPos * tl_.C * K_ * f);
+    if (tl_.x.staged) x_at_ = scratch.reserve(tl_.N * tl_.H * tl_.W * tl_.C * f);
+    if (y_.staged) y_at_ = scratch.reserve(tl_.N * tl_.OH * tl_.OW * K_ * f);
+  }
+
+  std::string algorithm() const override { return "winograd F(4x4,3x3)"; }
+
+  void run(uint8_t* arena) override {
+    const float* U = transformed_weights(arena);
+    auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
+    const int th = static_cast<int>(threads_);
+    const uint8_t* xbase = tl_.channels_last(arena, at(x_at_), th);
+    uint8_t* ybase = y_.staged ? scratch.at(y_at_) : arena + y_.offset;
+    tiles(arena, xbase, ybase, U);
+    if (y_.staged)
+      transpose_images(reinterpret_cast<float*>(arena + y_.offset), at(y_at_), tl_.N, tl_.OH * tl_.OW, K_, th);
+  }
+
+ private:
+  // The convolution from x's channels-last values at `xbase` into y's at `ybase`.
+  void tiles(uint8_t* arena, const uint8_t* xbase, uint8_t* ybase, const float* U) {
+    auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
+    if (few_tiles_) {
+      float *V = at(v_at_[0]), *M = at(m_at_[0]);
+      const int64_t ldv = tl_.T * tl_.C, ldm = tl_.T * K_;
+#pragma omp parallel num_threads(static_cast<int>(threads_))
+      {
+        const int64_t th = omp_get_num_threads(), id = omp_get_thread_num();
+        const int64_t t0 = tl_.T * id / th, t1 = tl_.T * (id + 1) / th;
+        tl_.input(xbase, t0, t1 - t0, V + t0 * tl_.C, ldv);
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < kPos; ++p) gemm(p, tl_.T, V, ldv, U, M, ldm);
+        output_tiles(arena, ybase, t0, t1 - t0, M + t0 * K_, ldm);
+      }
+      return;
+    }
+    const int64_t blocks = (tl_.T + block_ - 1) / block_;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(threads_))
+    for (int64_t b = 0; b < blocks; ++b) {
+      const size_t id = static_cast<size_t>(omp_get_thread_num());
+      float *V = at(v_at_[id]), *M = at(m_at_[id]);
+      const int64_t t0 = b * block_, count = std::min(block_, tl_.T - t0);
+      tl_.input(xbase, t0, count, V, count * tl_.C);
+      for (int p = 0; p < kPos; ++p) gemm(p, count, V, count * tl_.C, U, M, count * K_);
+      output_tiles(arena, ybase, t0, count, M, count * K_);
+    }
+  }
+
+  // M[p] (tiles x K) = V[p] (tiles x C) @ U[p] (C x K); ldv, ldm: the position strides.
+  void gemm(int p, int64_t tiles, const float* V, int64_t ldv, const float* U, float* M, int64_t ldm) const {
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tiles), static_cast<int>(K_),
+                      static_cast<int>(tl_.C), 1.f, V + p * ldv, static_cast<int>(tl_.C), U + p * tl_.C * K_,
+                      static_cast<int>(K_), 0.f, M + p * ldm, static_cast<int>(K_));
+  }
 
   // Tiles [t0, t0 + count) from M (as V in input_tiles, K channels) into y, with the epilogue.
   void output_tiles(const uint8_t* arena, uint8_t* ybase, int64_t t0, int64_t count, const float* M,
                     int64_t ldm) const {
     for (int64_t i = 0; i < count; ++i) {
       int64_t n, oy, ox;
-      tile_origin(t0 + i, n, oy, ox);
+      tl_.origin(t0 + i, n, oy, ox);
       uint8_t* out = ybase + n * y_.n + oy * y_.h + ox * y_.w;
       const uint8_t* res = has_residual_ ? arena + r_.offset + n * r_.n + oy * r_.h + ox * r_.w : nullptr;
-      const int64_t rows = std::min<int64_t>(4, OH_ - oy), cols = std::min<int64_t>(4, OW_ - ox);
+      const int64_t rows = std::min<int64_t>(4, tl_.OH - oy), cols = std::min<int64_t>(4, tl_.OW - ox);
       const float* m = M + i * K_;
       const float* bias = reinterpret_cast<const float*>(arena + bias_at_);
       int64_t k = 0;
@@ -292,23 +323,20 @@ class WinogradConvKernel : public Kernel {
 
   // U = G g G^T of every (c, k), at U[(p * C + c) * K + k].
   void transform_weights(const uint8_t* arena, float* U) const {
-    static constexpr float G[kSide][3] = {{1.f / 4, 0, 0},           {-1.f / 6, -1.f / 6, -1.f / 6},
-                                          {-1.f / 6, 1.f / 6, -1.f / 6}, {1.f / 24, 1.f / 12, 1.f / 6},
-                                          {1.f / 24, -1.f / 12, 1.f / 6}, {0, 0, 1}};
     const uint8_t* w = arena + w_.offset;
     const auto& st = w_.strides;
 #pragma omp parallel for schedule(static) num_threads(static_cast<int>(threads_))
-    for (int64_t c = 0; c < C_; ++c)
+    for (int64_t c = 0; c < tl_.C; ++c)
       for (int64_t k = 0; k < K_; ++k) {
         float g[3][3], gt[kSide][3];
         for (int a = 0; a < 3; ++a)
           for (int b = 0; b < 3; ++b)
             std::memcpy(&g[a][b], w + k * st[0] + c * st[1] + a * st[2] + b * st[3], sizeof(float));
         for (int i = 0; i < kSide; ++i)
-          for (int b = 0; b < 3; ++b) gt[i][b] = G[i][0] * g[0][b] + G[i][1] * g[1][b] + G[i][2] * g[2][b];
+          for (int b = 0; b < 3; ++b) gt[i][b] = kG[i][0] * g[0][b] + kG[i][1] * g[1][b] + kG[i][2] * g[2][b];
         for (int i = 0; i < kSide; ++i)
           for (int j = 0; j < kSide; ++j)
-            U[((i * kSide + j) * C_ + c) * K_ + k] = gt[i][0] * G[j][0] + gt[i][1] * G[j][1] + gt[i][2] * G[j][2];
+            U[((i * kSide + j) * tl_.C + c) * K_ + k] = gt[i][0] * kG[j][0] + gt[i][1] * kG[j][1] + gt[i][2] * kG[j][2];
       }
   }
 
@@ -330,7 +358,7 @@ class WinogradConvKernel : public Kernel {
     if (!use) {
       kept_.emplace_back();
       use = &kept_.back();
-      use->data.resize(static_cast<size_t>(kPos * C_ * K_));
+      use->data.resize(static_cast<size_t>(kPos * tl_.C * K_));
     }
     if (use->arena != arena || use->epoch != now || !weights_epoch) {
       transform_weights(arena, use->data.data());
@@ -346,13 +374,14 @@ class WinogradConvKernel : public Kernel {
     std::vector<float> data;
   };
 
-  View x_, y_, r_;
+  Tiling tl_;
+  View y_, r_;
   Buffer w_;
   bool has_bias_, has_residual_, relu_;
   std::optional<std::pair<float, float>> clip_;
   bool static_w_;
   int64_t bias_at_ = 0, bias_step_ = 1;  // the bias: byte offset, element stride
-  int64_t N_, C_, H_, W_, K_, OH_, OW_, pt_, pl_, TH_, TW_, T_;
+  int64_t K_;
   int64_t threads_, block_ = 0;
   bool few_tiles_;
   std::vector<size_t> v_at_, m_at_;  // V and M in scratch: one pair, or one a thread
@@ -361,15 +390,151 @@ class WinogradConvKernel : public Kernel {
   std::vector<Kept> kept_;
 };
 
-}  // namespace
+// dw of such a convolution: with V the input transform of x's tiles (as the forward pass) and
+// Z = A dy A^T of the tiles' output gradients (zero past the result's edge), the gradient of the
+// transformed weights is dU[p] = sum over tiles of V[p]^T Z[p], one (C x tiles) @ (tiles x K) GEMM
+// a position, and dw = G^T dU G. All tiles are transformed first (V and Z in scratch), then the
+// 36 GEMMs shared out, then the 3x3 results; x and dy in NCHW are staged channels-last first.
+class WinogradWeightGradKernel : public Kernel {
+ public:
+  WinogradWeightGradKernel(const Tiling& tiling, const View& dy, const Buffer& dw)
+      : tl_(tiling), dy_(dy), dw_(dw), K_(dw.shape[0]), threads_(omp_get_max_threads()) {
+    const int64_t f = sizeof(float);
+    v_at_ = scratch.reserve(kPos * tl_.T * tl_.C * f);
+    z_at_ = scratch.reserve(kPos * tl_.T * K_ * f);
+    du_at_ = scratch.reserve(kPos * tl_.C * K_ * f);
+    if (tl_.x.staged) x_at_ = scratch.reserve(tl_.N * tl_.H * tl_.W * tl_.C * f);
+    if (dy_.staged) dy_at_ = scratch.reserve(tl_.N * tl_.OH * tl_.OW * K_ * f);
+  }
 
-std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& s) {
-  static const bool single_threaded_blas = [] {
-    scipy_openblas_set_num_threads(1);  // the kernel parallelises; OpenBLAS must not add threads
+  std::string algorithm() const override { return "winograd F(4x4,3x3)"; }
+
+  void run(uint8_t* arena) override {
+    auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
+    const int th = static_cast<int>(threads_);
+    const uint8_t* xbase = tl_.channels_last(arena, at(x_at_), th);
+    const uint8_t* dybase = arena + dy_.offset;
+    if (dy_.staged) {
+      transpose_images(at(dy_at_), reinterpret_cast<const float*>(dybase), tl_.N, K_, tl_.OH * tl_.OW, th);
+      dybase = scratch.at(dy_at_);
+    }
+    float *V = at(v_at_), *Z = at(z_at_), *dU = at(du_at_);
+    const int64_t T = tl_.T, C = tl_.C, K = K_;
+#pragma omp parallel num_threads(th)
+    {
+      const int64_t n = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t t0 = T * id / n, t1 = T * (id + 1) / n;
+      tl_.input(xbase, t0, t1 - t0, V + t0 * C, T * C);
+      gradient_tiles(dybase, t0, t1 - t0, Z + t0 * K, T * K);
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+      for (int p = 0; p < kPos; ++p)
+        scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(C), static_cast<int>(K),
+                          static_cast<int>(T), 1.f, V + p * T * C, static_cast<int>(C), Z + p * T * K,
+                          static_cast<int>(K), 0.f, dU + p * C * K, static_cast<int>(K));
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < C; ++c) write_gradient(arena, dU, c);
+    }
+  }
+
+ private:
+  // Z of tiles [t0, t0 + count), laid out as V in Tiling::input (K channels).
+  void gradient_tiles(const uint8_t* dybase, int64_t t0, int64_t count, float* Z, int64_t ldz) const {
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t n, oy, ox;
+      tl_.origin(t0 + i, n, oy, ox);
+      const uint8_t* d = dybase + n * dy_.n + oy * dy_.h + ox * dy_.w;
+      const int64_t rows = std::min<int64_t>(4, tl_.OH - oy), cols = std::min<int64_t>(4, tl_.OW - ox);
+      int64_t k = 0;
+      for (; k + 8 <= K_; k += 8) gradient_tile<v8>(d + k * 4, rows, cols, Z + i * K_ + k, ldz);
+      for (; k < K_; ++k) gradient_tile<float>(d + k * 4, rows, cols, Z + i * K_ + k, ldz);
+    }
+  }
+
+  template <class V>
+  void gradient_tile(const uint8_t* d, int64_t rows, int64_t cols, float* z, int64_t ldz) const {
+    V g[16], t[4 * kSide];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j)
+        if (i < rows && j < cols)
+          std::memcpy(&g[i * 4 + j], d + i * dy_.h + j * dy_.w, sizeof(V));
+        else
+          g[i * 4 + j] = V{};
+    for (int j = 0; j < 4; ++j) {  // columns: A g (6 x 4)
+      V col[4], o[kSide];
+      for (int i = 0; i < 4; ++i) col[i] = g[i * 4 + j];
+      gradient_1d(col, o);
+      for (int i = 0; i < kSide; ++i) t[i * 4 + j] = o[i];
+    }
+    for (int i = 0; i < kSide; ++i) {  // rows: (A g) A^T
+      V o[kSide];
+      gradient_1d(&t[i * 4], o);
+      for (int j = 0; j < kSide; ++j) std::memcpy(z + (i * kSide + j) * ldz, &o[j], sizeof(V));
+    }
+  }
+
+  // dw[k, c] = G^T dU[:, c, k] G for every k.
+  void write_gradient(uint8_t* arena, const float* dU, int64_t c) const {
+    const auto& st = dw_.strides;
+    for (int64_t k = 0; k < K_; ++k) {
+      float u[kSide][kSide], h[3][kSide];
+      for (int i = 0; i < kSide; ++i)
+        for (int j = 0; j < kSide; ++j) u[i][j] = dU[((i * kSide + j) * tl_.C + c) * K_ + k];
+      for (int a = 0; a < 3; ++a)
+        for (int j = 0; j < kSide; ++j) {
+          h[a][j] = 0.f;
+          for (int i = 0; i < kSide; ++i) h[a][j] += kG[i][a] * u[i][j];
+        }
+      for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 3; ++b) {
+          float v = 0.f;
+          for (int j = 0; j < kSide; ++j) v += h[a][j] * kG[j][b];
+          std::memcpy(arena + dw_.offset + k * st[0] + c * st[1] + a * st[2] + b * st[3], &v, sizeof(float));
+        }
+    }
+  }
+
+  Tiling tl_;
+  View dy_;
+  Buffer dw_;
+  int64_t K_, threads_;
+  size_t v_at_ = 0, z_at_ = 0, du_at_ = 0, x_at_ = 0, dy_at_ = 0;  // pieces of scratch
+};
+
+// OpenBLAS runs single-threaded: the kernels parallelise.
+void single_threaded_blas() {
+  static const bool once = [] {
+    scipy_openblas_set_num_threads(1);
     return true;
   }();
-  (void)single_threaded_blas;
-  if (const char* on = std::getenv("POPXL_WINOGRAD"); on && std::string(on) == "0") return nullptr;
+  (void)once;
+}
+
+bool enabled() {
+  const char* on = std::getenv("POPXL_WINOGRAD");
+  return !(on && std::string(on) == "0");
+}
+
+}  // namespace
+
+std::unique_ptr<Kernel> winograd_weight_grad(const Buffer& x, const Buffer& dy, const Buffer& dw, int64_t pad_top,
+                                             int64_t pad_left) {
+  single_threaded_blas();
+  if (!enabled() || dw.dtype != DType::F32 || dw.shape.size() != 4) return nullptr;
+  View xv, dyv;
+  if (!channels_last_view(x, false, xv) || !channels_last_view(dy, false, dyv)) return nullptr;
+  const Tiling tiling(xv, x.shape, dy.shape, pad_top, pad_left);
+  const int64_t C = x.shape[1], K = dy.shape[1];
+  if (C < 16 || K < 16 || x.nelms == 0 || dy.nelms == 0) return nullptr;
+  // Few tiles: the transforms cost more than the products they save; very many: V and Z would
+  // take more scratch than the convolution's own operands are worth.
+  if (tiling.T < 64 || kPos * tiling.T * (C + K) * static_cast<int64_t>(sizeof(float)) > kMaxGradBytes) return nullptr;
+  return std::make_unique<WinogradWeightGradKernel>(tiling, dyv, dw);
+}
+
+std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& s) {
+  single_threaded_blas();
+  if (!enabled()) return nullptr;
   View x, y, r;
   if (!channels_last_view(*s.x, s.nhwc_x, x) || !channels_last_view(*s.y, s.nhwc_y, y)) return nullptr;
   // A residual is read in place, channels innermost (a staged y is written NHWC before it goes out).

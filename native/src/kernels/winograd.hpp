@@ -1,5 +1,5 @@
-// 3x3 stride-1 float32 convolutions by Winograd's minimal filtering F(4x4, 3x3), used by the conv
-// kernels in dnnl_ops.cpp where it pays.
+// 3x3 stride-1 float32 convolutions and their gradients by Winograd's minimal filtering F(4x4, 3x3),
+// used by the conv and conv_grad kernels in dnnl_ops.cpp where it pays.
 #pragma once
 
 #include <memory>
@@ -27,5 +27,11 @@ struct WinogradSpec {
 // or the direct convolution would be as fast (few channels; few tiles to share transformed
 // weights that change every run), or the environment says POPXL_WINOGRAD=0.
 std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& spec);
+
+// dw (K, C, 3, 3) of such a convolution from x (N, C, H, W) and dy (N, K, OH, OW), NCHW or
+// channels-innermost (no keep_channels_last layouts), padded by pad_top, pad_left; or nullptr when
+// they do not suit it or the tiles would be too few or too many (see winograd.cpp).
+std::unique_ptr<Kernel> winograd_weight_grad(const Buffer& x, const Buffer& dy, const Buffer& dw, int64_t pad_top,
+                                             int64_t pad_left);
 
 }  // namespace popxl
