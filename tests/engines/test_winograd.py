@@ -1,8 +1,9 @@
-"""The native engine's Winograd F(4x4, 3x3) convolution (native/src/kernels/winograd.cpp): 3x3
-stride-1 float32 conv_fused ops whose input and result are channels-last run by it; the reference
-engine's direct convolution is the oracle. Shapes cover partial edge tiles, channel counts that are
-not multiples of eight, asymmetric padding, both of its work splits, weights kept transformed
-between runs (and transformed again after a weight write) and weights that change every run."""
+"""The native engine's Winograd F(4x4, 3x3) convolutions (native/src/kernels/winograd.cpp): 3x3
+stride-1 float32 conv / conv_fused ops, channels-last or NCHW (staged), and both gradients of
+conv_grad; the reference engine's direct convolution is the oracle. Shapes cover partial edge
+tiles, channel counts that are not multiples of eight, asymmetric padding, both work splits of the
+forward kernel, weights kept transformed between runs (and transformed again after a weight write)
+and weights that change every run; kernel_algorithms() shows which kernels took the path."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -50,13 +51,13 @@ def _block(x: popxl.Tensor, w: popxl.Tensor, k: int, pads: Tuple[int, ...], resi
 def _compare(build, inputs, expect_winograd: bool = True):
     want, _ = run_program(build, inputs, "reference")
     got, eng = run_program(build, inputs, "native")
-    algorithms = [a for t, a in eng.kernel_algorithms() if t.startswith("conv")]
-    assert any(WINOGRAD in a for a in algorithms) == expect_winograd, algorithms
+    algorithms = [(t, a) for t, a in eng.kernel_algorithms() if t.startswith("conv")]
+    assert any(WINOGRAD in a for _, a in algorithms) == expect_winograd, algorithms
     for g, w in zip(got, want):
         # Winograd's sums differ from direct ones by ~1e-5 of the largest value; a wrong tile,
         # channel or epilogue differs by the values themselves.
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
-    return got[0]
+    return got[0], algorithms
 
 
 @pytest.mark.parametrize("shape, k, pads", [
@@ -71,7 +72,9 @@ def test_winograd_matches_direct_convolution(shape, k, pads, residual, relu, cli
     r = np.random.default_rng(3)
     w = _weights(r, k, shape[1])
     x = r.standard_normal(shape).astype(np.float32)
-    out = _compare(lambda t: _block(t, popxl.variable(w), k, pads, residual, relu, clip), [x])
+    out, algorithms = _compare(lambda t: _block(t, popxl.variable(w), k, pads, residual, relu, clip), [x])
+    # the convolution under test, and the one making the residual (NCHW in, channels-last out)
+    assert algorithms.count(("conv_fused", WINOGRAD)) == 1 + residual, algorithms
     assert np.isfinite(out).all()
 
 
@@ -83,9 +86,12 @@ def test_winograd_on_nchw_values_stages_them(shape, k, pads):
     r = np.random.default_rng(8)
     x, w, b = r.standard_normal(shape).astype(np.float32), _weights(r, k, shape[1]), r.standard_normal(k).astype(
         np.float32)
-    _compare(lambda t: ops.conv(t, popxl.variable(w), padding=pads), [x])
+    _, algorithms = _compare(lambda t: ops.conv(t, popxl.variable(w), padding=pads), [x])
+    assert algorithms == [("conv", WINOGRAD)]
     attrs = dict(strides=(1, 1), pads=pads, dilations=(1, 1), groups=1)
-    _compare(lambda t: conv_fused(t, popxl.variable(w), popxl.variable(b), clip=(-0.5, 0.5), **attrs), [x])
+    _, algorithms = _compare(lambda t: conv_fused(t, popxl.variable(w), popxl.variable(b), clip=(-0.5, 0.5), **attrs),
+                             [x])
+    assert algorithms == [("conv_fused", WINOGRAD)]
     # an NCHW residual is not read by the tiles: the direct convolution runs
     oh, ow = (shape[2 + i] + pads[i] + pads[2 + i] - 2 for i in range(2))
     res = r.standard_normal((shape[0], k, oh, ow)).astype(np.float32)
@@ -110,7 +116,8 @@ def test_conv_grad_by_winograd(pads, grads):
     def build(a, b, g):
         conv_attrs = dict(ops.conv(a, b, padding=pads).producer.attrs)
         return create_op("conv_grad", [a, b, g], conv_attrs if grads is None else {**conv_attrs, "grads": grads})
-    _compare(build, [x, w, gy])
+    _, algorithms = _compare(build, [x, w, gy])
+    assert ("conv_grad", " + ".join([WINOGRAD] * len(grads or ("dx", "dweight")))) in algorithms, algorithms
 
 
 def test_winograd_many_tiles_with_weights_streamed_every_run():
@@ -185,9 +192,8 @@ def test_conv_grad_dx_by_winograd_with_static_weights():
     def build(a, g):
         b = popxl.variable(w)
         return create_op("conv_grad", [a, b, g], dict(ops.conv(a, b, padding=(1, 1, 1, 1)).producer.attrs))
-    _compare(build, [x, gy])
-    _, eng = run_program(build, [x, gy], "native")
-    assert ("conv_grad", f"{WINOGRAD} + oneDNN") in eng.kernel_algorithms()
+    _, algorithms = _compare(build, [x, gy])
+    assert ("conv_grad", f"{WINOGRAD} + oneDNN") in algorithms, algorithms
 
 
 def test_gradients_of_a_3x3_cnn_match_the_reference_engine():
@@ -207,8 +213,7 @@ def test_gradients_of_a_3x3_cnn_match_the_reference_engine():
         grads = transforms.autodiff(graph)
         info = ops.call_with_info(graph, t, a, b)
         return ops.call(grads.graph, popxl.constant(seed), inputs_dict=grads.inputs_dict(info))
-    got = _compare(build, [x, w1, w2])
-    _, eng = run_program(build, [x, w1, w2], "native")
-    algorithms = [a for t, a in eng.kernel_algorithms() if t.startswith("conv")]
-    assert algorithms.count(WINOGRAD) == 2 and algorithms.count(f"{WINOGRAD} + {WINOGRAD}") == 2, algorithms
+    got, algorithms = _compare(build, [x, w1, w2])
+    assert algorithms.count(("conv", WINOGRAD)) == 2, algorithms
+    assert algorithms.count(("conv_grad", f"{WINOGRAD} + {WINOGRAD}")) == 2, algorithms
     assert np.isfinite(got).all()
