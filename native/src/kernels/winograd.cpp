@@ -265,7 +265,8 @@ class WinogradConvKernel : public Kernel {
                       static_cast<int>(K_), 0.f, M + p * ldm, static_cast<int>(K_));
   }
 
-  // Tiles [t0, t0 + count) from M (as V in input_tiles, K channels) into y, with the epilogue.
+  // Tiles [t0, t0 + count) from M (laid out as V in Tiling::input, K channels) into y, with the
+  // epilogue.
   void output_tiles(const uint8_t* arena, uint8_t* ybase, int64_t t0, int64_t count, const float* M,
                     int64_t ldm) const {
     for (int64_t i = 0; i < count; ++i) {
