@@ -81,13 +81,17 @@ struct GemmKernel : Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
-                                     int64_t a_base, int64_t b_base, int64_t y_base, const GemmInto& into) {
-  static const bool single_threaded_blas = [] {
-    scipy_openblas_set_num_threads(1);  // the kernel parallelises; OpenBLAS must not add threads
+void blas_single_threaded() {
+  static const bool once = [] {
+    scipy_openblas_set_num_threads(1);
     return true;
   }();
-  (void)single_threaded_blas;
+  (void)once;
+}
+
+std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
+                                     int64_t a_base, int64_t b_base, int64_t y_base, const GemmInto& into) {
+  blas_single_threaded();
 
   const size_t r = ydims.size();
   const int64_t m = ydims[r - 2], n = ydims[r - 1], kk = a.dims[r - 1];

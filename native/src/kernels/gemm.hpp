@@ -22,6 +22,10 @@ struct GemmInto {
   float alpha = 1.0f;
 };
 
+// Make OpenBLAS single-threaded (once): the kernels that call sgemm split the work over the
+// OpenMP threads themselves, so there is one thread pool in the process.
+void blas_single_threaded();
+
 // A kernel computing y = a @ b (see GemmInto) for float32 operands at the given arena byte
 // offsets (y packed, dims `ydims`), or nullptr when sgemm cannot read an operand's strides or,
 // unless accumulating (which only sgemm does here), oneDNN is the faster of the two for the shape

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "gemm.hpp"
 #include "loops.hpp"
 
 namespace popxl {
@@ -83,6 +84,9 @@ inline void output_1d(const V* m, V* y) {
   y[2] = a + 4.f * c;
   y[3] = b + 8.f * d + m[5];
 }
+
+// A float32 piece of a kernel's scratch.
+float* floats(const ScratchLayout& scratch, size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); }
 
 // A 4-D float32 view whose channels lie 4 bytes apart: byte offset and N, H, W byte strides.
 // `staged`: the operand is a dense NCHW tensor at `offset`, and the view describes its dense NHWC
@@ -218,21 +222,20 @@ class WinogradConvKernel : public Kernel {
 
   void run(uint8_t* arena) override {
     const float* U = transformed_weights(arena);
-    auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
     const int th = static_cast<int>(threads_);
-    const uint8_t* xbase = tl_.channels_last(arena, at(x_at_), th);
+    const uint8_t* xbase = tl_.channels_last(arena, floats(scratch, x_at_), th);
     uint8_t* ybase = y_.staged ? scratch.at(y_at_) : arena + y_.offset;
     tiles(arena, xbase, ybase, U);
     if (y_.staged)
-      transpose_images(reinterpret_cast<float*>(arena + y_.offset), at(y_at_), tl_.N, tl_.OH * tl_.OW, K_, th);
+      transpose_images(reinterpret_cast<float*>(arena + y_.offset), floats(scratch, y_at_), tl_.N,
+                       tl_.OH * tl_.OW, K_, th);
   }
 
  private:
   // The convolution from x's channels-last values at `xbase` into y's at `ybase`.
   void tiles(uint8_t* arena, const uint8_t* xbase, uint8_t* ybase, const float* U) {
-    auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
     if (few_tiles_) {
-      float *V = at(v_at_[0]), *M = at(m_at_[0]);
+      float *V = floats(scratch, v_at_[0]), *M = floats(scratch, m_at_[0]);
       const int64_t ldv = tl_.T * tl_.C, ldm = tl_.T * K_;
 #pragma omp parallel num_threads(static_cast<int>(threads_))
       {
@@ -250,7 +253,7 @@ class WinogradConvKernel : public Kernel {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(threads_))
     for (int64_t b = 0; b < blocks; ++b) {
       const size_t id = static_cast<size_t>(omp_get_thread_num());
-      float *V = at(v_at_[id]), *M = at(m_at_[id]);
+      float *V = floats(scratch, v_at_[id]), *M = floats(scratch, m_at_[id]);
       const int64_t t0 = b * block_, count = std::min(block_, tl_.T - t0);
       tl_.input(xbase, t0, count, V, count * tl_.C);
       for (int p = 0; p < kPos; ++p) gemm(p, count, V, count * tl_.C, U, M, count * K_);
@@ -348,7 +351,7 @@ class WinogradConvKernel : public Kernel {
   // (as the reordered weights of the oneDNN kernels are). Otherwise transformed on every run.
   const float* transformed_weights(const uint8_t* arena) {
     if (!static_w_) {
-      float* U = reinterpret_cast<float*>(scratch.at(u_at_));
+      float* U = floats(scratch, u_at_);
       transform_weights(arena, U);
       return U;
     }
@@ -414,15 +417,14 @@ class WinogradWeightGradKernel : public Kernel {
   std::string algorithm() const override { return "winograd F(4x4,3x3)"; }
 
   void run(uint8_t* arena) override {
-    auto at = [this](size_t offset) { return reinterpret_cast<float*>(scratch.at(offset)); };
     const int th = static_cast<int>(threads_);
-    const uint8_t* xbase = tl_.channels_last(arena, at(x_at_), th);
+    const uint8_t* xbase = tl_.channels_last(arena, floats(scratch, x_at_), th);
     const uint8_t* dybase = arena + dy_.offset;
     if (dy_.staged) {
-      transpose_images(at(dy_at_), reinterpret_cast<const float*>(dybase), tl_.N, K_, tl_.OH * tl_.OW, th);
+      transpose_images(floats(scratch, dy_at_), reinterpret_cast<const float*>(dybase), tl_.N, K_, tl_.OH * tl_.OW, th);
       dybase = scratch.at(dy_at_);
     }
-    float *V = at(v_at_), *Z = at(z_at_), *dU = at(du_at_);
+    float *V = floats(scratch, v_at_), *Z = floats(scratch, z_at_), *dU = floats(scratch, du_at_);
     const int64_t T = tl_.T, C = tl_.C, K = K_;
 #pragma omp parallel num_threads(th)
     {
@@ -505,15 +507,6 @@ class WinogradWeightGradKernel : public Kernel {
   size_t v_at_ = 0, z_at_ = 0, du_at_ = 0, x_at_ = 0, dy_at_ = 0;  // pieces of scratch
 };
 
-// OpenBLAS runs single-threaded: the kernels parallelise.
-void single_threaded_blas() {
-  static const bool once = [] {
-    scipy_openblas_set_num_threads(1);
-    return true;
-  }();
-  (void)once;
-}
-
 bool enabled() {
   const char* on = std::getenv("POPXL_WINOGRAD");
   return !(on && std::string(on) == "0");
@@ -523,7 +516,7 @@ bool enabled() {
 
 std::unique_ptr<Kernel> winograd_weight_grad(const Buffer& x, const Buffer& dy, const Buffer& dw, int64_t pad_top,
                                              int64_t pad_left) {
-  single_threaded_blas();
+  blas_single_threaded();
   if (!enabled() || dw.dtype != DType::F32 || dw.shape.size() != 4) return nullptr;
   View xv, dyv;
   if (!channels_last_view(x, false, xv) || !channels_last_view(dy, false, dyv)) return nullptr;
@@ -537,7 +530,7 @@ std::unique_ptr<Kernel> winograd_weight_grad(const Buffer& x, const Buffer& dy, 
 }
 
 std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& s) {
-  single_threaded_blas();
+  blas_single_threaded();
   if (!enabled()) return nullptr;
   View x, y, r;
   if (!channels_last_view(*s.x, s.nhwc_x, x) || !channels_last_view(*s.y, s.nhwc_y, y)) return nullptr;
