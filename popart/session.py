@@ -30,7 +30,7 @@ from popart.dataflow import (AnchorReturnTypeId, DataFlow, InputShapeInfo, PySte
 from popart.devices import DeviceInfo, DeviceType
 from popart.errors import (TRACE, StepIOError, popart_exception, popart_internal_exception,
                            poplar_application_runtime_error, poplibs_exception)
-from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, device_array, load_model
+from popart.onnx.importer import GraphImporter, InputSpec, ModelLike, all_nodes, device_array, load_model
 from popart.losses import GRAPHCORE_DOMAIN, Loss
 from popart.options import Patterns, SessionOptions
 from popart.rounding import StochasticRounder, seed_value
@@ -223,7 +223,7 @@ class InferenceSession:
         training)."""
         from popart.onnx.ops import RANDOM_OPS
         return bool(self.options.enableStochasticRounding) or any(
-            n.op_type in RANDOM_OPS for n in self._importer.graph.node)
+            n.op_type in RANDOM_OPS for n in all_nodes(self._importer.graph))
 
     def _make_seed(self, main: popxl.Graph) -> None:
         self._seed_var: Optional[popxl.Variable] = None

@@ -21,6 +21,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 import popart
+from popart.onnx.importer import subgraphs
 
 __all__ = ["PopartBackend", "PopartBackendRep", "prepare", "run_model", "run_node", "supports_device"]
 
@@ -53,17 +54,13 @@ _COMPILE_TIME_INPUTS: Dict[str, Tuple[int, ...]] = {
 }
 
 
-def _subgraphs(node: onnx.NodeProto) -> List[onnx.GraphProto]:
-    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
-
-
 def _outer_reads(graph: onnx.GraphProto) -> Set[str]:
     """The names ``graph`` (and its subgraphs) read but do not define: values of enclosing scopes."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     reads: Set[str] = set()
     for node in graph.node:
         reads |= {x for x in node.input if x and x not in defined}
-        for g in _subgraphs(node):
+        for g in subgraphs(node):
             reads |= _outer_reads(g) - defined
         defined |= {o for o in node.output if o}
     return reads
@@ -85,7 +82,7 @@ def compile_time_inputs(model: onnx.ModelProto) -> List[str]:
             if node.domain in ("", "ai.onnx"):
                 todo.extend(node.input[k] for k in _COMPILE_TIME_INPUTS.get(node.op_type, ())
                             if k < len(node.input) and node.input[k])
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 visit(sub)
 
     visit(g)
@@ -101,7 +98,7 @@ def compile_time_inputs(model: onnx.ModelProto) -> List[str]:
         elif name in producer and producer[name].op_type not in ("Shape", "Size"):
             node = producer[name]
             todo.extend(x for x in node.input if x)
-            for sub in _subgraphs(node):  # a control op's result also depends on what its subgraphs read
+            for sub in subgraphs(node):  # a control op's result also depends on what its subgraphs read
                 todo.extend(_outer_reads(sub))
                 todo.extend(o.name for o in sub.output)
     return [i.name for i in g.input if i.name in found]

@@ -17,7 +17,7 @@ walks, which look names the subgraph does not define up in the enclosing scope.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -123,9 +123,9 @@ def _stack_scan_outputs(n: Node, per_iteration: List[List[Value]], axes: Sequenc
     return outs
 
 
-def _loop_repeat(n: Node, body: onnx.GraphProto, count: int, carried: List[Value]) -> Optional[List[Value]]:
-    """The loop as an ops.repeat of the body, or None if the body does not allow it (its shapes or
-    dtypes change between iterations, or it needs the iteration number at import)."""
+def _loop_repeat(n: Node, body: onnx.GraphProto, count: int, carried: List[Value]) -> Union[List[Value], str]:
+    """The loop as an ops.repeat of the body, or why the body does not allow it (its shapes or
+    dtypes change between iterations, it needs the iteration number at import, ...)."""
     scope = SubgraphImporter(n.imp, body, n.opset, capture=True)
     names = [i.name for i in body.input]
     init = [_as_tensor(v) for v in carried]
@@ -141,8 +141,10 @@ def _loop_repeat(n: Node, body: onnx.GraphProto, count: int, carried: List[Value
     try:
         graph = popxl.gir().create_graph(onnx_loop_body, counter, *init)
         results = ops.repeat(graph, count, counter, *init, *[outer for outer, _ in scope.captured.values()])
-    except (_NotRepeatable, OnnxImportError, ValueError):
-        return None
+    except _NotRepeatable:
+        return "its body's condition output is not known to stay true at import"
+    except (OnnxImportError, ValueError) as e:  # the unrolled loop raises it again if it is no such reason
+        return str(e)
     return list(results[1:])
 
 
@@ -174,10 +176,12 @@ def _loop(n: Node) -> List[Value]:
     carried = [n.imp.value(name) for name in n.proto.input[2:]]
     if trip_count is None and not use_cond:
         raise n.fail("the loop has neither a trip count M nor a condition: it never ends")
+    not_repeatable = "it has scan outputs" if n_scan else "it has no trip count M"
     if trip_count is not None and trip_count > UNROLL_LIMIT and n_scan == 0 and cond:
         repeated = _loop_repeat(n, body, trip_count, carried)
-        if repeated is not None:
+        if not isinstance(repeated, str):
             return repeated
+        not_repeatable = repeated
     names = [i.name for i in body.input]
     scope = SubgraphImporter(n.imp, body, n.opset)
     scans: List[List[Value]] = [[] for _ in range(n_scan)]
@@ -186,8 +190,7 @@ def _loop(n: Node) -> List[Value]:
     while cond and (trip_count is None or it < trip_count):
         if it >= MAX_UNROLL:
             raise n.fail(f"the loop runs more than {MAX_UNROLL} iterations and cannot be compiled as a repeat "
-                         f"of its body (its shapes change between iterations, it needs the iteration number at "
-                         f"import, it has scan outputs, or it ends on a condition)")
+                         f"of its body: {not_repeatable}")
         outs = scope.run({names[0]: np.array(it, it_dtype), names[1]: np.array(cond), **dict(zip(names[2:], carried))})
         carried = outs[1:1 + n_carried]
         for k in range(n_scan):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -43,6 +43,19 @@ def op_key(node: onnx.NodeProto) -> str:
     """The op table key of a node: its op type in the default domain, ``domain.op_type`` elsewhere
     (PopART's own ops, such as the losses the Builder adds, live in ``ai.graphcore``)."""
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
+def subgraphs(node: onnx.NodeProto) -> List[onnx.GraphProto]:
+    """The graphs in a node's attributes (If's branches, Loop's and Scan's bodies)."""
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The nodes of ``graph`` and of every subgraph within it."""
+    for node in graph.node:
+        yield node
+        for g in subgraphs(node):
+            yield from all_nodes(g)
 
 
 def device_dtype(dt: Any) -> np.dtype:
@@ -394,7 +407,10 @@ class SubgraphImporter(GraphImporter):
         self._values, self._order = {}, []
         self._weights, self._consts, self._promoted = {}, {}, {}
         self._materialize_weight = parent._materialize_weight
-        self.rounder, self.random, self.training = parent.rounder, parent.random, parent.training
+        # The parent's seed is a tensor of the parent graph: a subgraph lowered as a graph of its own
+        # has none (its float16 results round to nearest; a random op in it needs a seed attribute).
+        self.rounder, self.random = (None, None) if capture else (parent.rounder, parent.random)
+        self.training = parent.training
         self.stat_updates = parent.stat_updates
         self.capture = capture
         self.popxl_graph = None if capture else parent.popxl_graph
@@ -418,9 +434,6 @@ class SubgraphImporter(GraphImporter):
         self._walk()
         names = [o.name for o in self.graph.output]
         return [self.tensor(o) for o in names] if self.capture else [self.value(o) for o in names]
-
-    def node_opset(self, index: int) -> int:
-        return self._node_opsets[index]
 
     def _local(self, name: str) -> bool:
         return name in self._values

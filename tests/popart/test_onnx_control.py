@@ -355,3 +355,40 @@ def test_training_through_a_loop(monkeypatch, trips, unroll_cap):
         return np.mean(acc ** 2)
     np.testing.assert_allclose(_train_one_step(model, feeds), w - 0.1 * _numeric_grad(loss_of, w),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_stochastic_rounding_with_an_if_on_a_device_condition():
+    """A branch lowered as a graph of its own has no seed of the parent graph's: its float16 results
+    round to nearest, and the model imports and runs (it used to fail with a cross-graph error)."""
+    then_g = _graph("then", [helper.make_node("Mul", ["x", "x"], ["t"])], ["t"])
+    else_g = _graph("else", [helper.make_node("Add", ["x", "x"], ["e"])], ["e"])
+    nodes = [helper.make_node("ReduceSum", ["s"], ["r"], keepdims=0), _const("zero", np.float16(0)),
+             helper.make_node("Greater", ["r", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    x = np.linspace(-2, 2, 12).astype(np.float16).reshape(3, 4)
+    for sign, want in ((1.0, x * x), (-1.0, x + x)):
+        feeds = {"x": x, "s": np.full(2, sign, np.float16)}
+        opts = popart.SessionOptions()
+        opts.enableStochasticRounding = True
+        s = popart.InferenceSession(make_model(nodes, feeds, ["y"]).SerializeToString(),
+                                    popart.DataFlow(1, {"y": popart.AnchorReturnType("All")}),
+                                    popart.DeviceManager().createCpuDevice(), userOptions=opts)
+        s.prepareDevice()
+        s.weightsFromHost()
+        anchors = s.initAnchorArrays()
+        s.run(popart.PyStepIO(feeds, anchors))
+        np.testing.assert_array_equal(anchors["y"], want)
+
+
+def test_unseeded_random_op_in_an_unrolled_loop_draws_from_the_session_seed():
+    body = helper.make_graph([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                              helper.make_node("RandomUniformLike", ["acc"], ["u"]),
+                              helper.make_node("Add", ["acc", "u"], ["acc_out"])],
+                             "body", [_vi("i", I64, []), _vi("cond_in", B, []), _vi("acc", F, [64])],
+                             [_vi("cond_out", B, []), _vi("acc_out", F, [64])])
+    nodes = [_const("M", np.int64(3)), _const("c", np.array(True)),
+             helper.make_node("Loop", ["M", "c", "acc0"], ["y"], body=body)]
+    feeds = {"acc0": np.zeros(64, np.float32)}
+    (y,) = run_session(make_model(nodes, feeds, ["y"]), feeds, ["y"])
+    # the sum of three independent uniform [0, 1) draws: in [0, 3), mean 1.5, not three equal draws
+    assert (y >= 0).all() and (y < 3).all() and abs(y.mean() - 1.5) < 0.3 and np.unique(y).size > 32
