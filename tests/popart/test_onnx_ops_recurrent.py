@@ -266,7 +266,7 @@ def _import(node, feeds: Dict[str, np.ndarray], inits: Dict[str, np.ndarray], ou
     ({"activations": ["Tanh"]}, {}, "activations must list 2"),
     ({"hidden_size": H + 1}, {}, r"W \(input 1\) must have shape"),
     ({}, {"W": f32(1, 3 * H, I + 1)}, r"W \(input 1\) must have shape"),
-    ({}, {"R": f32(1, 3 * H, H - 1)}, r"W \(input 1\) must have shape|R \(input 2\) must have shape"),
+    ({}, {"R": f32(1, 3 * H, H - 1)}, r"R \(input 2\) must have shape \[1, 18, 6\]"),
     ({}, {"B": f32(1, 3 * H)}, r"B \(input 3\) must have shape"),
     ({"direction": "bidirectional"}, {}, r"W \(input 1\) must have shape \[2,"),
     ({"activation_alpha": [0.1, 0.2, 0.3]}, {}, "activation_alpha has more values"),
