@@ -25,8 +25,8 @@ import onnx
 import popxl
 import popxl.ops as ops
 from popart.errors import OnnxImportError
-from popart.onnx.importer import SubgraphImporter, Value, device_array
-from popart.onnx.ops import Node, onnx_op
+from popart.onnx.importer import SubgraphImporter, Value
+from popart.onnx.ops import Node, _as_tensor, onnx_op
 
 __all__: List[str] = []
 
@@ -34,11 +34,6 @@ __all__: List[str] = []
 UNROLL_LIMIT = 64
 # Unrolling beyond this many iterations (a loop ops.repeat cannot express) is refused.
 MAX_UNROLL = 4096
-
-
-def _as_tensor(v: Value) -> popxl.Tensor:
-    """``v`` as a tensor of the current graph (an import-time value becomes a constant)."""
-    return v if isinstance(v, popxl.Tensor) else popxl.constant(device_array(np.asarray(v)))
 
 
 def _shape(v: Value) -> Tuple[int, ...]:

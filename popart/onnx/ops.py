@@ -110,9 +110,6 @@ class Node:
         """A scalar constant of ``like``'s dtype."""
         return _scalar(value, like)
 
-    def constant(self, value: np.ndarray) -> popxl.Tensor:
-        return popxl.constant(device_array(np.asarray(value)))
-
 
 class Entry:
     """How one ONNX op type is lowered. ``foldable``: a node whose inputs are all known at import
@@ -145,6 +142,11 @@ def onnx_op(*op_types: str, foldable: bool = True) -> Callable:
 def _scalar(value: float, like: popxl.Tensor) -> popxl.Tensor:
     """A scalar constant of ``like``'s dtype."""
     return popxl.constant(np.asarray(value, dtype=like.dtype.as_numpy()))
+
+
+def _as_tensor(v: Value) -> popxl.Tensor:
+    """``v`` as a tensor of the current graph (an import-time value becomes a constant)."""
+    return v if isinstance(v, popxl.Tensor) else popxl.constant(device_array(np.asarray(v)))
 
 
 def _i32(value: np.ndarray) -> popxl.Tensor:
