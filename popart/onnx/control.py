@@ -40,13 +40,6 @@ def _shape(v: Value) -> Tuple[int, ...]:
     return tuple(v.shape)
 
 
-def _scalar_bool(v: np.ndarray, n: Node, what: str) -> bool:
-    a = np.asarray(v)
-    if a.size != 1:
-        raise n.fail(f"{what} must hold a single value, but has shape {a.shape}")
-    return bool(a.reshape(()))
-
-
 def _inputs(n: Node) -> List[Value]:
     return [n.imp.value(name) for name in n.proto.input]
 
@@ -73,7 +66,7 @@ def _if(n: Node) -> List[Value]:
     then_branch, else_branch = n.attr("then_branch"), n.attr("else_branch")
     name = n.proto.input[0]
     if n.imp.is_foldable(name):
-        taken = then_branch if _scalar_bool(n.imp.static(name), n, "the condition") else else_branch
+        taken = then_branch if n.static_bool(0, "the condition") else else_branch
         outs = SubgraphImporter(n.imp, taken, n.opset).run({})
         _check_outputs(n, outs, n.n_outputs, f"branch {taken.name!r}")
         return outs
@@ -129,7 +122,7 @@ def _loop_repeat(n: Node, body: onnx.GraphProto, count: int, carried: List[Value
     def onnx_loop_body(iteration, *values):
         outs = scope.run({names[0]: iteration, names[1]: np.array(True), **dict(zip(names[2:], values))})
         cond = scope.static(body.output[0].name)
-        if n.has(1) and (cond is None or not _scalar_bool(cond, n, "the body's condition")):
+        if n.has(1) and (cond is None or not n.single(cond, "the body's condition", bool)):
             raise _NotRepeatable()
         return [iteration + popxl.constant(np.int32(1))] + outs[1:]
 
@@ -160,14 +153,14 @@ def _loop(n: Node) -> List[Value]:
         if not n.imp.is_foldable(n.proto.input[0]):
             raise n.fail(f"the trip count M (tensor {n.proto.input[0]!r}) must be known at import (popart compiles "
                          f"a static program), but it is computed on the device")
-        trip_count = int(np.asarray(n.imp.static(n.proto.input[0])).reshape(()))
+        trip_count = n.static_int(0, "the trip count M")
     use_cond = n.has(1)
     cond = True
     if use_cond:
         if not n.imp.is_foldable(n.proto.input[1]):
             raise n.fail(f"the initial loop condition (tensor {n.proto.input[1]!r}) is computed on the device: a "
                          f"data-dependent termination condition cannot be compiled into a static program")
-        cond = _scalar_bool(n.imp.static(n.proto.input[1]), n, "the loop condition")
+        cond = n.static_bool(1, "the loop condition")
     carried = [n.imp.value(name) for name in n.proto.input[2:]]
     if trip_count is None and not use_cond:
         raise n.fail("the loop has neither a trip count M nor a condition: it never ends")
@@ -181,7 +174,7 @@ def _loop(n: Node) -> List[Value]:
     scope = SubgraphImporter(n.imp, body, n.opset)
     scans: List[List[Value]] = [[] for _ in range(n_scan)]
     it = 0
-    it_dtype = np.asarray(n.imp.static(n.proto.input[0])).dtype if trip_count is not None else np.int64
+    it_dtype = n.static(0, "the trip count M").dtype if trip_count is not None else np.int64
     while cond and (trip_count is None or it < trip_count):
         if it >= MAX_UNROLL:
             raise n.fail(f"the loop runs more than {MAX_UNROLL} iterations and cannot be compiled as a repeat "
@@ -197,7 +190,7 @@ def _loop(n: Node) -> List[Value]:
                 raise n.fail(f"the body's condition output {body.output[0].name!r} is computed on the device: a "
                              f"data-dependent termination condition cannot be compiled into a static program "
                              f"(give the loop a trip count M and a condition that stays true)")
-            cond = _scalar_bool(outs[0], n, "the body's condition")
+            cond = n.single(outs[0], "the body's condition", bool)
     if n_scan and it == 0:
         raise n.fail("the loop runs no iterations, so the shapes of its scan outputs are unknown")
     return carried + _stack_scan_outputs(n, scans, [0] * n_scan, n_carried)

@@ -33,6 +33,11 @@ __all__ = ["OPS", "Node", "Entry"]
 Value = Union[np.ndarray, popxl.Tensor]
 
 
+# The dtype kinds a single value read at import must have when asked for exactly, and its name.
+_SCALAR_KINDS: Dict[type, Tuple[str, str]] = {int: ("iu", "an integer"), float: ("f", "a floating-point"),
+                                              bool: ("b", "a boolean")}
+
+
 class Node:
     """One ONNX node being lowered, with typed access to its attributes and inputs."""
 
@@ -94,12 +99,27 @@ class Node:
     def optional_static(self, i: int, what: str) -> Optional[np.ndarray]:
         return self.static(i, what) if self.has(i) else None
 
-    def static_int(self, i: int, what: str) -> int:
+    def single(self, value: Any, what: str, kind: type = int, exact: bool = False,
+               index: Optional[int] = None) -> Any:
+        """``value``, which must hold one element, as ``kind`` (int, float or bool). ``exact``: its
+        dtype must already be of that kind (else any number converts). ``index``: the input it is,
+        named in the error."""
+        v = np.asarray(value)
+        if v.size != 1 or v.dtype.kind not in (_SCALAR_KINDS[kind][0] if exact else "biuf"):
+            problem = "must hold a single value" if v.size != 1 else "has the wrong type"
+            where = f"input {index} ({what}) {problem}: " if index is not None else ""
+            raise self.fail(f"{where}{what} must be {_SCALAR_KINDS[kind][1]} scalar, got {v.dtype} of shape {v.shape}")
+        return kind(v.reshape(-1)[0])
+
+    def static_int(self, i: int, what: str, exact: bool = False) -> int:
         """Input ``i``, a single value known at import (an axis, a count, a length), as an int."""
-        v = np.asarray(self.static(i, what))
-        if v.size != 1:
-            raise self.fail(f"input {i} ({what}) must hold a single value, got shape {v.shape}")
-        return int(v.reshape(-1)[0])
+        return self.single(self.static(i, what), what, int, exact, i)
+
+    def static_float(self, i: int, what: str) -> float:
+        return self.single(self.static(i, what), what, float, index=i)
+
+    def static_bool(self, i: int, what: str) -> bool:
+        return self.single(self.static(i, what), what, bool, index=i)
 
     def shape(self, i: int) -> Tuple[int, ...]:
         """The shape of input ``i`` (known at import in every case)."""
@@ -1128,8 +1148,7 @@ def _dropout(n: Node) -> List[Value]:
     x = n.x(0)
     if n.imp.training and (training is None or bool(training)):
         # A TrainingSession drops (as PopART does), with a fresh seed per call of the forward graph.
-        ratio = n.optional_static(1, "ratio") if n.opset >= 12 else None
-        ratio = float(np.asarray(ratio).reshape(-1)[0]) if ratio is not None else float(n.attr("ratio", 0.5))
+        ratio = n.static_float(1, "ratio") if n.opset >= 12 and n.has(1) else float(n.attr("ratio", 0.5))
         if ratio == 0.0:
             return [x, np.ones(x.shape, np.bool_)]
         return [ops.dropout(x, n.imp.random.split(), ratio), None]

@@ -15,13 +15,6 @@ import popxl.ops as ops
 from popart.onnx.ops import Node, Value, _i32, _popxl_dtype, _prod, onnx_op
 
 
-def _scalar_int(n: Node, i: int, what: str) -> int:
-    v = np.asarray(n.static(i, what))
-    if v.size != 1 or v.dtype.kind not in "iu":
-        raise n.fail(f"{what} must be an integer scalar, got {v.dtype} of shape {v.shape}")
-    return n.static_int(i, what)
-
-
 def _dft_matrix(rows: int, cols: int, length: int, complex_in: bool, complex_out: bool, inverse: bool,
                 hermitian: bool) -> np.ndarray:
     """The matrix taking ``rows`` samples (pairs (re, im) when ``complex_in``, flattened) to ``cols``
@@ -93,10 +86,10 @@ def _dft(n: Node, x: popxl.Tensor, axis: int, length: Optional[int], inverse: bo
 @onnx_op("DFT")
 def _dft_op(n: Node) -> List[Value]:
     if n.opset >= 20:
-        axis = _scalar_int(n, 2, "axis") if n.has(2) else -2
+        axis = n.static_int(2, "axis", exact=True) if n.has(2) else -2
     else:
         axis = int(n.attr("axis", 1))
-    length = _scalar_int(n, 1, "dft_length") if n.has(1) else None
+    length = n.static_int(1, "dft_length", exact=True) if n.has(1) else None
     return [_dft(n, n.x(0), axis, length, bool(n.attr("inverse", 0)), bool(n.attr("onesided", 0)))]
 
 
@@ -106,12 +99,12 @@ def _stft(n: Node) -> List[Value]:
     if x.rank != 3 or x.shape[-1] not in (1, 2):
         raise n.fail(f"signal must have shape [batch, length, 1 or 2], got {x.shape}")
     signal_length = x.shape[1]
-    step = _scalar_int(n, 1, "frame_step")
+    step = n.static_int(1, "frame_step", exact=True)
     window = n.x(2) if n.has(2) else None
     if window is not None and window.rank != 1:
         raise n.fail(f"window must be 1-D, got shape {window.shape}")
     if n.has(3):
-        frame = _scalar_int(n, 3, "frame_length")
+        frame = n.static_int(3, "frame_length", exact=True)
         if window is not None and window.shape[0] != frame:
             raise n.fail(f"window length {window.shape[0]} differs from frame_length {frame}")
     else:
@@ -140,11 +133,10 @@ def _mel_to_hz(m: np.ndarray) -> np.ndarray:
 
 @onnx_op("MelWeightMatrix")
 def _mel_weight_matrix(n: Node) -> List[Value]:
-    bands = _scalar_int(n, 0, "num_mel_bins")
-    length = _scalar_int(n, 1, "dft_length")
-    rate = _scalar_int(n, 2, "sample_rate")
-    lo, hi = (float(np.asarray(n.static(i, what)).reshape(-1)[0])
-              for i, what in ((3, "lower_edge_hertz"), (4, "upper_edge_hertz")))
+    bands = n.static_int(0, "num_mel_bins", exact=True)
+    length = n.static_int(1, "dft_length", exact=True)
+    rate = n.static_int(2, "sample_rate", exact=True)
+    lo, hi = n.static_float(3, "lower_edge_hertz"), n.static_float(4, "upper_edge_hertz")
     if bands < 1 or length < 1 or rate < 1 or not 0 <= lo < hi:
         raise n.fail(f"needs num_mel_bins, dft_length, sample_rate >= 1 and 0 <= lower_edge_hertz < "
                      f"upper_edge_hertz, got {bands}, {length}, {rate}, {lo}, {hi}")
