@@ -26,7 +26,7 @@ import popxl
 import popxl.ops as ops
 from popart.errors import OnnxImportError
 from popart.onnx.importer import SubgraphImporter, Value
-from popart.onnx.ops import Node, _as_tensor, onnx_op
+from popart.onnx.ops import Node, _as_tensor, _axis, onnx_op
 
 __all__: List[str] = []
 
@@ -209,12 +209,7 @@ def _axes(n: Node, name: str, count: int, ranks: Sequence[int]) -> List[int]:
     given = n.ints(name, [0] * count)
     if len(given) != count:
         raise n.fail(f"attribute {name} has {len(given)} entries; {count} were expected")
-    out = []
-    for a, r in zip(given, ranks):
-        if not -r <= a < r:
-            raise n.fail(f"attribute {name}: axis {a} is out of range for rank {r}")
-        out.append(a % r)
-    return out
+    return [_axis(a, r, n, f"attribute {name}: axis", scalar_axis=False) for a, r in zip(given, ranks)]
 
 
 def _directions(n: Node, name: str, count: int) -> List[int]:

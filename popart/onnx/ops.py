@@ -186,8 +186,10 @@ def _prod(shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
-def _axis(axis: int, rank: int, n: Node, what: str = "axis") -> int:
-    if not -rank <= axis < max(rank, 1):
+def _axis(axis: int, rank: int, n: Node, what: str = "axis", scalar_axis: bool = True) -> int:
+    """``axis`` counted from 0, checked against ``rank``. ``scalar_axis``: a rank-0 tensor takes axis 0
+    (as ops that see a scalar as one element do); else it has no axis."""
+    if not -rank <= axis < (max(rank, 1) if scalar_axis else rank):
         raise n.fail(f"{what} {axis} is out of range for rank {rank}")
     return axis % rank if rank else 0
 
