@@ -26,7 +26,7 @@ import popxl
 import popxl.ops as ops
 from popart.errors import OnnxImportError
 from popart.onnx.importer import SubgraphImporter, Value
-from popart.onnx.ops import Node, _as_tensor, _axis, onnx_op
+from popart.onnx.ops import Node, _as_tensor, _axis, _stack, _unstack, onnx_op
 
 __all__: List[str] = []
 
@@ -89,16 +89,6 @@ def _if(n: Node) -> List[Value]:
 
 
 # Loop --------------------------------------------------------------------------------------------
-def _stack(values: Sequence[Value], axis: int) -> Value:
-    """``values`` (all of one shape) stacked along a new ``axis``."""
-    if all(isinstance(v, np.ndarray) for v in values):
-        return np.stack(values, axis)
-    ts = [_as_tensor(v) for v in values]
-    shape = tuple(ts[0].shape)
-    expanded = shape[:axis] + (1,) + shape[axis:]
-    return ops.concat([ops.reshape(t, expanded) for t in ts], axis)
-
-
 def _stack_scan_outputs(n: Node, per_iteration: List[List[Value]], axes: Sequence[int],
                         first: int) -> List[Value]:
     outs = []
@@ -197,14 +187,6 @@ def _loop(n: Node) -> List[Value]:
 
 
 # Scan --------------------------------------------------------------------------------------------
-def _take(v: Value, index: int, axis: int) -> Value:
-    """Element ``index`` of ``v`` along ``axis`` (the axis removed)."""
-    if isinstance(v, np.ndarray):
-        return np.asarray(np.take(v, index, axis))
-    part = ops.slice(v, start=index, stop=index + 1, axis=axis)
-    return ops.reshape(part, tuple(d for i, d in enumerate(v.shape) if i != axis))
-
-
 def _axes(n: Node, name: str, count: int, ranks: Sequence[int]) -> List[int]:
     given = n.ints(name, [0] * count)
     if len(given) != count:
@@ -244,8 +226,9 @@ def _scan(n: Node) -> List[Value]:
     names = [i.name for i in body.input]
     scope = SubgraphImporter(n.imp, body, n.opset)
     outs_per_step: List[List[Value]] = [[] for _ in range(n_scan_out)]
+    steps = [_unstack(v, a)[::-1] if d else _unstack(v, a) for v, a, d in zip(scanned, in_axes, in_dirs)]
     for t in range(length):
-        slices = [_take(v, length - 1 - t if d else t, a) for v, a, d in zip(scanned, in_axes, in_dirs)]
+        slices = [per_step[t] for per_step in steps]
         outs = scope.run(dict(zip(names, states + slices)))
         states = outs[:n_state]
         for k in range(n_scan_out):

@@ -169,6 +169,26 @@ def _as_tensor(v: Value) -> popxl.Tensor:
     return v if isinstance(v, popxl.Tensor) else popxl.constant(device_array(np.asarray(v)))
 
 
+def _stack(values: Sequence[Value], axis: int = 0) -> Value:
+    """``values`` (all of one shape) stacked along a new ``axis``; a NumPy array if all are."""
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.stack(values, axis)
+    ts = [_as_tensor(v) for v in values]
+    shape = tuple(ts[0].shape)
+    parts = [ops.reshape(t, shape[:axis] + (1,) + shape[axis:]) for t in ts]
+    return ops.concat(parts, axis) if len(parts) > 1 else parts[0]
+
+
+def _unstack(v: Value, axis: int = 0) -> List[Value]:
+    """The slices of ``v`` along ``axis``, each without that axis (the inverse of ``_stack``)."""
+    if isinstance(v, np.ndarray):
+        return [np.asarray(np.take(v, i, axis)) for i in range(v.shape[axis])]
+    d = v.shape[axis]
+    rest = tuple(s for a, s in enumerate(v.shape) if a != axis)
+    parts = ops.split(v, d, axis) if d > 1 else [v] * d  # popxl's split wants two parts or more
+    return [ops.reshape(p, rest) for p in parts]
+
+
 def _i32(value: np.ndarray) -> popxl.Tensor:
     return popxl.constant(np.asarray(value).astype(np.int32))
 

@@ -11,7 +11,8 @@ import numpy as np
 
 import popxl
 import popxl.ops as ops
-from popart.onnx.ops import Node, Value, _activation, _as_int32, _less, _scalar, _sigmoid, onnx_op
+from popart.onnx.ops import (Node, Value, _activation, _as_int32, _less, _scalar, _sigmoid, _stack, _unstack,
+                             onnx_op)
 
 Activation = Callable[[popxl.Tensor], popxl.Tensor]
 
@@ -227,9 +228,8 @@ def _step_masks(seq: int, batch: int, known: Optional[np.ndarray],
         return [None] * seq
     if known is not None:
         return [None if (known > k).all() else popxl.constant((known > k).reshape(batch, 1)) for k in range(seq)]
-    k = popxl.constant(np.arange(seq, dtype=np.int32).reshape(seq, 1))
-    masks = ops.greater(ops.reshape(lens, (1, batch)), k)  # [seq, batch]
-    return [ops.reshape(m, (batch, 1)) for m in (ops.split(masks, seq, axis=0) if seq > 1 else [masks])]
+    k = popxl.constant(np.arange(seq, dtype=np.int32).reshape(seq, 1, 1))
+    return _unstack(ops.greater(ops.reshape(lens, (1, batch, 1)), k))  # [seq, batch, 1] by step
 
 
 def _recurrent(n: Node) -> List[Optional[Value]]:
@@ -273,12 +273,12 @@ def _recurrent(n: Node) -> List[Optional[Value]]:
         if lbr:  # Rb_h is added inside the reset-gate product, not here
             rb_zr, rb_h = ops.split(rb, [2 * hidden, hidden], axis=1)
             rb = ops.concat([rb_zr, popxl.constant(np.zeros((D, hidden), dtype))], axis=1)
-            r_bias_h = [ops.reshape(t, (hidden,)) for t in (ops.split(rb_h, D, axis=0) if D > 1 else [rb_h])]
+            r_bias_h = _unstack(rb_h)
         proj = ops.add(proj, ops.reshape(ops.add(wb, rb), (1, D * G * hidden)))
     elif lbr:
         r_bias_h = [popxl.constant(np.zeros((hidden,), dtype))] * D
     proj = ops.reshape(proj, (seq * batch, D, G * hidden))
-    projs = [ops.reshape(p, (seq * batch, G * hidden)) for p in (ops.split(proj, D, axis=1) if D > 1 else [proj])]
+    projs = _unstack(proj, 1)
 
     known_lens, lens = _seq_lens(n, seq, batch)
     masks = _step_masks(seq, batch, known_lens, lens)
@@ -294,13 +294,13 @@ def _recurrent(n: Node) -> List[Optional[Value]]:
         t = n.x(i)
         if layout and state:
             t = ops.transpose(t, (1, 0, 2))
-        return [ops.reshape(p, shape) for p in (ops.split(t, D, axis=0) if D > 1 else [t])]
+        return _unstack(t)
 
     states0 = [per_direction(5, "initial_h", (batch, hidden), state=True)]
     if op.states == 2:
         states0.append(per_direction(6, "initial_c", (batch, hidden), state=True))
     peeps = per_direction(7, "P", (3 * hidden,)) if n.op_type == "LSTM" and n.has(7) else None
-    rs = [ops.reshape(r, (G * hidden, hidden)) for r in (ops.split(n.x(2), D, axis=0) if D > 1 else [n.x(2)])]
+    rs = _unstack(n.x(2))
     want_y = n.n_outputs > 0 and n.proto.output[0] != ""
     zero = popxl.constant(np.zeros((), dtype))
 
@@ -317,7 +317,7 @@ def _recurrent(n: Node) -> List[Optional[Value]]:
         if reverse and rev_index is not None:  # each entry runs back from its own last valid step
             p = ops.gather(p, rev_index, axis=0)  # [seq, batch, G * hidden]
         p = ops.reshape(p, (seq, batch, G * hidden))
-        steps = [ops.reshape(s, (batch, G * hidden)) for s in (ops.split(p, seq, axis=0) if seq > 1 else [p])]
+        steps = _unstack(p)
         if reverse and rev_index is None:
             steps = steps[::-1]
 
@@ -335,20 +335,19 @@ def _recurrent(n: Node) -> List[Optional[Value]]:
         if want_y:
             if reverse and rev_index is None:
                 outs = outs[::-1]
-            y = ops.concat([ops.reshape(o, (1, batch, hidden)) for o in outs], axis=0)
+            y = _stack(outs)
             if reverse and rev_index is not None:  # the same index maps steps back to times
-                y = ops.gather(ops.reshape(y, (seq * batch, hidden)), rev_index, axis=0)
-            ys.append(ops.reshape(y, (seq, 1, batch, hidden)))
+                y = ops.gather(ops.reshape(y, (seq * batch, hidden)), rev_index, axis=0)  # [seq, batch, hidden]
+            ys.append(y)
 
     y_all = None
     if want_y:
-        y_all = ops.concat(ys, axis=1) if D > 1 else ys[0]  # [seq, D, batch, hidden]
+        y_all = _stack(ys, 1)  # [seq, D, batch, hidden]
         if layout:
             y_all = ops.transpose(y_all, (2, 0, 1, 3))
     results: List[Optional[Value]] = [y_all]
     for s in range(op.states):  # Y_h, then Y_c
-        last = ops.concat([ops.reshape(f[s], (1, batch, hidden)) for f in finals], axis=0) if D > 1 \
-            else ops.reshape(finals[0][s], (1, batch, hidden))
+        last = _stack([f[s] for f in finals])
         results.append(ops.transpose(last, (1, 0, 2)) if layout else last)
     return results
 

@@ -14,7 +14,7 @@ import popxl
 import popxl.ops as ops
 from popxl import dtypes
 from popart.onnx.ops import (Node, Value, _as_int32, _i32, _kernel_shape, _less, _prod, _round_half_even, _scalar,
-                             _scatter_rows, _strides, onnx_op)
+                             _scatter_rows, _stack, _strides, onnx_op)
 
 
 # shared: positions-major views and float helpers ------------------------------------------------------
@@ -118,8 +118,7 @@ def _grid_taps(u: popxl.Tensor, size: int, mode: str, padding: str, align: bool
 def _stack_taps(taps: Sequence[popxl.Tensor], axis: int, rank: int) -> popxl.Tensor:
     """The taps of one spatial axis stacked on a leading axis placed at ``axis`` of ``rank``
     leading tap axes, so that the axes' taps combine by broadcasting."""
-    t = ops.concat([ops.reshape(v, (1,) + v.shape) for v in taps], 0)
-    return ops.reshape(t, (1,) * axis + (len(taps),) + (1,) * (rank - axis - 1) + taps[0].shape)
+    return ops.reshape(_stack(taps), (1,) * axis + (len(taps),) + (1,) * (rank - axis - 1) + taps[0].shape)
 
 
 @onnx_op("GridSample")
