@@ -293,12 +293,12 @@ def _where_positive(x: popxl.Tensor, negative: popxl.Tensor, threshold: float = 
     return ops.where(ops.greater(x, popxl.constant(np.asarray(threshold, x.dtype.as_numpy()))), x, negative)
 
 
-def _activation(n: Node, x: popxl.Tensor) -> popxl.Tensor:
-    """The ONNX activations with attributes, composed from popxl elementwise ops."""
+def _activation(t: str, x: popxl.Tensor, attr: Callable[[str, float], Any]) -> popxl.Tensor:
+    """The ONNX activation ``t`` (one with attributes, read by ``attr(name, default)``), composed
+    from popxl elementwise ops. The recurrent ops call it with their own alpha/beta."""
     def c(v: float) -> popxl.Tensor:
-        return n.scalar(v, x)
+        return _scalar(v, x)
 
-    t = n.op_type
     if t == "Softplus":
         return _softplus(x)
     if t == "Softsign":
@@ -306,31 +306,32 @@ def _activation(n: Node, x: popxl.Tensor) -> popxl.Tensor:
     if t == "Mish":
         return ops.mul(x, ops.tanh(_softplus(x)))
     if t in ("HardSigmoid", "HardSwish"):
-        alpha, beta = (float(n.attr("alpha", 0.2)), float(n.attr("beta", 0.5))) if t == "HardSigmoid" else (1 / 6, 0.5)
+        alpha, beta = (float(attr("alpha", 0.2)), float(attr("beta", 0.5))) if t == "HardSigmoid" else (1 / 6, 0.5)
         h = ops.clip(ops.add(ops.mul(x, c(alpha)), c(beta)), 0.0, 1.0)
         return h if t == "HardSigmoid" else ops.mul(x, h)
     if t == "Elu":
-        alpha = float(n.attr("alpha", 1.0))
+        alpha = float(attr("alpha", 1.0))
         return _where_positive(x, ops.mul(c(alpha), ops.sub(ops.exp(x), c(1.0))))
     if t == "Selu":
-        alpha = float(n.attr("alpha", 1.67326319217681884765625))
-        gamma = float(n.attr("gamma", 1.05070102214813232421875))
+        alpha = float(attr("alpha", 1.67326319217681884765625))
+        gamma = float(attr("gamma", 1.05070102214813232421875))
         return ops.mul(c(gamma), _where_positive(x, ops.mul(c(alpha), ops.sub(ops.exp(x), c(1.0)))))
     if t == "Celu":
-        alpha = float(n.attr("alpha", 1.0))
+        alpha = float(attr("alpha", 1.0))
         return _where_positive(x, ops.mul(c(alpha), ops.sub(ops.exp(ops.div(x, c(alpha))), c(1.0))))
     if t == "ThresholdedRelu":
-        alpha = float(n.attr("alpha", 1.0))
+        alpha = float(attr("alpha", 1.0))
         return _where_positive(x, c(0.0), alpha)
-    if t == "PRelu":
-        return _where_positive(x, ops.mul(x, n.x(1)))
-    raise n.fail("not an activation")
+    raise ValueError(f"{t} is not an activation")
 
 
 @onnx_op("Softplus", "Softsign", "Mish", "HardSigmoid", "HardSwish", "Elu", "Selu", "Celu", "ThresholdedRelu",
          "PRelu")
 def _activations(n: Node) -> List[Value]:
-    return [_activation(n, n.x(0))]
+    x = n.x(0)
+    if n.op_type == "PRelu":  # the slope is an input, not an attribute
+        return [_where_positive(x, ops.mul(x, n.x(1)))]
+    return [_activation(n.op_type, x, n.attr)]
 
 
 @onnx_op("IsInf")

@@ -35,25 +35,7 @@ _ACTIVATIONS: Dict[str, _ActivationSpec] = {s.name.lower(): s for s in (
     _ActivationSpec("Softplus", None, None))}
 
 
-class _ActivationNode:
-    """Stands in for a Node so that ``_activation`` reads this activation's alpha/beta."""
-
-    def __init__(self, n: Node, op_type: str, alpha: Optional[float], beta: Optional[float]) -> None:
-        self.op_type = op_type
-        self._n = n
-        self._attrs = {k: v for k, v in (("alpha", alpha), ("beta", beta)) if v is not None}
-
-    def attr(self, name: str, default: object = None) -> object:
-        return self._attrs.get(name, default)
-
-    def scalar(self, value: float, like: popxl.Tensor) -> popxl.Tensor:
-        return _scalar(value, like)
-
-    def fail(self, message: str):
-        return self._n.fail(message)
-
-
-def _make_activation(n: Node, name: str, alpha: Optional[float], beta: Optional[float]) -> Activation:
+def _make_activation(name: str, alpha: Optional[float], beta: Optional[float]) -> Activation:
     if name == "Relu":
         return ops.relu
     if name == "Tanh":
@@ -66,8 +48,8 @@ def _make_activation(n: Node, name: str, alpha: Optional[float], beta: Optional[
         return lambda x: ops.mul(_scalar(alpha, x), ops.tanh(ops.mul(x, _scalar(beta, x))))
     if name == "LeakyRelu":
         return lambda x: ops.where(_less(x, _scalar(0.0, x)), ops.mul(x, _scalar(alpha, x)), x)
-    stand_in = _ActivationNode(n, name, alpha, beta)
-    return lambda x: _activation(stand_in, x)  # type: ignore[arg-type]
+    attrs = {k: v for k, v in (("alpha", alpha), ("beta", beta)) if v is not None}
+    return lambda x: _activation(name, x, attrs.get)
 
 
 def _activations(n: Node, defaults: Sequence[str], directions: int) -> List[List[Activation]]:
@@ -101,7 +83,7 @@ def _activations(n: Node, defaults: Sequence[str], directions: int) -> List[List
 
     alphas = params("activation_alpha", lambda s: s.alpha)
     betas = params("activation_beta", lambda s: s.beta)
-    fns = [_make_activation(n, s.name, a, b) for s, a, b in zip(specs, alphas, betas)]
+    fns = [_make_activation(s.name, a, b) for s, a, b in zip(specs, alphas, betas)]
     k = len(defaults)
     return [fns[d * k:(d + 1) * k] for d in range(directions)]
 
