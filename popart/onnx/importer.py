@@ -135,16 +135,21 @@ class GraphImporter:
 
     def __init__(self, model: onnx.ModelProto,
                  input_shapes: Optional[Mapping[str, Tuple[Sequence[int], Any]]] = None) -> None:
-        from popart.onnx.functions import expand_functions
         from popart.onnx.ops import OPS  # the table imports this module's helpers
-        self.opset = self._default_opset(model)
-        self._ops = OPS
-        # ops without an entry but defined as functions of other ops are replaced by their bodies
-        self.model, self._node_opsets = expand_functions(model, OPS, self.opset)
-        self.graph = self.model.graph
+        self._setup(model, self._default_opset(model), OPS)
         self.initializers: Dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
         self._check_supported()
         self.inputs = self._resolve_inputs(dict(input_shapes or {}))
+
+    def _setup(self, model: onnx.ModelProto, opset: int, table: Mapping[str, Any]) -> None:
+        """What every importer (of a model or of a subgraph) starts with: the model with its functions
+        expanded, and an empty walk state."""
+        from popart.onnx.functions import expand_functions
+        self.opset = opset
+        self._ops = table
+        # ops without an entry but defined as functions of other ops are replaced by their bodies
+        self.model, self._node_opsets = expand_functions(model, table, opset)
+        self.graph = self.model.graph
         self._values: Dict[str, Value] = {}
         self._weights: Dict[str, popxl.Tensor] = {}
         self._consts: Dict[str, popxl.Tensor] = {}
@@ -392,20 +397,14 @@ class SubgraphImporter(GraphImporter):
     """
 
     def __init__(self, parent: GraphImporter, graph: onnx.GraphProto, opset: int, capture: bool = False) -> None:
-        from popart.onnx.functions import expand_functions
         self.parent = parent
-        self.opset = opset
-        self._ops = parent._ops
         body = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)],
                                       functions=list(parent.model.functions))
-        self.model, self._node_opsets = expand_functions(body, self._ops, opset)
-        self.graph = self.model.graph
+        self._setup(body, opset, parent._ops)
         self.initializers = {}
         self._check_supported_subgraph()
         self.inputs = []
         self._own_initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        self._values, self._order = {}, []
-        self._weights, self._consts, self._promoted = {}, {}, {}
         self._materialize_weight = parent._materialize_weight
         # The parent's seed is a tensor of the parent graph: a subgraph lowered as a graph of its own
         # has none (its float16 results round to nearest; a random op in it needs a seed attribute).
