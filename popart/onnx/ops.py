@@ -214,8 +214,9 @@ def _axis(axis: int, rank: int, n: Node, what: str = "axis", scalar_axis: bool =
     return axis % rank if rank else 0
 
 
-def _popxl_dtype(np_dtype: np.dtype) -> dtypes.dtype:
-    return dtypes.from_numpy(device_dtype(np_dtype))
+def _popxl_dtype_of_onnx(elem_type: int) -> dtypes.dtype:
+    """The popxl dtype that holds values of ONNX element type ``elem_type`` on the device."""
+    return dtypes.from_numpy(device_dtype(onnx.helper.tensor_dtype_to_np_dtype(int(elem_type))))
 
 
 # elementwise ------------------------------------------------------------------------------------------
@@ -463,7 +464,7 @@ def _cast_to(n: Node, x: popxl.Tensor, to: dtypes.dtype) -> popxl.Tensor:
 
 @onnx_op("Cast")
 def _cast(n: Node) -> List[Value]:
-    return [_cast_to(n, n.x(0), _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(n.attr("to"))))]
+    return [_cast_to(n, n.x(0), _popxl_dtype_of_onnx(n.attr("to")))]
 
 
 @onnx_op("CastLike")
@@ -649,7 +650,7 @@ def _quantize_linear(n: Node) -> List[Value]:
         out = n.x(2).dtype
     else:
         code = int(n.attr("output_dtype", 0) or 0)
-        out = _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(code)) if code else dtypes.uint8
+        out = _popxl_dtype_of_onnx(code) if code else dtypes.uint8
     if out not in _INT_RANGE or out == dtypes.int32:
         raise n.fail(f"quantizing to {out} is not supported (8- and 16-bit integers are)")
     f = x.dtype
@@ -1951,8 +1952,7 @@ def _random(n: Node) -> List[Value]:
         raise n.fail("the shape attribute is required")
     shape = tuple(n.shape(0)) if like else tuple(n.ints("shape"))
     code = n.attr("dtype")
-    out = (_popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(int(code))) if code is not None
-           else n.x(0).dtype if like else dtypes.float32)
+    out = _popxl_dtype_of_onnx(code) if code is not None else n.x(0).dtype if like else dtypes.float32
     draw = out if out in (dtypes.float16, dtypes.float32) else dtypes.float32
     seed = _random_seed(n)
     if n.op_type == "Bernoulli":  # 1 with the input's probability: u < p for u uniform in [0, 1)

@@ -8,11 +8,10 @@ from __future__ import annotations
 from typing import List, Optional
 
 import numpy as np
-import onnx
 
 import popxl
 import popxl.ops as ops
-from popart.onnx.ops import Node, Value, _i32, _popxl_dtype, _prod, onnx_op
+from popart.onnx.ops import Node, Value, _i32, _popxl_dtype_of_onnx, _prod, onnx_op
 
 
 def _dft_matrix(rows: int, cols: int, length: int, complex_in: bool, complex_out: bool, inverse: bool,
@@ -140,7 +139,7 @@ def _mel_weight_matrix(n: Node) -> List[Value]:
     if bands < 1 or length < 1 or rate < 1 or not 0 <= lo < hi:
         raise n.fail(f"needs num_mel_bins, dft_length, sample_rate >= 1 and 0 <= lower_edge_hertz < "
                      f"upper_edge_hertz, got {bands}, {length}, {rate}, {lo}, {hi}")
-    out = _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(int(n.attr("output_datatype", 1))))
+    out = _popxl_dtype_of_onnx(n.attr("output_datatype", 1))
     spectrogram_bins = length // 2 + 1
     # Band edges evenly spaced in mel (bands + 2 steps between the two edges, as ONNX's reference
     # does), mapped to spectrogram bins floor((dft_length + 1) f / sample_rate).
@@ -172,7 +171,7 @@ def _window(n: Node) -> List[Value]:
     size = n.static_int(0, "size")
     if size < 0:
         raise n.fail(f"size must be >= 0, got {size}")
-    out = _popxl_dtype(onnx.helper.tensor_dtype_to_np_dtype(int(n.attr("output_datatype", 1))))
+    out = _popxl_dtype_of_onnx(n.attr("output_datatype", 1))
     period = size if n.attr("periodic", 1) else size - 1
     i = np.arange(size, dtype=np.float64)
     w = np.zeros(size)
