@@ -99,6 +99,13 @@ class Node:
     def optional_static(self, i: int, what: str) -> Optional[np.ndarray]:
         return self.static(i, what) if self.has(i) else None
 
+    def static_ints(self, i: int, what: str) -> List[int]:
+        """Input ``i``, known at import (a shape, axes, pads), as a flat list of ints."""
+        return [int(v) for v in np.asarray(self.static(i, what)).reshape(-1)]
+
+    def optional_static_ints(self, i: int, what: str) -> Optional[List[int]]:
+        return self.static_ints(i, what) if self.has(i) else None
+
     def single(self, value: Any, what: str, kind: type = int, exact: bool = False,
                index: Optional[int] = None) -> Any:
         """``value``, which must hold one element, as ``kind`` (int, float or bool). ``exact``: its
@@ -1239,12 +1246,7 @@ _REDUCE: Dict[str, Callable[..., popxl.Tensor]] = {
 def _reduce(n: Node) -> List[Value]:
     x = n.x(0)
     # Axes moved from an attribute to an input: ReduceSum at opset 13, the others at opset 18.
-    axes_as_input = n.opset >= (13 if n.op_type == "ReduceSum" else 18)
-    if axes_as_input:
-        axes = n.optional_static(1, "axes")
-        axes = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
-    else:
-        axes = n.ints("axes")
+    axes = _ints_arg(n, "axes", 13 if n.op_type == "ReduceSum" else 18)
     if not axes:
         if n.attr("noop_with_empty_axes", 0):
             return [x]
@@ -1302,7 +1304,7 @@ for _t in ("Constant", "ConstantOfShape", "Range"):
 @onnx_op("Reshape")
 def _reshape(n: Node) -> List[Value]:
     x = n.x(0)
-    shape = [int(d) for d in n.static(1, "shape").reshape(-1)]
+    shape = n.static_ints(1, "shape")
     allowzero = n.opset >= 14 and n.attr("allowzero", 0)
     if not allowzero:
         shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
@@ -1336,18 +1338,16 @@ def _unsqueezed_shape(shape: Sequence[int], axes: Sequence[int], n: Node) -> Tup
     return tuple(1 if i in axes else next(dims) for i in range(out_rank))
 
 
-def _axes_arg(n: Node, since_opset: int) -> Optional[List[int]]:
-    """Axes given as an attribute before ``since_opset`` and as input 1 from then on."""
-    if n.opset >= since_opset:
-        a = n.optional_static(1, "axes")
-        return None if a is None else [int(v) for v in np.asarray(a).reshape(-1)]
-    return n.ints("axes")
+def _ints_arg(n: Node, name: str, since_opset: int) -> Optional[List[int]]:
+    """Ints (axes, split lengths) given as attribute ``name`` before ``since_opset`` and as input 1
+    from then on."""
+    return n.optional_static_ints(1, name) if n.opset >= since_opset else n.ints(name)
 
 
 @onnx_op("Unsqueeze")
 def _unsqueeze(n: Node) -> List[Value]:
     x = n.x(0)
-    axes = _axes_arg(n, 13)
+    axes = _ints_arg(n, "axes", 13)
     if axes is None:
         raise n.fail("axes are required")
     return [ops.reshape(x, _unsqueezed_shape(x.shape, axes, n))]
@@ -1356,7 +1356,7 @@ def _unsqueeze(n: Node) -> List[Value]:
 @onnx_op("Squeeze")
 def _squeeze(n: Node) -> List[Value]:
     x = n.x(0)
-    axes = _axes_arg(n, 13)
+    axes = _ints_arg(n, "axes", 13)
     if axes is None:
         axes = [i for i, d in enumerate(x.shape) if d == 1]
     axes = {_axis(a, x.rank, n, "axes") for a in axes}
@@ -1386,11 +1386,7 @@ def _split(n: Node) -> List[Value]:
     x = n.x(0)
     axis = _axis(int(n.attr("axis", 0)), x.rank, n)
     d = x.shape[axis]
-    if n.opset >= 13:
-        split = n.optional_static(1, "split")
-        split = None if split is None else [int(v) for v in split.reshape(-1)]
-    else:
-        split = n.ints("split")
+    split = _ints_arg(n, "split", 13)
     if split is None:
         parts = int(n.attr("num_outputs", n.n_outputs))
         if n.opset >= 18 and n.attr("num_outputs") is not None:
@@ -1406,12 +1402,11 @@ def _split(n: Node) -> List[Value]:
 @onnx_op("Slice")
 def _slice(n: Node) -> List[Value]:
     x = n.x(0)
-    starts = [int(v) for v in n.static(1, "starts").reshape(-1)]
-    ends = [int(v) for v in n.static(2, "ends").reshape(-1)]
-    axes = n.optional_static(3, "axes")
-    axes = list(range(len(starts))) if axes is None else [_axis(int(a), x.rank, n, "axes") for a in axes.reshape(-1)]
-    steps = n.optional_static(4, "steps")
-    steps = [1] * len(starts) if steps is None else [int(s) for s in steps.reshape(-1)]
+    starts, ends = n.static_ints(1, "starts"), n.static_ints(2, "ends")
+    axes = n.optional_static_ints(3, "axes")
+    axes = list(range(len(starts))) if axes is None else [_axis(a, x.rank, n, "axes") for a in axes]
+    steps = n.optional_static_ints(4, "steps")
+    steps = [1] * len(starts) if steps is None else steps
     if 0 in steps:
         raise n.fail("steps must not be 0")
     # Clamp the int64 "to the end" sentinels into the int range popxl takes.
@@ -1451,7 +1446,7 @@ def _repeat_axis(x: popxl.Tensor, axis: int, index: np.ndarray) -> popxl.Tensor:
 @onnx_op("Expand")
 def _expand(n: Node) -> List[Value]:
     x = n.x(0)
-    shape = tuple(int(d) for d in n.static(1, "shape").reshape(-1))
+    shape = tuple(n.static_ints(1, "shape"))
     try:
         out = np.broadcast_shapes(x.shape, shape)
     except ValueError:
@@ -1466,7 +1461,7 @@ def _expand(n: Node) -> List[Value]:
 @onnx_op("Tile")
 def _tile(n: Node) -> List[Value]:
     x = n.x(0)
-    repeats = [int(r) for r in n.static(1, "repeats").reshape(-1)]
+    repeats = n.static_ints(1, "repeats")
     if len(repeats) != x.rank or any(r < 0 for r in repeats):
         raise n.fail(f"repeats {repeats} must be {x.rank} non-negative ints")
     y = x
@@ -1520,7 +1515,7 @@ def _pad(n: Node) -> List[Value]:
     mode = n.attr("mode", "constant")
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise n.fail(f"unknown mode {mode!r}")
-    pads = [int(p) for p in n.static(1, "pads").reshape(-1)]
+    pads = n.static_ints(1, "pads")
     if n.has(2) and n.imp.static(n.proto.input[2]) is None:
         # The pad value is computed on the device: a scalar tensor (it does not change any shape).
         v = n.x(2)
@@ -1528,9 +1523,9 @@ def _pad(n: Node) -> List[Value]:
     else:
         value = n.optional_static(2, "constant_value")
         value = 0.0 if value is None or value.size == 0 else value.reshape(-1)[0].item()
-    axes = n.optional_static(3, "axes") if n.opset >= 18 else None
+    axes = n.optional_static_ints(3, "axes") if n.opset >= 18 else None
     if axes is not None:
-        axes = [_axis(int(a), x.rank, n, "axes") for a in axes.reshape(-1)]
+        axes = [_axis(a, x.rank, n, "axes") for a in axes]
         full = [0] * (2 * x.rank)
         for k, a in enumerate(axes):
             full[a], full[a + x.rank] = pads[k], pads[k + len(axes)]
@@ -1558,7 +1553,7 @@ def _resize(n: Node) -> List[Value]:
     axes = n.ints("axes") if n.opset >= 18 else None
     axes = list(range(x.rank)) if axes is None else [_axis(a, x.rank, n, "axes") for a in axes]
     scales = n.optional_static(2, "scales")
-    sizes = n.optional_static(3, "sizes")
+    sizes = n.optional_static_ints(3, "sizes")
     if scales is not None and scales.size == 0:
         scales = None
     if (scales is None) == (sizes is None):
@@ -1570,8 +1565,8 @@ def _resize(n: Node) -> List[Value]:
             factor[a] = float(s)
             want[a] = int(math.floor(x.shape[a] * float(s)))
     else:
-        for a, s in zip(axes, sizes.reshape(-1)):
-            want[a] = int(s)
+        for a, s in zip(axes, sizes):
+            want[a] = s
             f = float(s) / x.shape[a]
             # Resize by sizes uses scale = size / length; nudge it up by an ulp if the float
             # product rounds below the wanted size (popxl sizes its output as floor(length * scale)).
@@ -1862,7 +1857,7 @@ def _eye_like(n: Node) -> List[Value]:
 @onnx_op("CenterCropPad")
 def _center_crop_pad(n: Node) -> List[Value]:
     x = n.x(0)
-    target = [int(v) for v in n.static(1, "shape").reshape(-1)]
+    target = n.static_ints(1, "shape")
     axes = n.ints("axes", list(range(x.rank)))
     axes = [_axis(a, x.rank, n, "axes") for a in axes]
     if len(set(axes)) != len(axes) or len(target) != len(axes) or any(v < 0 for v in target):

@@ -314,7 +314,7 @@ def _max_unpool(n: Node) -> List[Value]:
         raise n.fail(f"kernel_shape {kernel}, strides {strides} and pads {pads} give an empty output")
     out = pooled_from
     if n.has(2):
-        out = tuple(int(v) for v in np.asarray(n.static(2, "output_shape")).reshape(-1))
+        out = tuple(n.static_ints(2, "output_shape"))
         if len(out) != x.rank or out[:2] != pooled_from[:2] or any(o < p for o, p in zip(out, pooled_from)):
             raise n.fail(f"output_shape {list(out)} must keep N, C of X and be at least {list(pooled_from)}")
     # MaxPool's indices are flat positions in that whole tensor (batch and channel included).
@@ -339,8 +339,7 @@ def _zero_extend(y: popxl.Tensor, shape: Tuple[int, ...]) -> popxl.Tensor:
 @onnx_op("Col2Im")
 def _col2im(n: Node) -> List[Value]:
     x = n.x(0)
-    image = [int(v) for v in np.asarray(n.static(1, "image_shape")).reshape(-1)]
-    block = [int(v) for v in np.asarray(n.static(2, "block_shape")).reshape(-1)]
+    image, block = n.static_ints(1, "image_shape"), n.static_ints(2, "block_shape")
     r = len(image)
     dil = n.ints("dilations", [1] * r)
     strides = n.ints("strides", [1] * r)
