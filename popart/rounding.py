@@ -29,8 +29,14 @@ __all__ = ["StochasticRounder"]
 _F16_MAX = float(np.finfo(np.float16).max)
 
 
-def _c(v: float) -> popxl.Tensor:
-    return popxl.constant(np.asarray(v, np.float32))
+# float32 helpers, shared with the ONNX sampling ops (which also compute in float32)
+def _c(value: float) -> popxl.Tensor:
+    """A float32 scalar constant."""
+    return popxl.constant(np.asarray(value, np.float32))
+
+
+def _f32(t: popxl.Tensor) -> popxl.Tensor:
+    return t if t.dtype == dtypes.float32 else ops.cast(t, dtypes.float32)
 
 
 def _round_f16(x: popxl.Tensor, u: popxl.Tensor) -> popxl.Tensor:
@@ -65,7 +71,7 @@ class StochasticRounder:
     def __call__(self, x: popxl.Tensor) -> popxl.Tensor:
         if x.dtype is dtypes.float16:
             return x
-        x32 = x if x.dtype is dtypes.float32 else ops.cast(x, dtypes.float32)
+        x32 = _f32(x)
         use, self.seed = ops.split_random_seed(self.seed)
         u = ops.random_uniform(use, x32.shape, 0.0, 1.0, dtypes.float32)
         nearest = ops.cast(x32, dtypes.float16)

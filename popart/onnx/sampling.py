@@ -15,24 +15,16 @@ import popxl.ops as ops
 from popxl import dtypes
 from popart.onnx.ops import (Node, Value, _as_int32, _i32, _kernel_shape, _less, _prod, _round_half_even, _scalar,
                              _scatter_rows, _stack, _strides, onnx_op)
+from popart.rounding import _c, _f32  # coordinates and weights are computed in float32
 
 
-# shared: positions-major views and float helpers ------------------------------------------------------
+# shared: positions-major views and coordinate helpers -------------------------------------------------
 def _rows_view(x: popxl.Tensor) -> popxl.Tensor:
     """(N, C, *D) viewed as (N * prod(D), C): one row per position, so a gather of rows reads
     every channel at once."""
     nb, c = x.shape[:2]
     perm = (0,) + tuple(range(2, x.rank)) + (1,)
     return ops.reshape(ops.transpose(x, perm), (nb * _prod(x.shape[2:]), c))
-
-
-def _f32(t: popxl.Tensor) -> popxl.Tensor:
-    return t if t.dtype == dtypes.float32 else ops.cast(t, dtypes.float32)
-
-
-def _c(value: float) -> popxl.Tensor:
-    """A float32 scalar constant (coordinates and weights are computed in float32)."""
-    return popxl.constant(np.asarray(value, np.float32))
 
 
 def _to_index(v: popxl.Tensor) -> popxl.Tensor:
