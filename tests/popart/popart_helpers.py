@@ -2,7 +2,7 @@
 InferenceSession and in ONNX's reference evaluator (the oracle)."""
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import onnx
@@ -34,17 +34,35 @@ def reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     return [np.asarray(r) for r in ReferenceEvaluator(model).run(list(outputs) if outputs else None, dict(feeds))]
 
 
-def run_session(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], outputs: Sequence[str],
-                input_shape_info: Optional[popart.InputShapeInfo] = None) -> List[np.ndarray]:
-    """One batch through an InferenceSession on the CPU device, anchoring ``outputs`` (ALL)."""
-    df = popart.DataFlow(1, {o: popart.AnchorReturnType("All") for o in outputs})
+def make_session(model: onnx.ModelProto, outputs: Optional[Sequence[str]] = None, steps: int = 1,
+                 input_shape_info: Optional[popart.InputShapeInfo] = None
+                 ) -> Tuple[popart.InferenceSession, Dict[str, np.ndarray]]:
+    """A prepared InferenceSession on the CPU device, anchoring ``outputs`` (ALL; None: every graph
+    output) for ``steps`` batches, and its anchor arrays."""
+    outputs = [o.name for o in model.graph.output] if outputs is None else outputs
+    df = popart.DataFlow(steps, {o: popart.AnchorReturnType("All") for o in outputs})
     kwargs = {"inputShapeInfo": input_shape_info} if input_shape_info is not None else {}
     s = popart.InferenceSession(model.SerializeToString(), df, popart.DeviceManager().createCpuDevice(), **kwargs)
     s.prepareDevice()
     s.weightsFromHost()
-    anchors = s.initAnchorArrays()
+    return s, s.initAnchorArrays()
+
+
+def run_session(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], outputs: Sequence[str],
+                input_shape_info: Optional[popart.InputShapeInfo] = None) -> List[np.ndarray]:
+    """One batch through an InferenceSession on the CPU device, anchoring ``outputs`` (ALL)."""
+    s, anchors = make_session(model, outputs, input_shape_info=input_shape_info)
     s.run(popart.PyStepIO(dict(feeds), anchors))
     return [anchors[o] for o in outputs]
+
+
+def run_nodes(nodes: Sequence[onnx.NodeProto], inputs: Mapping[str, np.ndarray],
+              inits: Optional[Mapping[str, np.ndarray]] = None, opset: int = 17,
+              outputs: Optional[Sequence[str]] = None) -> List[np.ndarray]:
+    """Import and run a model of ``nodes`` (fed ``inputs``, with initializers ``inits``); ``outputs``
+    defaults to the last node's. For tests of import errors as much as of results."""
+    outputs = [o for o in nodes[-1].output if o] if outputs is None else list(outputs)
+    return run_session(make_model(nodes, inputs, outputs, inits, opset), inputs, outputs)
 
 
 def check_against_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], outputs: Sequence[str],

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto
 
 from popart.errors import OnnxImportError
-from popart_helpers import check_against_reference, make_model, run_session
+from popart_helpers import check_against_reference, make_model, run_nodes, run_session
 from test_onnx_ops import Case, N, f32, i64, pos
 
 ND_DATA = f32(2, 3, 4)
@@ -114,11 +114,6 @@ def test_compress_selecting_nothing() -> None:
     assert run_session(model, {"x": x}, ["y"])[0].shape == (0, 2)
 
 
-def _import_error(nodes, inputs, inits=None, opset: int = 18) -> None:
-    model = make_model(nodes, inputs, ["y"], inits, opset)
-    run_session(model, inputs, ["y"])
-
-
 @pytest.mark.parametrize("nodes, inputs, inits, opset, match", [
     ([N("Compress", ["x", "c"], ["y"], axis=0)], {"x": f32(3), "c": np.array([True, False, True])}, None, 13,
      "condition.*must be known at import"),
@@ -150,4 +145,4 @@ def _import_error(nodes, inputs, inits=None, opset: int = 18) -> None:
         "GatherND-batch_dims-too-large", "ScatterElements-axis", "ReverseSequence-axes", "EyeLike-rank"])
 def test_bad_input_fails_at_import(nodes, inputs, inits, opset: int, match: str) -> None:
     with pytest.raises(OnnxImportError, match=match):
-        _import_error(nodes, inputs, inits, opset)
+        run_nodes(nodes, inputs, inits, opset)

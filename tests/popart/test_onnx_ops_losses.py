@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from popart.errors import OnnxImportError
-from popart_helpers import check_against_reference, make_model, run_session
+from popart_helpers import check_against_reference, make_model, run_nodes, run_session
 from test_onnx_ops import Case, N, f32, pos
 
 rng = np.random.default_rng(99)
@@ -116,10 +116,6 @@ def test_nll_mean_with_negative_ignore_index_divides_by_the_kept_count() -> None
     np.testing.assert_allclose(run_session(model, {"x": x, "t": t}, ["y"])[0], want, rtol=1e-5)
 
 
-def _import(node, inputs) -> None:
-    run_session(make_model([node], inputs, list(node.output), opset=13), inputs, list(node.output))
-
-
 @pytest.mark.parametrize("eq, xs, match", [
     ("ij,jk", [f32(2, 3)], r"2 operand term\(s\) but the node has 1 input"),
     ("i1->i", [f32(2)], r"expected letters and at most one '...', got '1'"),
@@ -135,7 +131,7 @@ def _import(node, inputs) -> None:
 def test_einsum_errors(eq, xs, match) -> None:
     names = [f"x{k}" for k in range(len(xs))]
     with pytest.raises(OnnxImportError, match=match):
-        _import(N("Einsum", names, ["y"], equation=eq), dict(zip(names, xs)))
+        run_nodes([N("Einsum", names, ["y"], equation=eq)], dict(zip(names, xs)), opset=13)
 
 
 @pytest.mark.parametrize("op", [NLL, SCE])
@@ -147,4 +143,4 @@ def test_einsum_errors(eq, xs, match) -> None:
 ])
 def test_loss_errors(op, ins, attrs, match) -> None:
     with pytest.raises(OnnxImportError, match=match):
-        _import(N(op, list(ins), ["y"], **attrs), ins)
+        run_nodes([N(op, list(ins), ["y"], **attrs)], ins, opset=13)

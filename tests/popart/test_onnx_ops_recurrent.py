@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 import numpy as np
 import pytest
 import popart
-from popart_helpers import check_against_reference, make_model, run_session
+from popart_helpers import check_against_reference, make_model, run_nodes, run_session
 from test_onnx_ops import Case, N, f32, i64, pos  # noqa: F401  (pos, i64: shared harness)
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -256,10 +256,6 @@ def test_oracle_agrees_with_reference_evaluator() -> None:
 
 
 # errors -------------------------------------------------------------------------------------------------
-def _import(node, feeds: Dict[str, np.ndarray], inits: Dict[str, np.ndarray], outputs: List[str]) -> None:
-    run_session(make_model([node], feeds, outputs, inits), feeds, outputs)
-
-
 @pytest.mark.parametrize("attrs, inits, match", [
     ({"direction": "sideways"}, {}, "direction must be"),
     ({"activations": ["Tanh", "Swish"]}, {}, "unknown activation 'Swish'"),
@@ -276,24 +272,24 @@ def test_bad_gru_fails(attrs: dict, inits: Dict[str, np.ndarray], match: str) ->
     w = {**weights("GRU", bias=True), **inits}
     node = N("GRU", ["X", "W", "R", "B"], ["Y"], **{"hidden_size": H, **attrs})
     with pytest.raises(popart.OnnxImportError, match=match):
-        _import(node, {"X": f32(T, B, I)}, w, ["Y"])
+        run_nodes([node], {"X": f32(T, B, I)}, w)
 
 
 def test_bad_sequence_lens_fails() -> None:
     node = N("RNN", ["X", "W", "R", "", "lens"], ["Y"], hidden_size=H)
     with pytest.raises(popart.OnnxImportError, match=r"sequence_lens must lie in \[0, 4\]"):
-        _import(node, {"X": f32(T, B, I)}, {**weights("RNN"), "lens": np.array([1, 5, 2], np.int32)}, ["Y"])
+        run_nodes([node], {"X": f32(T, B, I)}, {**weights("RNN"), "lens": np.array([1, 5, 2], np.int32)})
     with pytest.raises(popart.OnnxImportError, match=r"sequence_lens \(input 4\) must have shape \[3\]"):
-        _import(node, {"X": f32(T, B, I)}, {**weights("RNN"), "lens": np.array([1, 2], np.int32)}, ["Y"])
+        run_nodes([node], {"X": f32(T, B, I)}, {**weights("RNN"), "lens": np.array([1, 2], np.int32)})
 
 
 def test_bad_initial_state_and_rank_fail() -> None:
     node = N("LSTM", ["X", "W", "R", "", "", "h0"], ["Y"], hidden_size=H)
     with pytest.raises(popart.OnnxImportError, match=r"initial_h \(input 5\) must have shape \[1, 3, 6\]"):
-        _import(node, {"X": f32(T, B, I), "h0": f32(1, B + 1, H)}, weights("LSTM"), ["Y"])
+        run_nodes([node], {"X": f32(T, B, I), "h0": f32(1, B + 1, H)}, weights("LSTM"))
     node = N("LSTM", ["X", "W", "R"], ["Y"], hidden_size=H)
     with pytest.raises(popart.OnnxImportError, match="X must have rank 3"):
-        _import(node, {"X": f32(T, B * I)}, weights("LSTM"), ["Y"])
+        run_nodes([node], {"X": f32(T, B * I)}, weights("LSTM"))
 
 
 def test_constant_inputs_are_not_folded_by_the_reference() -> None:

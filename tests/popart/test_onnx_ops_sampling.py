@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import popart
-from popart_helpers import check_against_reference, make_model, reference, run_session
+from popart_helpers import check_against_reference, make_model, reference, run_nodes, run_session
 from test_onnx_ops import Case, N, f32, i64
 
 rng = np.random.default_rng(4321)
@@ -186,48 +186,43 @@ def test_op_matches_reference(case: Case) -> None:
 
 
 # errors --------------------------------------------------------------------------------------------
-def _import(nodes: list, inputs: Dict[str, np.ndarray], inits: Optional[Dict[str, np.ndarray]] = None,
-            opset: int = 20) -> None:
-    run_session(make_model(nodes, inputs, ["y"], inits, opset), inputs, ["y"])
-
-
 @pytest.mark.parametrize("mode, opset", [("linear", 16), ("bilinear", 20), ("area", 20)])
 def test_gridsample_rejects_mode_of_other_opset(mode: str, opset: int) -> None:
     with pytest.raises(popart.OnnxImportError, match="mode must be one of"):
-        _import([N("GridSample", ["x", "g"], ["y"], mode=mode)], {"x": X2, "g": G2}, opset=opset)
+        run_nodes([N("GridSample", ["x", "g"], ["y"], mode=mode)], {"x": X2, "g": G2}, opset=opset)
 
 
 def test_gridsample_errors() -> None:
     with pytest.raises(popart.OnnxImportError, match="padding_mode"):
-        _import([N("GridSample", ["x", "g"], ["y"], padding_mode="wrap")], {"x": X2, "g": G2})
+        run_nodes([N("GridSample", ["x", "g"], ["y"], padding_mode="wrap")], {"x": X2, "g": G2}, opset=20)
     with pytest.raises(popart.OnnxImportError, match=r"X must be \(N, C, H, W\)"):  # opset 16 is 4-D only
-        _import([N("GridSample", ["x", "g"], ["y"])], {"x": X3, "g": G3}, opset=16)
+        run_nodes([N("GridSample", ["x", "g"], ["y"])], {"x": X3, "g": G3}, opset=16)
     with pytest.raises(popart.OnnxImportError, match="grid must have shape"):
-        _import([N("GridSample", ["x", "g"], ["y"])], {"x": X2, "g": G3})
+        run_nodes([N("GridSample", ["x", "g"], ["y"])], {"x": X2, "g": G3}, opset=20)
 
 
 def test_roialign_adaptive_grid_needs_static_rois() -> None:
     with pytest.raises(popart.OnnxImportError, match="needs rois known at import"):
-        _import([N("RoiAlign", ["x", "r", "b"], ["y"], mode="max", sampling_ratio=0)],
-                {"x": XR, "r": ROIS, "b": BATCH})
+        run_nodes([N("RoiAlign", ["x", "r", "b"], ["y"], mode="max", sampling_ratio=0)],
+                  {"x": XR, "r": ROIS, "b": BATCH}, opset=20)
     with pytest.raises(popart.OnnxImportError, match="mode must be 'avg' or 'max'"):
-        _import([N("RoiAlign", ["x", "r", "b"], ["y"], mode="sum", sampling_ratio=2)],
-                {"x": XR, "r": ROIS, "b": BATCH})
+        run_nodes([N("RoiAlign", ["x", "r", "b"], ["y"], mode="sum", sampling_ratio=2)],
+                  {"x": XR, "r": ROIS, "b": BATCH}, opset=20)
 
 
 def test_maxunpool_errors() -> None:
     c = UNPOOL_CASES[0]
     with pytest.raises(popart.OnnxImportError, match="output_shape"):
-        _import([N("MaxUnpool", ["p", "i", "o"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], c.inputs,
-                {"o": i64(2, 3, 3, 6)})
+        run_nodes([N("MaxUnpool", ["p", "i", "o"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], c.inputs,
+                  {"o": i64(2, 3, 3, 6)}, opset=20)
     with pytest.raises(popart.OnnxImportError, match="kernel_shape is required"):
-        _import([N("MaxUnpool", ["p", "i"], ["y"])], c.inputs)
+        run_nodes([N("MaxUnpool", ["p", "i"], ["y"])], c.inputs, opset=20)
 
 
 def test_col2im_errors() -> None:
     shapes = {"im": i64(5, 5), "bl": i64(2, 2)}
     with pytest.raises(popart.OnnxImportError, match="input must be"):  # 16 blocks of 2x2 fit, not 15
-        _import([N("Col2Im", ["x", "im", "bl"], ["y"])], {"x": f32(1, 4, 15)}, shapes, opset=18)
+        run_nodes([N("Col2Im", ["x", "im", "bl"], ["y"])], {"x": f32(1, 4, 15)}, shapes, opset=18)
     with pytest.raises(popart.OnnxImportError, match="must be known at import"):
-        _import([N("Col2Im", ["x", "im", "bl"], ["y"])], {"x": f32(1, 4, 16), "im": i64(5, 5)}, {"bl": i64(2, 2)},
-                opset=18)
+        run_nodes([N("Col2Im", ["x", "im", "bl"], ["y"])], {"x": f32(1, 4, 16), "im": i64(5, 5)},
+                  {"bl": i64(2, 2)}, opset=18)

@@ -6,21 +6,13 @@ import pytest
 from onnx import TensorProto, helper
 
 import popart
-from popart_helpers import make_model
+from popart_helpers import make_model, make_session
 
 N = helper.make_node
 
 
-def _session(model, steps: int = 1):
-    df = popart.DataFlow(steps, {o.name: popart.AnchorReturnType("All") for o in model.graph.output})
-    s = popart.InferenceSession(model.SerializeToString(), df, popart.DeviceManager().createCpuDevice())
-    s.prepareDevice()
-    s.weightsFromHost()
-    return s, s.initAnchorArrays()
-
-
 def _run(model, feeds=None, steps: int = 1, seed=None):
-    s, anchors = _session(model, steps)
+    s, anchors = make_session(model, steps=steps)
     if seed is not None:
         s.setRandomSeed(seed)
     s.run(popart.PyStepIO(dict(feeds or {}), anchors))
