@@ -192,7 +192,7 @@ def _unstack(v: Value, axis: int = 0) -> List[Value]:
         return [np.asarray(np.take(v, i, axis)) for i in range(v.shape[axis])]
     d = v.shape[axis]
     rest = tuple(s for a, s in enumerate(v.shape) if a != axis)
-    parts = ops.split(v, d, axis) if d > 1 else [v] * d  # popxl's split wants two parts or more
+    parts = ops.split(v, d, axis) if d > 1 else [v] * d  # one part needs no split op; ops.split refuses 0
     return [ops.reshape(p, rest) for p in parts]
 
 
