@@ -25,6 +25,7 @@
 
 #include "fp8.hpp"
 #include "gemm.hpp"
+#include "static_copies.hpp"
 #include "winograd.hpp"
 
 namespace popxl {
@@ -424,14 +425,6 @@ constexpr int kSrcSlot = 0, kWeightsSlot = 1, kDstSlot = 2;
 // ~50x slower (ResNet-18: 3 images/s against 45 for float32).
 struct ReorderedOperand {
   enum class Keep { None, Bytes, Static };
-  struct Free { void operator()(void* p) const { std::free(p); } };
-  // A reordered copy kept between runs and what it was reordered from.
-  struct Kept {
-    std::unique_ptr<void, Free> data;
-    const void* from = nullptr;  // Static: the user data (in one arena)
-    uint64_t epoch = 0;          // Static: the weights epoch it was reordered at (0: never)
-    std::vector<uint8_t> bytes;  // Bytes: the user bytes
-  };
   memory user, inner;  // user: the arena tensor, or its float32 staging copy
   Primitive convert;
   bool reordered = false, output = false, f16 = false;
@@ -440,7 +433,8 @@ struct ReorderedOperand {
   size_t staging = 0;      // f16: the float32 copy's scratch offset
   int64_t nelms = 0;       // f16: values in the tensor
   uint8_t* data = nullptr;  // the arena tensor (bind)
-  std::vector<Kept> kept;  // Bytes: one; Static: one per arena in use
+  StaticCopies kept;        // Static: a copy per arena; Bytes: its one copy (owner null)
+  std::vector<uint8_t> last;  // Bytes: the user bytes last reordered
   ReorderedOperand() = default;
   ReorderedOperand(const memory::desc& arena_d, const memory::desc& inner_d, bool output_, ScratchLayout& scratch,
                    Keep keep_ = Keep::None)
@@ -460,12 +454,11 @@ struct ReorderedOperand {
     inner = reordered ? memory(inner_d, cpu(), DNNL_MEMORY_NONE) : user;
     if (!reordered) return;
     convert = output ? Primitive::reorder(inner, user, scratch) : Primitive::reorder(user, inner, scratch);
-    if (keep == Keep::None) {
+    if (keep == Keep::None)
       at = scratch.reserve(inner_d.get_size());
-    } else if (keep == Keep::Bytes) {
-      kept.push_back(new_copy());
-      inner.set_data_handle(kept[0].data.get());
-    }
+    else
+      kept = StaticCopies(inner_d.get_size());
+    if (keep == Keep::Bytes) inner.set_data_handle(kept.copy_for(nullptr, nullptr).first);
   }
   void bind(uint8_t* data_, const ScratchLayout& scratch) {
     data = data_;
@@ -480,15 +473,13 @@ struct ReorderedOperand {
       return;
     }
     if (keep == Keep::Bytes) {
-      std::vector<uint8_t>& last = kept[0].bytes;
       const size_t n = f16 ? static_cast<size_t>(nelms) * 2 : user.get_desc().get_size();
       if (last.size() == n && std::memcmp(last.data(), data, n) == 0) return;
       last.assign(data, data + n);
     } else if (keep == Keep::Static) {
-      Kept& k = copy_of(data, epoch ? *epoch : 0);
-      inner.set_data_handle(k.data.get());
-      if (epoch && k.epoch == *epoch) return;
-      k.epoch = epoch ? *epoch : 0;
+      const auto [copy, stale] = kept.copy_for(data, epoch);
+      inner.set_data_handle(copy);
+      if (!stale) return;
     }
     if (f16) unstage(data, DType::F16, static_cast<float*>(user.get_data_handle()), nelms);
     convert.execute(strm, scratch);
@@ -500,31 +491,6 @@ struct ReorderedOperand {
       strm.wait();
       restage(static_cast<float*>(user.get_data_handle()), data, nelms);
     }
-  }
-
- private:
-  Kept new_copy() const {
-    Kept k;
-    k.data.reset(std::aligned_alloc(ScratchLayout::kAlign, ScratchLayout::aligned(inner.get_desc().get_size())));
-    if (!k.data) throw std::bad_alloc();
-    return k;
-  }
-  // The copy kept for user data at `from`. A new arena takes over a copy not reordered at the
-  // current epoch (`now`): every attach moves the epoch on, so the copies of released arenas are
-  // reused and there are never more than one per replica.
-  Kept& copy_of(const void* from, uint64_t now) {
-    Kept* spare = nullptr;
-    for (Kept& k : kept) {
-      if (k.from == from) return k;
-      if (k.epoch != now) spare = &k;
-    }
-    if (!spare) {
-      kept.push_back(new_copy());
-      spare = &kept.back();
-    }
-    spare->from = from;
-    spare->epoch = 0;
-    return *spare;
   }
 };
 

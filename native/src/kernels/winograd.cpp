@@ -34,6 +34,7 @@
 
 #include "gemm.hpp"
 #include "loops.hpp"
+#include "static_copies.hpp"
 
 namespace popxl {
 namespace {
@@ -213,7 +214,10 @@ class WinogradConvKernel : public Kernel {
         m_at_.push_back(scratch.reserve(kPos * block_ * K_ * f));
       }
     }
-    if (!static_w_) u_at_ = scratch.reserve(kPos * tl_.C * K_ * f);
+    if (static_w_)
+      kept_ = StaticCopies(kPos * tl_.C * K_ * f);
+    else
+      u_at_ = scratch.reserve(kPos * tl_.C * K_ * f);
     if (tl_.x.staged) x_at_ = scratch.reserve(tl_.N * tl_.H * tl_.W * tl_.C * f);
     if (y_.staged) y_at_ = scratch.reserve(tl_.N * tl_.OH * tl_.OW * K_ * f);
   }
@@ -347,39 +351,18 @@ class WinogradConvKernel : public Kernel {
       }
   }
 
-  // Static weights: a transformed copy per arena, made again when the weights epoch moves on
-  // (as the reordered weights of the oneDNN kernels are). Otherwise transformed on every run.
+  // Static weights: a transformed copy per arena, made again when the weights epoch moves on.
+  // Otherwise transformed on every run.
   const float* transformed_weights(const uint8_t* arena) {
     if (!static_w_) {
       float* U = floats(scratch, u_at_);
       transform_weights(arena, U);
       return U;
     }
-    const uint64_t now = weights_epoch ? *weights_epoch : 0;
-    Kept* use = nullptr;
-    for (Kept& k : kept_)
-      if (k.arena == arena) use = &k;
-    if (!use)  // a new arena takes over a copy of an arena no longer in use
-      for (Kept& k : kept_)
-        if (k.epoch != now) use = &k;
-    if (!use) {
-      kept_.emplace_back();
-      use = &kept_.back();
-      use->data.resize(static_cast<size_t>(kPos * tl_.C * K_));
-    }
-    if (use->arena != arena || use->epoch != now || !weights_epoch) {
-      transform_weights(arena, use->data.data());
-      use->arena = arena;
-      use->epoch = now;
-    }
-    return use->data.data();
+    const auto [U, stale] = kept_.copy_for(arena, weights_epoch);
+    if (stale) transform_weights(arena, static_cast<float*>(U));
+    return static_cast<const float*>(U);
   }
-
-  struct Kept {
-    const uint8_t* arena = nullptr;
-    uint64_t epoch = 0;
-    std::vector<float> data;
-  };
 
   Tiling tl_;
   View y_, r_;
@@ -394,7 +377,7 @@ class WinogradConvKernel : public Kernel {
   std::vector<size_t> v_at_, m_at_;  // V and M in scratch: one pair, or one a thread
   size_t u_at_ = 0;                  // non-static weights: U in scratch
   size_t x_at_ = 0, y_at_ = 0;       // staged x, y: their channels-last copies in scratch
-  std::vector<Kept> kept_;
+  StaticCopies kept_;                // static weights: U per arena
 };
 
 // dw of such a convolution: with V the input transform of x's tiles (as the forward pass) and
