@@ -1,12 +1,15 @@
 """Property-based tests: random programs of 5-50 ops (5-25 at the large size), with subgraph
-calls, loops, in-place ops, views and in-place ops through views.
+calls, loops, in-place ops, views and in-place ops through views; and their gradients.
 
 Each program is one list of steps, run three ways: traced into popxl and run on the native and
 the reference engine (which must agree closely), and evaluated directly in float64 NumPy (the
 oracle for both). The engines share the compiler (memory plan, aliasing, lowering), so only the
 NumPy oracle catches a compiler bug; the engine comparison is the tighter check of the kernels.
 Programs come in two sizes: tiny, and large enough that elementwise loops and GEMMs are split
-over the threads, with odd edges (vector and tile tails)."""
+over the threads, with odd edges (vector and tile tails).
+
+The gradients of small programs (transforms.autodiff of the whole program, calls and loops and
+in-place ops included) are checked against float64 central differences of the NumPy evaluation."""
 import math
 import os
 
@@ -17,6 +20,7 @@ from hypothesis import strategies as st
 import popxl
 import popxl.ops as ops
 from engine_harness import run_program
+from grad_harness import GradProgram
 
 SMALL, LARGE = (3, 4), (163, 229)  # LARGE: > 32768 elements (threaded loops), 163 x 229 x 229 GEMMs in bands
 EXAMPLES = int(os.environ.get("POPXL_FUZZ_EXAMPLES", 100))  # raise it to hunt for bugs
@@ -69,18 +73,20 @@ VIEWS = ["transpose_reshape", "concat_slice", "through_transpose"]
 INPLACE_VIEWS = ["transpose_", "slice_", "reshape_"]
 
 
-def _steps(binary):
+def _steps(binary, unary=tuple(UNARY), in_place: bool = True, body_len: int = 4):
+    """One step of a program, drawing from these ops; ``in_place``: with the in-place steps."""
     n = st.integers(0, 10 ** 6)
+    body_unary = [u for u in BODY_UNARY if u in unary]
     return st.one_of(
-        st.tuples(st.just("unary"), st.sampled_from(list(UNARY)), n),
+        st.tuples(st.just("unary"), st.sampled_from(list(unary)), n),
         st.tuples(st.just("binary"), st.sampled_from(binary), n, n),
-        st.tuples(st.just("inplace"), st.sampled_from(INPLACE), n, n),
+        *([st.tuples(st.just("inplace"), st.sampled_from(INPLACE), n, n),
+           st.tuples(st.just("inplace_view"), st.sampled_from(INPLACE_VIEWS), n, n)] if in_place else []),
         st.tuples(st.just("matmul"), n),
         st.tuples(st.just("view"), st.sampled_from(VIEWS), n, n),
-        st.tuples(st.just("inplace_view"), st.sampled_from(INPLACE_VIEWS), n, n),
-        st.tuples(st.just("call"), st.lists(st.tuples(st.sampled_from(BODY_UNARY), st.sampled_from(binary)),
-                                            min_size=1, max_size=4), n),
-        st.tuples(st.just("repeat"), st.lists(st.sampled_from(BODY_UNARY), min_size=1, max_size=3),
+        st.tuples(st.just("call"), st.lists(st.tuples(st.sampled_from(body_unary), st.sampled_from(binary)),
+                                            min_size=1, max_size=body_len), n),
+        st.tuples(st.just("repeat"), st.lists(st.sampled_from(body_unary), min_size=1, max_size=3),
                   st.integers(0, 3), n),
     )
 
@@ -253,3 +259,59 @@ def test_random_programs_agree_with_numpy_on_both_engines(program, seed):
     got, _ = run_program(build, inputs, "native")
     _check(got, want, oracle, steps, "the reference engine", tol=2e-5)
     _check(got, oracle[0], oracle, steps, "float64 NumPy", tol=1e-4)
+
+
+# Gradient programs: the ops whose derivative is defined everywhere the programs go. Left out:
+# sqrt_of_abs (infinite slope at 0); max_cols and maximum, which programs tie by construction (a
+# broadcast row, a value against itself), where PopXL gives every tied input the whole gradient
+# and a central difference sees one; where_greater (a jump); and in-place ops, which as in PopXL
+# have no gradient of their own (the gradient stops there).
+GRAD_UNARY = [u for u in UNARY if u not in ("sqrt_of_abs", "max_cols")]
+GRAD_BINARY = [b for b in BINARY if b not in ("where_greater", "maximum")]
+
+
+def _with_all_inputs(steps, xs, weights, numpy: bool):
+    """The program's values and one more that reads every input, so every input has a gradient
+    (autodiff refuses a gradient for an input no output depends on, as PopXL does)."""
+    return evaluate(steps, xs, weights, numpy) + [xs[0] + xs[1] + xs[2]]
+
+
+def _central_differences(steps, inputs, weights, seeds, h: float = 1e-6):
+    """d/d(inputs) of sum(seed * output) over the outputs, in float64, one input value at a time."""
+    def loss(xs):
+        return sum(float(np.sum(y * d)) for y, d in zip(_with_all_inputs(steps, xs, weights, True), seeds))
+
+    grads = []
+    for i, x in enumerate(inputs):
+        g = np.zeros(x.shape)
+        for j in np.ndindex(x.shape):
+            xs = [v.copy() for v in inputs]
+            xs[i][j] += h
+            up = loss(xs)
+            xs[i][j] -= 2 * h
+            g[j] = (up - loss(xs)) / (2 * h)
+        grads.append(g)
+    return grads
+
+
+@settings(max_examples=max(10, EXAMPLES // 4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(_steps(GRAD_BINARY, GRAD_UNARY, in_place=False, body_len=3), min_size=3, max_size=25),
+       seed=st.integers(0, 2 ** 16))
+def test_random_programs_differentiate_as_numpy(steps, seed):
+    rng = np.random.default_rng(seed)
+    R, C = SMALL
+    weights = (rng.standard_normal((C, C)) * 0.5).astype(np.float32)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in [(R, C), (R, 1), (1, C)]]
+    prog = GradProgram(lambda *xs: _with_all_inputs(steps, xs, weights, False), inputs, wrt=[0, 1, 2])
+    try:
+        seeds = [rng.standard_normal(s.shape).astype(np.float32) for s in prog.seed_streams]
+        _, grads = prog.run(inputs, seeds)
+    finally:
+        prog.close()
+    want = _central_differences(steps, [x.astype(np.float64) for x in inputs], weights.astype(np.float64),
+                                [d.astype(np.float64) for d in seeds])
+    for i, (g, w) in enumerate(zip(grads, want)):
+        scale = max(1.0, float(np.abs(w).max()))
+        bad = ~(np.abs(g - w) <= 1e-3 * (np.abs(w) + scale))
+        assert not bad.any(), (f"gradient of input {i}, program {steps}: at {np.argwhere(bad)[:5].tolist()} "
+                               f"autodiff {g[bad][:5]}, central differences {w[bad][:5]}")
