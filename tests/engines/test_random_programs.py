@@ -1,5 +1,7 @@
 """Property-based tests: random programs of 5-50 ops (5-25 at the large size), with subgraph
-calls, loops, in-place ops, views and in-place ops through views; and their gradients.
+calls (one graph from two sites; a graph writing its caller's tensor by reference), loops,
+conditionals on the device, in-place ops, views and in-place ops through views; and their
+gradients.
 
 Each program is one list of steps, run three ways: traced into popxl and run on the native and
 the reference engine (which must agree closely), and evaluated directly in float64 NumPy (the
@@ -88,6 +90,10 @@ def _steps(binary, unary=tuple(UNARY), in_place: bool = True, body_len: int = 4)
                                             min_size=1, max_size=body_len), n),
         st.tuples(st.just("repeat"), st.lists(st.sampled_from(body_unary), min_size=1, max_size=3),
                   st.integers(0, 3), n),
+        st.tuples(st.just("call_twice"), st.lists(st.tuples(st.sampled_from(body_unary), st.sampled_from(binary)),
+                                                  min_size=1, max_size=body_len), n, n),
+        st.tuples(st.just("cond"), st.sampled_from(body_unary), st.sampled_from(body_unary), n, n),
+        *([st.tuples(st.just("call_by_ref"), st.sampled_from(body_unary), n, n)] if in_place else []),
     )
 
 
@@ -197,6 +203,34 @@ def evaluate(steps, inputs, weights, numpy: bool, reorder: bool = False):
             else:
                 g = popxl.gcg().ir.create_graph(lambda a, b: body(s[1], a, b), x, c)
                 vals.append(ops.call(g, x, c)[0])
+        elif kind == "call_twice":  # one graph, two call sites with different arguments
+            x, y, c = full[s[2] % len(full)], full[s[3] % len(full)], vals[s[2] % len(vals)]
+            if numpy:
+                vals += [body(s[1], x, c), body(s[1], y, c)]
+            else:
+                g = popxl.gcg().ir.create_graph(lambda a, b: body(s[1], a, b), x, c)
+                vals += [ops.call(g, x, c)[0], ops.call(g, y, c)[0]]
+        elif kind == "cond":  # a branch chosen on the device
+            x, c = full[s[3] % len(full)], vals[s[4] % len(vals)]
+            # the offset keeps exact zeros (x - x) away from the threshold
+            if numpy:
+                vals.append(unary(s[1] if x.sum() > _OFFSET else s[2], x) * 2.0 + c)
+            else:
+                ir = popxl.gcg().ir
+                then_g, else_g = (ir.create_graph(lambda a, b, u=u: unary(u, a) * 2.0 + b, x, c) for u in s[1:3])
+                flag = ops.sum(x) > _OFFSET
+                vals.append(ops.conditional(flag, then_g, else_g, [x, c], [x, c])[0])
+        elif kind == "call_by_ref":  # the called graph writes the caller's tensor in place
+            target, c = copy(full[s[2] % len(full)]), vals[s[3] % len(vals)]
+            if numpy:
+                target += unary(s[1], c)
+                vals += [target, target * 2.0]
+            else:
+                def write(a: popxl.TensorByRef, b: popxl.Tensor, u=s[1]) -> popxl.Tensor:
+                    ops.add_(a, unary(u, b))
+                    return a * 2.0
+                g = popxl.gcg().ir.create_graph(write, target, c)
+                vals += [target, ops.call(g, target, c)[0]]
         else:  # repeat: the body's output is the next iteration's input
             chain = [(u, "add") for u in s[1]]
             x = full[s[3] % len(full)]
