@@ -1,7 +1,7 @@
 """Property-based tests: random programs of 5-50 ops (5-25 at the large size), with subgraph
 calls (one graph from two sites; a graph writing its caller's tensor by reference), loops,
-conditionals on the device, in-place ops, views and in-place ops through views; and their
-gradients.
+conditionals on the device, in-place ops, views and in-place ops through views; their
+gradients; and the same programs on two replicas with an all-reduce.
 
 Each program is one list of steps, run three ways: traced into popxl and run on the native and
 the reference engine (which must agree closely), and evaluated directly in float64 NumPy (the
@@ -250,9 +250,15 @@ def build_program(shape, steps, seed: int):
     R, C = shape
     weights = (rng.standard_normal((C, C)) * (0.5 if C < 8 else 1 / math.sqrt(C))).astype(np.float32)  # O(1) products
     inputs = [rng.standard_normal(s).astype(np.float32) for s in [(R, C), (R, 1), (1, C)]]
+    return (lambda *xs: evaluate(steps, xs, weights, numpy=False)), inputs, build_oracle(steps, inputs, weights)
+
+
+def build_oracle(steps, inputs, weights):
+    """NumPy's results for float32 ``inputs`` and ``weights``: in float64, and in float32 summing
+    in another order (see `_check`)."""
     exact = evaluate(steps, [x.astype(np.float64) for x in inputs], weights.astype(np.float64), numpy=True)
     rounded = evaluate(steps, [x.copy() for x in inputs], weights, numpy=True, reorder=True)
-    return (lambda *xs: evaluate(steps, xs, weights, numpy=False)), inputs, (exact, rounded)
+    return exact, rounded
 
 
 def _check(got, want, oracle, steps, what: str, tol: float) -> None:
@@ -349,3 +355,28 @@ def test_random_programs_differentiate_as_numpy(steps, seed):
         bad = ~(np.abs(g - w) <= 1e-3 * (np.abs(w) + scale))
         assert not bad.any(), (f"gradient of input {i}, program {steps}: at {np.argwhere(bad)[:5].tolist()} "
                                f"autodiff {g[bad][:5]}, central differences {w[bad][:5]}")
+
+
+@settings(max_examples=max(10, EXAMPLES // 4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(_steps(list(BINARY)), min_size=5, max_size=30), seed=st.integers(0, 2 ** 16))
+def test_random_programs_run_per_replica(steps, seed):
+    """Two replicas, each with inputs of its own: each computes its own program (conditionals may
+    take different branches on each), and an all-reduce at the end sums a value over both."""
+    replicas = 2
+    rng = np.random.default_rng(seed)
+    R, C = SMALL
+    weights = (rng.standard_normal((C, C)) * 0.5).astype(np.float32)
+    inputs = [rng.standard_normal((replicas, *s)).astype(np.float32) for s in [(R, C), (R, 1), (1, C)]]
+
+    def build(*xs):
+        outs = evaluate(steps, xs, weights, numpy=False)
+        return outs + [ops.collectives.replicated_all_reduce(outs[-1])]
+
+    per_replica = [build_oracle(steps, [x[r] for x in inputs], weights) for r in range(replicas)]
+    total = tuple([sum(o[k][-1] for o in per_replica)] for k in range(2))  # (exact, rounded) of the sum
+    for engine in ("native", "reference"):
+        got, _ = run_program(build, inputs, engine, replication=replicas)
+        for r, (exact, rounded) in enumerate(per_replica):
+            mine = [g[r] for g in got]
+            _check(mine[:-1], exact, (exact, rounded), steps, f"float64 NumPy ({engine}, replica {r})", tol=1e-4)
+            _check(mine[-1:], total[0], total, steps, f"the all-reduced sum ({engine}, replica {r})", tol=1e-4)
