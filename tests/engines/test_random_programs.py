@@ -1,7 +1,7 @@
 """Property-based tests: random programs of 5-50 ops (5-25 at the large size), with subgraph
 calls (one graph from two sites; a graph writing its caller's tensor by reference), loops,
 conditionals on the device, in-place ops, views and in-place ops through views; their
-gradients; and the same programs on two replicas with an all-reduce.
+gradients; the same programs in float16; and on two replicas with an all-reduce.
 
 Each program is one list of steps, run three ways: traced into popxl and run on the native and
 the reference engine (which must agree closely), and evaluated directly in float64 NumPy (the
@@ -16,6 +16,7 @@ import math
 import os
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -244,18 +245,18 @@ def evaluate(steps, inputs, weights, numpy: bool, reorder: bool = False):
     return vals[len(inputs):] or [vals[0]]
 
 
-def build_program(shape, steps, seed: int):
-    """(build for run_program, float32 inputs, NumPy's results in float64 and in float32)."""
+def build_program(shape, steps, seed: int, dtype=np.float32):
+    """(build for run_program, inputs of ``dtype``, NumPy's results in float64 and in ``dtype``)."""
     rng = np.random.default_rng(seed)
     R, C = shape
-    weights = (rng.standard_normal((C, C)) * (0.5 if C < 8 else 1 / math.sqrt(C))).astype(np.float32)  # O(1) products
-    inputs = [rng.standard_normal(s).astype(np.float32) for s in [(R, C), (R, 1), (1, C)]]
+    weights = (rng.standard_normal((C, C)) * (0.5 if C < 8 else 1 / math.sqrt(C))).astype(dtype)  # O(1) products
+    inputs = [rng.standard_normal(s).astype(dtype) for s in [(R, C), (R, 1), (1, C)]]
     return (lambda *xs: evaluate(steps, xs, weights, numpy=False)), inputs, build_oracle(steps, inputs, weights)
 
 
 def build_oracle(steps, inputs, weights):
-    """NumPy's results for float32 ``inputs`` and ``weights``: in float64, and in float32 summing
-    in another order (see `_check`)."""
+    """NumPy's results for float32 (or float16) ``inputs`` and ``weights``: in float64, and in
+    their own dtype summing in another order (see `_check`)."""
     exact = evaluate(steps, [x.astype(np.float64) for x in inputs], weights.astype(np.float64), numpy=True)
     rounded = evaluate(steps, [x.copy() for x in inputs], weights, numpy=True, reorder=True)
     return exact, rounded
@@ -380,3 +381,18 @@ def test_random_programs_run_per_replica(steps, seed):
             mine = [g[r] for g in got]
             _check(mine[:-1], exact, (exact, rounded), steps, f"float64 NumPy ({engine}, replica {r})", tol=1e-4)
             _check(mine[-1:], total[0], total, steps, f"the all-reduced sum ({engine}, replica {r})", tol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # float16 reaches inf soon
+@settings(max_examples=max(10, EXAMPLES // 4), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(program=programs, seed=st.integers(0, 2 ** 16))
+def test_random_float16_programs_agree_with_numpy_on_both_engines(program, seed):
+    """float16 programs: every op computes in float32 and rounds to float16 once (the native
+    engine converts eight values at a time), so the engines agree to float16's precision."""
+    shape, steps = program
+    build, inputs, oracle = build_program(shape, steps, seed, np.float16)
+    want, _ = run_program(build, inputs, "reference")
+    got, _ = run_program(build, inputs, "native")
+    _check(got, want, oracle, steps, "the reference engine", tol=2e-3)
+    _check(got, oracle[0], oracle, steps, "float64 NumPy", tol=1e-2)
