@@ -31,7 +31,19 @@ def _reshape_infer(specs, shape):
 
 
 def _reshape_view(x, shape):
-    return x.reshape(shape)
+    """``x`` reshaped as a view of the same memory; ValueError when that needs a copy. Never
+    copies: the compiler learns a view's layout from a stand-in array whose data are not there."""
+    if _RESHAPE_HAS_COPY:
+        return np.reshape(x, shape, copy=False)  # ValueError rather than a copy
+    view = x.view()
+    try:
+        view.shape = shape  # NumPy < 2.1: in place on a view, refused rather than copied
+    except AttributeError as e:
+        raise ValueError(f"cannot reshape {x.shape} with strides {x.strides} to {tuple(shape)} without a copy") from e
+    return view
+
+
+_RESHAPE_HAS_COPY = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
 
 
 register(OpDef("reshape", _reshape_infer, lambda x, shape: x.reshape(shape).copy(), view=_reshape_view, copy=True,

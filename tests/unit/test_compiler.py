@@ -361,6 +361,32 @@ def test_copies_and_views_of_elided_transposes():
         np.testing.assert_array_equal(got_v, a.T.reshape(24))
 
 
+def test_layouts_are_learned_without_reading_data():
+    """The compiler learns a view's layout by applying its view function to a one-element
+    stand-in array strided like the input. A reshape that would need a copy (of a transposed
+    layout) must refuse rather than copy, since copying reads the stand-in far past its one
+    element (a segfault under AddressSanitizer, garbage reads otherwise; found by the random
+    program tests); the copying reshape then stays a copy."""
+    from popxl.ops.shape import _reshape_view
+    t = np.zeros((163, 229), np.float32).T
+    with pytest.raises(ValueError):
+        _reshape_view(t, (163, 229))
+    assert np.shares_memory(_reshape_view(t.T, (229, 163)), t)
+
+    a = np.arange(163 * 229, dtype=np.float32).reshape(163, 229)
+
+    def build():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            x = ops.host_load(popxl.h2d_stream(a.shape, popxl.float32, "x"))
+            y = ops.reshape(ops.transpose(x), a.shape) + 1.0
+            ops.host_store(popxl.d2h_stream(a.shape, popxl.float32, "y"), y)
+        return ir
+    _, results = _run_main(build, [a])
+    for (got,) in results:
+        np.testing.assert_array_equal(got, a.T.reshape(a.shape) + 1.0)
+
+
 def test_a_carried_loop_output_is_not_a_view_of_an_input():
     """In a repeat body, outputs are carried into inputs after each iteration: an output that
     viewed an input would be read while the inputs are being assigned. Swapping two inputs
