@@ -70,14 +70,16 @@ BINARY = {
 }
 # Large programs leave out the comparison: among tens of thousands of values some lie within
 # rounding of the threshold, where float32 and float64 (or two float32 engines) go different ways.
-LARGE_BINARY = [b for b in BINARY if b != "where_greater"]
+# float16 programs leave out branches on the device too: their rounding reaches the threshold.
+CONTINUOUS_BINARY = [b for b in BINARY if b != "where_greater"]
 INPLACE = ["add_", "relu_", "scaled_add_"]
 VIEWS = ["transpose_reshape", "concat_slice", "through_transpose"]
 INPLACE_VIEWS = ["transpose_", "slice_", "reshape_"]
 
 
-def _steps(binary, unary=tuple(UNARY), in_place: bool = True, body_len: int = 4):
-    """One step of a program, drawing from these ops; ``in_place``: with the in-place steps."""
+def _steps(binary, unary=tuple(UNARY), in_place: bool = True, body_len: int = 4, branches: bool = True):
+    """One step of a program, drawing from these ops; ``in_place``: with the in-place steps;
+    ``branches``: with conditionals."""
     n = st.integers(0, 10 ** 6)
     body_unary = [u for u in BODY_UNARY if u in unary]
     return st.one_of(
@@ -93,15 +95,18 @@ def _steps(binary, unary=tuple(UNARY), in_place: bool = True, body_len: int = 4)
                   st.integers(0, 3), n),
         st.tuples(st.just("call_twice"), st.lists(st.tuples(st.sampled_from(body_unary), st.sampled_from(binary)),
                                                   min_size=1, max_size=body_len), n, n),
-        st.tuples(st.just("cond"), st.sampled_from(body_unary), st.sampled_from(body_unary), n, n),
+        *([st.tuples(st.just("cond"), st.sampled_from(body_unary), st.sampled_from(body_unary), n, n)]
+          if branches else []),
         *([st.tuples(st.just("call_by_ref"), st.sampled_from(body_unary), n, n)] if in_place else []),
     )
 
 
 programs = st.one_of(
     st.tuples(st.just(SMALL), st.lists(_steps(list(BINARY)), min_size=5, max_size=50)),
-    st.tuples(st.just(LARGE), st.lists(_steps(LARGE_BINARY), min_size=5, max_size=25)),
+    st.tuples(st.just(LARGE), st.lists(_steps(CONTINUOUS_BINARY), min_size=5, max_size=25)),
 )
+float16_programs = st.tuples(st.sampled_from([SMALL, LARGE]),
+                             st.lists(_steps(CONTINUOUS_BINARY, branches=False), min_size=5, max_size=25))
 
 
 # ops whose result depends on the order of a sum (see `evaluate`'s ``reorder``)
@@ -386,7 +391,7 @@ def test_random_programs_run_per_replica(steps, seed):
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # float16 reaches inf soon
 @settings(max_examples=max(10, EXAMPLES // 4), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(program=programs, seed=st.integers(0, 2 ** 16))
+@given(program=float16_programs, seed=st.integers(0, 2 ** 16))
 def test_random_float16_programs_agree_with_numpy_on_both_engines(program, seed):
     """float16 programs: every op computes in float32 and rounds to float16 once (the native
     engine converts eight values at a time), so the engines agree to float16's precision."""
