@@ -110,8 +110,10 @@ class Kernel {
   // How the kernel computes, where it chooses among ways (e.g. a convolution's algorithm), for
   // tests and profiles; empty otherwise.
   virtual std::string algorithm() const { return {}; }
-  // The engine's weights epoch, set at load (null for a kernel run outside an engine): while it
-  // is unchanged, static inputs (OpInstr::static_inputs) hold the same bytes in each arena.
+  // The engine's weights epoch, bound at load (null for a kernel run outside an engine): while it
+  // is unchanged, static inputs (OpInstr::static_inputs) hold the same bytes in each arena. A
+  // kernel made of kernels passes it on.
+  virtual void bind_weights_epoch(const uint64_t* epoch) { weights_epoch = epoch; }
   const uint64_t* weights_epoch = nullptr;
 };
 

@@ -134,7 +134,7 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
                                              : std::string("that kernel cannot run it (dtypes or oneDNN)")));
         const int index = static_cast<int>(e->kernels.size());
         if (!k) k = std::make_unique<PyFallback>(fallback, index);
-        k->weights_epoch = e->weights_epoch();
+        k->bind_weights_epoch(e->weights_epoch());
         n.kernel = index;
         e->scratch_bytes = std::max(e->scratch_bytes, k->scratch_bytes());
         e->kernels.push_back(std::move(k));

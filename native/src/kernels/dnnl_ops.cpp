@@ -907,10 +907,10 @@ class KernelSequence : public Kernel {
  public:
   explicit KernelSequence(std::vector<std::unique_ptr<Kernel>> parts) : parts_(std::move(parts)) {}
   void run(uint8_t* arena) override {
-    for (auto& k : parts_) {
-      k->weights_epoch = weights_epoch;  // set on this kernel at load, after construction
-      k->run(arena);
-    }
+    for (auto& k : parts_) k->run(arena);
+  }
+  void bind_weights_epoch(const uint64_t* epoch) override {
+    for (auto& k : parts_) k->bind_weights_epoch(epoch);
   }
   size_t scratch_bytes() const override {
     size_t n = 0;

@@ -127,6 +127,15 @@ void transpose_images(float* dst, const float* src, int64_t images, int64_t A, i
   }
 }
 
+// The channels-last values of `v` (N images of C channels of HW values): in the arena, or, for a
+// staged view, its NCHW tensor copied channels-last into `staging` first.
+const uint8_t* stage_in(const View& v, const uint8_t* arena, float* staging, int64_t N, int64_t C, int64_t HW,
+                        int threads) {
+  if (!v.staged) return arena + v.offset;
+  transpose_images(staging, reinterpret_cast<const float*>(arena + v.offset), N, C, HW, threads);
+  return reinterpret_cast<const uint8_t*>(staging);
+}
+
 // A convolution's output cut into 4x4 tiles (N x TH x TW of them, T in all), and the input
 // transform of the tiles' 6x6 patches of x (C channels of H x W, padded by pt, pl at the top, left).
 struct Tiling {
@@ -139,9 +148,7 @@ struct Tiling {
 
   // x's channels-last values: in the arena, or (staged) copied into `staging` first.
   const uint8_t* channels_last(const uint8_t* arena, float* staging, int threads) const {
-    if (!x.staged) return arena + x.offset;
-    transpose_images(staging, reinterpret_cast<const float*>(arena + x.offset), N, C, H * W, threads);
-    return reinterpret_cast<const uint8_t*>(staging);
+    return stage_in(x, arena, staging, N, C, H * W, threads);
   }
 
   // The tile's image and its first output row and column.
@@ -402,11 +409,7 @@ class WinogradWeightGradKernel : public Kernel {
   void run(uint8_t* arena) override {
     const int th = static_cast<int>(threads_);
     const uint8_t* xbase = tl_.channels_last(arena, floats(scratch, x_at_), th);
-    const uint8_t* dybase = arena + dy_.offset;
-    if (dy_.staged) {
-      transpose_images(floats(scratch, dy_at_), reinterpret_cast<const float*>(dybase), tl_.N, K_, tl_.OH * tl_.OW, th);
-      dybase = scratch.at(dy_at_);
-    }
+    const uint8_t* dybase = stage_in(dy_, arena, floats(scratch, dy_at_), tl_.N, K_, tl_.OH * tl_.OW, th);
     float *V = floats(scratch, v_at_), *Z = floats(scratch, z_at_), *dU = floats(scratch, du_at_);
     const int64_t T = tl_.T, C = tl_.C, K = K_;
 #pragma omp parallel num_threads(th)
