@@ -162,10 +162,13 @@ void Engine::detach() {
   arena_ptrs_.clear();
 }
 
-void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outputs) {
+void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outputs,
+                 const std::function<void()>* poll) {
   if (!attached()) throw std::runtime_error("engine is not attached");
   in_ = inputs;
   out_ = outputs;
+  poll_ = poll;
+  steps_ = 0;
   loads_.assign(h2d.size() * replicas, 0);
   stores_.assign(d2h.size() * replicas, 0);
   std::vector<int> reps(replicas);
@@ -175,6 +178,30 @@ void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outpu
     static_epoch_ = weights_epoch_;  // only once it has run to the end
   }
   exec(0, reps);
+  poll_ = nullptr;
+  check_transfer_counts();
+}
+
+void Engine::check_transfer_counts() const {
+  for (bool load : {true, false}) {
+    const auto& streams = load ? h2d : d2h;
+    const auto& counts = load ? loads_ : stores_;
+    const auto& hosts = load ? in_ : out_;
+    for (size_t s = 0; s < streams.size(); ++s)
+      for (int r = 0; r < replicas; ++r) {
+        const int64_t done = counts[s * replicas + r];
+        if (done == hosts[s].transfers) continue;
+        throw std::runtime_error(
+            std::string(load ? "host_load" : "host_store") + " of stream '" + streams[s].name + "' ran " +
+            std::to_string(done) + " time(s) in this run" +
+            (replicas > 1 ? " on replica " + std::to_string(r) : std::string()) +
+            ", but num_host_transfers=" + std::to_string(hosts[s].transfers) +
+            ": every stream must be transferred exactly num_host_transfers times per run (the count "
+            "depends on which branches of ops.conditional ran). " +
+            (load ? "Inputs past the transferred slices were not read." : "Output slices past the "
+            "transferred ones hold no data."));
+      }
+  }
 }
 
 void Engine::set_profiling(bool on) {
@@ -236,6 +263,7 @@ void Engine::transfer(const Node& n, const std::vector<int>& reps, bool load) {
 
 void Engine::exec(int graph, const std::vector<int>& reps) {
   for (const Node& n : graphs[graph]) {
+    step();
     switch (n.kind) {
       case Node::Op:
         if (profiling_)
@@ -255,6 +283,7 @@ void Engine::exec(int graph, const std::vector<int>& reps) {
         copies(n.copy_in, reps);
         std::vector<std::vector<uint8_t>> tmp(n.carry.size());
         for (int64_t it = 0; it < n.count; ++it) {
+          step();
           exec(n.graph, reps);
           for (int r : reps) {  // parallel assignment: read all carried values first
             uint8_t* a = arena_ptrs_[r];

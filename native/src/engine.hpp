@@ -180,7 +180,14 @@ class Engine {
 
   // Host buffers: contiguous (num_host_transfers, replicas, *shape) arrays.
   struct Host { uint8_t* data; int64_t transfers; };
-  void run(const std::vector<Host>& inputs, const std::vector<Host>& outputs);
+  // Runs the main program (after the static one, if stale). `poll`, if given, is called on this
+  // thread every kPollSteps program steps (ops, copies, transfers, loop iterations): the bindings
+  // watch for signals (Ctrl-C) there, and an exception it throws stops the run between two steps,
+  // leaving every buffer as the last completed step left it. A run that ends with a stream
+  // transferred other than `transfers` times throws (the program depends on conditionals).
+  void run(const std::vector<Host>& inputs, const std::vector<Host>& outputs,
+           const std::function<void()>* poll = nullptr);
+  static constexpr uint32_t kPollSteps = 64;
 
   // Per-op profiling (off by default: it costs two clock reads per op): seconds and calls of each
   // kernel on each replica since the last reset, indexed [kernel * replicas + replica].
@@ -198,6 +205,12 @@ class Engine {
   std::vector<Host> in_, out_;
   std::vector<int64_t> loads_, stores_;
   void exec(int graph, const std::vector<int>& reps);
+  void step() {
+    if (++steps_ % kPollSteps == 0 && poll_) (*poll_)();
+  }
+  void check_transfer_counts() const;
+  const std::function<void()>* poll_ = nullptr;
+  uint32_t steps_ = 0;
   void copies(const std::vector<CopyPair>& pairs, const std::vector<int>& reps);
   void transfer(const Node& n, const std::vector<int>& reps, bool load);
   void timed_op(int kernel, const std::vector<int>& reps);

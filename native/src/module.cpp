@@ -6,6 +6,10 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
+#include <chrono>
+#include <csignal>
+
 #include "engine.hpp"
 
 namespace nb = nanobind;
@@ -219,11 +223,92 @@ class HostBuffers {
   }
 };
 
-void run(Engine& e, nb::handle inputs, nb::handle outputs, int64_t transfers) {
+// Signals during a run. Python's own C handler only notes a signal; its Python handler (the
+// KeyboardInterrupt of Ctrl-C) runs when the main thread next runs Python code, which a run without
+// the GIL does not. So a run that has gone on for a while (kWatchAfter) puts this handler in front of
+// Python's for the signals that have one: it raises a flag the engine reads between program steps
+// and passes the signal on to Python's handler. When the flag is up, the run takes the GIL and lets
+// Python handle the signal; if the handler raises, the run stops there with that exception.
+// Short runs never touch the signal dispositions (two system calls per signal).
+std::atomic<bool> g_signal_pending{false};
+struct sigaction g_python_action[NSIG];
+const int kWatchedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGALRM, SIGUSR1, SIGUSR2};
+
+void on_signal(int sig, siginfo_t* info, void* context) {
+  g_signal_pending.store(true, std::memory_order_relaxed);
+  const struct sigaction& py = g_python_action[sig];
+  if (py.sa_flags & SA_SIGINFO)
+    py.sa_sigaction(sig, info, context);
+  else if (py.sa_handler != SIG_DFL && py.sa_handler != SIG_IGN)
+    py.sa_handler(sig);
+}
+
+class SignalWatch {
+ public:
+  static constexpr auto kWatchAfter = std::chrono::milliseconds(20);
+  // Only the main thread's runs watch: Python handles signals on that thread alone.
+  explicit SignalWatch(bool main_thread) : enabled_(main_thread), start_(std::chrono::steady_clock::now()) {}
+  SignalWatch(const SignalWatch&) = delete;
+  SignalWatch& operator=(const SignalWatch&) = delete;
+  ~SignalWatch() { uninstall(); }
+
+  // Called by the engine between steps (without the GIL).
+  void poll() {
+    if (!installed_.empty()) {
+      if (g_signal_pending.exchange(false, std::memory_order_relaxed)) handle();
+      return;
+    }
+    if (!enabled_ || std::chrono::steady_clock::now() - start_ < kWatchAfter) return;
+    enabled_ = false;  // install once per run, whatever happens
+    install();
+    handle();  // a signal that came before the handler was in front is only in Python's flag
+  }
+
+ private:
+  bool enabled_;
+  std::chrono::steady_clock::time_point start_;
+  std::vector<int> installed_;
+
+  static void handle() {
+    nb::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+  void install() {
+    g_signal_pending.store(false, std::memory_order_relaxed);
+    for (int sig : kWatchedSignals) {
+      struct sigaction current {};
+      if (sigaction(sig, nullptr, &current) != 0) continue;
+      const bool is_function = (current.sa_flags & SA_SIGINFO) ||
+                               (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+      if (!is_function) continue;  // default or ignored: nothing of Python's to wake
+      g_python_action[sig] = current;
+      struct sigaction ours = current;
+      ours.sa_flags |= SA_SIGINFO;
+      ours.sa_sigaction = &on_signal;
+      if (sigaction(sig, &ours, nullptr) == 0) installed_.push_back(sig);
+    }
+    if (installed_.empty()) installed_.push_back(0);  // nothing to watch; don't try again
+  }
+  void uninstall() {
+    for (int sig : installed_) {
+      if (sig == 0) continue;
+      struct sigaction current {};
+      // Put Python's handler back unless something replaced ours meanwhile.
+      if (sigaction(sig, nullptr, &current) == 0 && (current.sa_flags & SA_SIGINFO) &&
+          current.sa_sigaction == &on_signal)
+        sigaction(sig, &g_python_action[sig], nullptr);
+    }
+    installed_.clear();
+  }
+};
+
+void run(Engine& e, nb::handle inputs, nb::handle outputs, int64_t transfers, bool main_thread) {
   HostBuffers ins(inputs, e.h2d, transfers, e.replicas, false, "input");
   HostBuffers outs(outputs, e.d2h, transfers, e.replicas, true, "output");
+  SignalWatch watch(main_thread);
+  const std::function<void()> poll = [&watch] { watch.poll(); };
   nb::gil_scoped_release release;
-  e.run(ins.hosts, outs.hosts);
+  e.run(ins.hosts, outs.hosts, &poll);
 }
 
 }  // namespace
@@ -290,7 +375,10 @@ NB_MODULE(_native, m) {
       .def("op_profile", [](Engine& e) { return std::make_pair(e.op_seconds, e.op_calls); },
            "(seconds, calls) of each op instruction on each replica since the last reset, flat "
            "[instruction * replicas + replica].")
-      .def("run", &run, nb::arg("inputs"), nb::arg("outputs"), nb::arg("transfers"),
+      .def("run", &run, nb::arg("inputs"), nb::arg("outputs"), nb::arg("transfers"), nb::arg("main_thread") = false,
            "Run the main program once. Host buffers are C-contiguous objects with the buffer protocol "
-           "(NumPy arrays of any dtype) holding (transfers, replicas, *stream shape) elements.");
+           "(NumPy arrays of any dtype) holding (transfers, replicas, *stream shape) elements. With "
+           "`main_thread` (the caller is Python's main thread), a long run notices signals between "
+           "program steps and lets their Python handlers run: an exception raised there (Ctrl-C's "
+           "KeyboardInterrupt) ends the run.");
 }

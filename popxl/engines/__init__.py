@@ -13,7 +13,11 @@ Every engine offers the same small interface, used by the Session:
   host buffers of ``executable.h2d[i]`` / ``d2h[i]``, shaped ``(num_host_transfers, replicas, *shape)``.
   When the executable has a static program (``static_graph``), ``run`` first runs it, for all
   replicas, whenever variables may have changed since it last ran: after ``attach`` and after
-  any ``write_variable``. Device variables are written only through ``write_variable``; an
+  any ``write_variable``. A run in which a stream was transferred other than
+  ``num_host_transfers`` times raises after it (``RuntimeError``, naming the stream). A run on
+  Python's main thread stops between two program steps with the exception a signal handler raised
+  (Ctrl-C's ``KeyboardInterrupt``), memory as the last completed step left it; the engine stays
+  attached and usable. Engines are not thread-safe: the Session lets one call in at a time. Device variables are written only through ``write_variable``; an
   engine may rely on that to keep values derived from static storage between runs.
 - ``profiling`` (settable; setting resets), ``reset_profile()``, ``op_profile()``: per-op timers,
   ``{(graph, instruction): (seconds per replica, calls per replica)}`` for the ops that ran.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Dict, List, Sequence, Tuple
 
 import weakref
@@ -122,4 +123,8 @@ class NativeEngine(ReferenceEngine):
         self._engine.variables_written()  # the static program and kernels' derived values are stale
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        self._engine.run(inputs, outputs, self.exe.num_host_transfers)
+        # Runs on Python's main thread stop for signals (Ctrl-C) between program steps.
+        self._engine.run(inputs, outputs, self.exe.num_host_transfers, threading.get_ident() == _MAIN_THREAD)
+
+
+_MAIN_THREAD = threading.main_thread().ident
