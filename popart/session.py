@@ -269,7 +269,7 @@ class InferenceSession:
                      accumulators: List[Tuple[_Anchor, popxl.Tensor]]) -> None:
         """Send anchor ``name`` (value ``t`` in the current graph) to the host: a ``host_store`` per
         batch (ALL, EVERYN) or an update of a main-graph accumulator (SUM adds, FINAL copies),
-        stored once after the loop by ``_finish_main``."""
+        stored after the loop by ``_finish_main``."""
         a = _Anchor(name, self.dataFlow.art(name), t)
         self._anchors[name] = a
         with main:
@@ -291,8 +291,11 @@ class InferenceSession:
                      accumulators: List[Tuple[_Anchor, popxl.Tensor]]) -> None:
         with main:
             ops.repeat(body, count, inputs_dict=thread.bindings(body))
+            # popxl transfers every stream num_host_transfers times a run: the accumulated value is
+            # stored that many times (the host keeps the first; see _anchor_value).
             for a, acc in accumulators:
-                ops.host_store(a.stream, acc)
+                store = main.ir.create_graph(lambda value, stream=a.stream: ops.host_store(stream, value), acc)
+                ops.repeat(store, main.ir.num_host_transfers, acc)
 
     # shapes ---------------------------------------------------------------------------------------------
     def _lead(self) -> Tuple[int, ...]:
@@ -593,7 +596,7 @@ class InferenceSession:
             per_batch = buf.reshape((self.batchesPerStep, self.accumulationFactor * self.replicationFactor) + a.shape)
             value = per_batch[a.art.rp() - 1::a.art.rp()]  # batches N, 2N, ... counting from 1
         else:
-            value = buf[0]  # stored once, after the loop
+            value = buf[0]  # stored after the loop (num_host_transfers times, the same value)
         return value.reshape(self.getAnchorShape(a.name))
 
     def _fetches(self, kind: AnchorReturnTypeId, rp: int) -> int:

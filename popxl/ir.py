@@ -51,6 +51,11 @@ class Ir:
     def __hash__(self) -> int:
         return hash(("Ir", self._id))
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # The IR holds traced functions and kernels, which have no portable form (nor has PopXL's).
+        raise TypeError(f"{self!r} (a popxl.Ir, or a graph or tensor of it) cannot be pickled or deep-copied: "
+                        f"rebuild the program in the other process instead.")
+
     # ownership ------------------------------------------------------------------------------------
     def _check_mutable(self) -> None:
         if self._frozen_by is not None:

@@ -134,6 +134,9 @@ class Op:
         self.tile_set: str = "io" if ctx.io_tile_set else "compute"
         self.in_sequence = ctx.in_sequence
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.graph.ir.__reduce_ex__(protocol)  # the Ir's error: IR objects cannot be pickled
+
     @property
     def type(self) -> str:
         return self.opdef.name

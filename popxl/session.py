@@ -1,13 +1,16 @@
 """`popxl.Session`: compiles an Ir, attaches to a device, runs it and syncs weights."""
 from __future__ import annotations
 
+import functools
 import os
-from typing import Dict, Iterable, List, Literal, Mapping, Optional, Union
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, TypeVar, Union
 
 import numpy as np
 
 from popxl import dtypes
 from popxl.compiler import lower
+from popxl.compiler.executable import transfer_counts
 from popxl.engines import create_engine
 from popxl.errors import popart_exception
 from popxl.ir import Ir
@@ -59,6 +62,27 @@ def _host_shape(nht: int, rf: int, shape) -> tuple:
     return tuple(d for d in (nht, rf) if d > 1) + tuple(shape)
 
 
+def _physical_memory() -> Optional[int]:
+    """This machine's memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _serialised(method: _Method) -> _Method:
+    """One call at a time per Session: a run from another thread, or a detach, weight read or write
+    during a run, waits until the run is over (the engine's memory is not shared between calls)."""
+    @functools.wraps(method)
+    def locked(self: "Session", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked  # type: ignore[return-value]
+
+
 class Session:
     """Compiles ``ir`` (which it then owns: the Ir cannot be changed afterwards) for a device.
 
@@ -77,8 +101,11 @@ class Session:
             raise popart_exception(f"Session: {ir!r} has no ops; there is nothing to run.")
         self.ir_ = ir
         self.weights_to_host_on_exit = weights_to_host_on_exit
+        self._lock = threading.RLock()
         progress = Progress("popxl: compiling", 2 * len(list(ir._all_graphs())) + 1)
         self._exe = lower(ir, progress.step)
+        self._check_transfer_counts()
+        self._check_memory()
         ir._frozen_by = f"Session on {device_desc!r}"
         self._engine = create_engine(self._exe)
         progress.step("engine loaded")
@@ -107,6 +134,53 @@ class Session:
         self._out_layout = [self._layout(s) for s in self._d2h]
         self._exact_ok = not any(d.names for _, d, _, _ in (*self._in_layout, *self._out_layout))
 
+    def _check_transfer_counts(self) -> None:
+        """Refuse a program that transfers a stream other than num_host_transfers times per run, where
+        the program alone decides the count (it does unless the transfer is in a conditional branch:
+        those are counted by the engine during the run)."""
+        nht = self.ir.num_host_transfers
+        for kind, streams, counts in zip(("host_load", "host_store"), (self._exe.h2d, self._exe.d2h),
+                                         transfer_counts(self._exe)):
+            for stream, count in zip(streams, counts):
+                if count is None or count == nht:
+                    continue
+                if count > nht:
+                    way = (f"set ir.num_host_transfers = {count}, or transfer it fewer times (host buffers "
+                           f"are shaped (num_host_transfers, ...))")
+                else:
+                    times = nht // count if count and nht % count == 0 else None
+                    loop = (f"wrap the step that transfers it in ops.repeat(..., repeat_count={times})" if times else
+                            "wrap the step that transfers it in an ops.repeat so that it runs num_host_transfers times")
+                    way = f"set ir.num_host_transfers = {count}, or {loop}"
+                raise popart_exception(
+                    f"Session: the program transfers stream {stream['name']!r} ({kind}) {count} time(s) per run, "
+                    f"but ir.num_host_transfers is {nht}: each stream must be transferred exactly "
+                    f"num_host_transfers times per run. To fix it, {way}.")
+
+    def _check_memory(self) -> None:
+        """Refuse, before anything is allocated, a program whose device memory (one arena per replica)
+        or one of whose host stream buffers is larger than this machine's memory."""
+        limit = _physical_memory()
+        if limit is None:
+            return
+        nht, rf = self.ir.num_host_transfers, self.ir.instance_replication_factor
+        for stream in (*self._exe.h2d, *self._exe.d2h):
+            nbytes = nht * rf * dtypes.dtype.from_name(stream["dtype"]).itemsize * int(np.prod(stream["shape"], dtype=object))
+            if nbytes > limit:
+                raise popart_exception(
+                    f"Session: the host buffer of stream {stream['name']!r} (shape {tuple(stream['shape'])} x "
+                    f"num_host_transfers={nht} x replicas={rf}) would take {nbytes} bytes, more than this machine's "
+                    f"memory ({limit} bytes).")
+        device = self._exe.arena_bytes * self._exe.replication_factor
+        if device > limit:
+            sizes = sorted(((t.nelms * t.dtype.itemsize, t) for g in self.ir._all_graphs() for t in g._tensors.values()),
+                           key=lambda st: st[0], reverse=True)[:3]
+            largest = ", ".join(f"{t.id!r} {t.shape} {t.dtype.name} ({n} bytes)" for n, t in sizes)
+            raise popart_exception(
+                f"Session: the program needs {self._exe.arena_bytes} bytes of device memory per replica "
+                f"({self._exe.replication_factor} replica(s)), more than this machine's memory ({limit} bytes). "
+                f"Its largest tensors: {largest}.")
+
     def _layout(self, s) -> tuple:
         nht, rf = self.ir.num_host_transfers, self.ir.instance_replication_factor
         return s, np.dtype(s.dtype.as_numpy()), self._host_shape(s), (nht, rf) + tuple(s.shape)
@@ -130,6 +204,7 @@ class Session:
                              f"`with session:` around the call.")
 
     # context manager ------------------------------------------------------------------------------
+    @_serialised
     def __enter__(self) -> "Session":
         attach_here = not self.is_attached
         if attach_here:
@@ -141,6 +216,7 @@ class Session:
         self._enter_stack.append(attach_here)
         return self
 
+    @_serialised
     def __exit__(self, exc_type, exc_value, exc_tb) -> None:
         attached_here = self._enter_stack.pop()
         if attached_here and self.is_attached:
@@ -167,6 +243,7 @@ class Session:
                 self._engine.write_variable(index[v], r, self._device_value(v, r))
         self._remote.write(self._engine, [v for v in variables if v in self._remote], self._device_value)
 
+    @_serialised
     def weights_from_host(self) -> None:
         """Copy every variable's host value to the device."""
         self._require_attached("weights_from_host")
@@ -180,6 +257,7 @@ class Session:
             raise popart_exception(f"Session.{what}: the host data of {read_only} is read-only (a np.memmap "
                                    f"opened with mode='r'?), so their values cannot be written to it.")
 
+    @_serialised
     def weights_to_host(self) -> None:
         """Copy every variable's device value into its host data (flushing np.memmap files)."""
         self._require_attached("weights_to_host")
@@ -206,6 +284,7 @@ class Session:
         """The host value of a variable (synced from the device first if stale) or a constant."""
         return self.get_tensors_data([tensor])[tensor]
 
+    @_serialised
     def get_tensors_data(self, tensors: Iterable[Union[Variable, Constant]]) -> Dict[Union[Variable, Constant], np.ndarray]:
         """``get_tensor_data`` for several tensors, syncing from the device at most once."""
         tensors = list(tensors)
@@ -213,6 +292,7 @@ class Session:
             if not isinstance(t, (Variable, Constant)):
                 raise TypeError(f"Session.get_tensor_data: {t!r} is not a Variable or Constant; only those have "
                                 f"host values (stream other tensors out with ops.host_store).")
+            self._check_own(t, "get_tensor_data")
         if self.is_attached and self._host_stale and any(isinstance(t, Variable) for t in tensors):
             self.weights_to_host()
         out = {}
@@ -223,16 +303,26 @@ class Session:
                 out[t] = t._host_data_value
         return out
 
+    def _check_own(self, t: Union[Variable, Constant], what: str) -> None:
+        if t.ir is not self.ir:
+            raise ValueError(f"Session.{what}: tensor {t.id!r} belongs to {t.ir!r}, not to this Session's "
+                             f"{self.ir!r}; a Session reads and writes only the tensors of its own Ir.")
+
     def write_variable_data(self, tensor: Variable, data: np.ndarray) -> None:
         """Set a variable's host value and, if attached, its device value."""
         self.write_variables_data({tensor: data})
 
+    @_serialised
     def write_variables_data(self, tensors: Dict[Variable, np.ndarray]) -> None:
         """Set several variables' host values; if attached, send them to the device once."""
+        if not isinstance(tensors, Mapping):
+            raise TypeError(f"Session.write_variables_data: expected a dict {{variable: data}}, not "
+                            f"{type(tensors).__name__}.")
         checked = {}
         for t, data in tensors.items():
             if not isinstance(t, Variable):
                 raise TypeError(f"Session.write_variable_data: {t!r} is not a Variable.")
+            self._check_own(t, "write_variable_data")
             if t.retrieval_mode == "all_replicas" and t.replica_grouping.group_size > 1:
                 raise NotImplementedError(
                     f"Session.write_variable_data: variable {t.id!r} has retrieval_mode 'all_replicas'; "
@@ -272,6 +362,10 @@ class Session:
         return {s: np.empty(shape, dtype) for s, dtype, shape, _ in self._out_layout}
 
     def _check_keys(self, given: Mapping, expected: List, what: str) -> None:
+        for s in given:
+            if isinstance(s, (HostToDeviceStream, DeviceToHostStream)) and s._ir is not self.ir:
+                raise ValueError(f"Session.run: stream {s.tensor_id!r} in the {what} belongs to {s._ir!r}, not to "
+                                 f"this Session's {self.ir!r}.")
         given_set = set(given)
         missing = [s.tensor_id for s in expected if s not in given_set]
         unexpected = [getattr(s, "tensor_id", repr(s)) for s in given if s not in set(expected)]
@@ -283,6 +377,18 @@ class Session:
                 parts.append(f"unexpected {what} for {unexpected} (no host_{'load' if what == 'inputs' else 'store'} "
                              f"in the program reads/writes them)")
             raise ValueError("Session.run: " + "; ".join(parts) + ".")
+
+    @staticmethod
+    def _host_input(s: HostToDeviceStream, data: Any, downcast: bool) -> np.ndarray:
+        """The host data of one input as an array; 64-bit data is downcast for 32-bit streams only.
+        A wrong dtype is reported as the user gave it, not as its downcast."""
+        arr = to_numpy(data, downcast=False, copy=False)
+        want = s.dtype.as_numpy()
+        if arr.dtype != want and downcast and want.itemsize < 8:
+            narrowed = to_numpy(arr, copy=False)
+            if narrowed.dtype == want:
+                return narrowed
+        return arr
 
     def _device_view(self, s, arr: np.ndarray, is_input: bool) -> np.ndarray:
         """Check one host buffer and view it as (num_host_transfers, replicas, *shape)."""
@@ -314,6 +420,7 @@ class Session:
             arr = np.array(arr, order="C") if is_input else np.empty(arr.shape, arr.dtype)
         return arr.reshape((nht, rf) + tuple(s.shape))
 
+    @_serialised
     def run_with_outputs(self, inputs: Optional[h2dStreamBufferMaps] = None,
                          outputs: Optional[d2hStreamBufferMaps] = None, downcast_inputs: bool = True) -> None:
         """Run the program once, reading ``inputs`` and filling the arrays of ``outputs`` in place."""
@@ -323,14 +430,16 @@ class Session:
             self._host_stale = True
             self._engine.run(*exact)
             return
+        for given, what in ((inputs, "inputs"), (outputs, "outputs")):
+            if given is not None and not isinstance(given, Mapping):
+                raise TypeError(f"Session.run: {what} must be a dict from stream to host array "
+                                f"({{stream: array}}), not {type(given).__name__}.")
         inputs = dict(inputs or {})
         outputs = dict(outputs or {})
         self._check_keys(inputs, self._h2d, "inputs")
         self._check_keys(outputs, self._d2h, "outputs")
         # 64-bit data is downcast for 32-bit streams only: a 64-bit stream keeps its data.
-        in_views = [self._device_view(s, to_numpy(inputs[s], downcast=downcast_inputs and s.dtype.as_numpy().itemsize < 8,
-                                                   copy=False), True)
-                    for s in self._h2d]
+        in_views = [self._device_view(s, self._host_input(s, inputs[s], downcast_inputs), True) for s in self._h2d]
         out_bufs = []
         for s in self._d2h:
             arr = outputs[s]
@@ -347,7 +456,8 @@ class Session:
         """(input views, output views) for the engine when every host buffer already is exactly what
         it needs (the right keys, NumPy arrays of the stream's dtype and host shape, C-contiguous,
         outputs writable), else None: run's fast path, which skips conversions and error messages."""
-        if not self._exact_ok or len(inputs or ()) != len(self._h2d) or len(outputs or ()) != len(self._d2h):
+        if (not self._exact_ok or len(inputs or ()) != len(self._h2d) or len(outputs or ()) != len(self._d2h)
+                or not isinstance(inputs or {}, dict) or not isinstance(outputs or {}, dict)):
             return None
         ins = self._exact_views(inputs, self._in_layout, writable=False)
         outs = self._exact_views(outputs, self._out_layout, writable=True) if ins is not None else None

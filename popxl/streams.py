@@ -68,10 +68,11 @@ def _make(cls: type, shape: Iterable[int], dtype: dtypes.dtype, name: str) -> An
     g.ir._check_mutable()
     if not isinstance(dtype, dtypes.dtype):
         raise TypeError(f"{cls.__name__} {name!r}: dtype must be a popxl dtype, not {dtype!r}.")
-    shape = tuple(int(d) for d in shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"{cls.__name__} {name!r}: negative dimension in shape {shape}.")
-    return cls._create(g.ir, name, TensorSpec(shape, dtype))
+    try:
+        spec = TensorSpec(shape, dtype)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{cls.__name__} {name!r}: {e}") from None
+    return cls._create(g.ir, name, spec)
 
 
 def h2d_stream(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None) -> HostToDeviceStream:

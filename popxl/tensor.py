@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import operator
 from collections.abc import Mapping
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Literal, Optional, Sequence,
                     Tuple, Union)
@@ -27,15 +28,43 @@ HostTensor = Union[np.ndarray, Iterable]
 TensorLike = Union["Tensor", HostScalarTensor]
 
 
+INT64_MAX = 2 ** 63 - 1  # the native engine counts elements, bytes and loop iterations in int64
+
+
+def shape_tuple(shape: Iterable[Any], what: str = "shape", min_dim: int = 0) -> Tuple[int, ...]:
+    """``shape`` as a tuple of Python ints, each from ``min_dim`` to int64's largest value. A
+    dimension that is not an integer (2.5, "3") is a TypeError, not truncated."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of ints, not {shape!r}.") from None
+    try:
+        dims = tuple(map(operator.index, dims))
+    except TypeError:
+        raise TypeError(f"{what} {dims!r} must hold ints only (a dimension is never rounded).") from None
+    for d in dims:
+        if not min_dim <= d <= INT64_MAX:
+            low = "0" if min_dim == 0 else str(min_dim)
+            raise ValueError(f"{what} {dims} has dimension {d}; dimensions must be from {low} to {INT64_MAX} (int64).")
+    return dims
+
+
 class TensorSpec(Mapping):
     """Shape, dtype and meta_shape of a tensor: enough to create a graph input or stream."""
 
     __slots__ = ("_shape", "_dtype", "_meta_shape")
 
     def __init__(self, shape: Tuple[int, ...], dtype: dtypes.dtype, meta_shape: Tuple[int, ...] = ()):
-        self._shape = tuple(int(d) for d in shape)
+        self._shape = shape_tuple(shape)
         self._dtype = dtype
-        self._meta_shape = tuple(int(d) for d in meta_shape)
+        self._meta_shape = shape_tuple(meta_shape, "meta_shape")
+        n = 1
+        for d in self._shape:
+            n *= d
+        itemsize = dtype.itemsize if isinstance(dtype, dtypes.dtype) else 1
+        if n * itemsize > INT64_MAX:
+            raise ValueError(f"shape {self._shape} of {getattr(dtype, 'name', dtype)} holds {n} elements "
+                             f"({n * itemsize} bytes): more than int64 can count ({INT64_MAX}).")
 
     shape = property(lambda self: self._shape)
     dtype = property(lambda self: self._dtype)
@@ -435,7 +464,10 @@ def graph_input(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] =
     g.ir._check_mutable()
     if not isinstance(dtype, dtypes.dtype):
         raise TypeError(f"graph_input {name!r}: dtype must be a popxl dtype, not {dtype!r}.")
-    spec = TensorSpec(tuple(shape), dtype, tuple(meta_shape or ()))
+    try:
+        spec = TensorSpec(shape, dtype, meta_shape or ())
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"graph_input {name!r}: {e}") from None
     t = Tensor._create(g, name or "input", spec)
     g._inputs.append(t)
     if by_ref:

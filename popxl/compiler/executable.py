@@ -48,8 +48,9 @@ Instructions (``program`` entries), executed in order:
 from __future__ import annotations
 
 import base64
+import functools
 import json
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import attrs
 
@@ -85,6 +86,39 @@ class Executable:
         d["constants"] = [{"buffer": c["buffer"], "data": base64.b64decode(c["data"])} for c in d["constants"]]
         d["buffers"] = [{**b, "shape": tuple(b["shape"]), "strides": tuple(b["strides"])} for b in d["buffers"]]
         return cls(**d)
+
+
+def transfer_counts(exe: Executable) -> Tuple[List[Optional[int]], List[Optional[int]]]:
+    """How many times each h2d and each d2h stream is transferred per replica in one run of the main
+    program: a count, or None where it depends on which branch of an ``if`` runs (the branches
+    transfer the stream a different number of times)."""
+    Counts = Dict[Tuple[str, int], Optional[int]]  # ("host_load" | "host_store", stream) -> count
+
+    def add(into: Counts, other: Counts, times: int = 1) -> None:
+        for key, n in other.items():
+            have = into.get(key, 0)
+            into[key] = None if have is None or n is None else have + n * times
+
+    @functools.lru_cache(maxsize=None)
+    def counts(graph: int) -> Counts:
+        out: Counts = {}
+        for ins in exe.graphs[graph]["program"]:
+            kind = ins["kind"]
+            if kind in ("host_load", "host_store"):
+                add(out, {(kind, ins["stream"]): 1})
+            elif kind == "call":
+                add(out, counts(ins["graph"]))
+            elif kind == "repeat":
+                add(out, counts(ins["graph"]), ins["count"])
+            elif kind == "if":
+                then, other = counts(ins["then"]["graph"]), counts(ins["else"]["graph"])
+                add(out, {key: then.get(key, 0) if then.get(key, 0) == other.get(key, 0) else None
+                          for key in {*then, *other}})
+        return out
+
+    main = counts(0)
+    return ([main.get(("host_load", s), 0) for s in range(len(exe.h2d))],
+            [main.get(("host_store", s), 0) for s in range(len(exe.d2h))])
 
 
 def encode_attr(value: Any) -> Any:

@@ -12,10 +12,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from popxl import dtypes
+from popxl.context import get_current_context
 from popxl.graph import Graph
 from popxl.op import Op, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.utils import spec
-from popxl.tensor import Tensor, TensorLike, constant, graph_input, graph_output
+from popxl.tensor import INT64_MAX, Tensor, TensorLike, constant, graph_input, graph_output
 
 __all__ = ["call", "call_with_info", "repeat", "repeat_with_info", "conditional", "conditional_with_info",
            "CallSiteInfo", "ConditionalSiteInfo"]
@@ -180,9 +181,39 @@ class CallSiteInfo:
         return f"CallSiteInfo[{self._op.type} of {self.called_graph.id!r}]"
 
 
+def _check_not_recursive(callees: Sequence[Any], where: str) -> None:
+    """Refuse a call of a graph from itself, directly or through graphs it calls: a program's
+    memory is planned statically, so graphs cannot recurse (nor can they in PopXL)."""
+    caller = get_current_context().graph
+    for callee in callees:
+        if not isinstance(callee, Graph):
+            continue  # _bind reports it
+        path = _call_path(callee, caller, set())
+        if path is not None:
+            cycle = " -> ".join(repr(g.id) for g in (caller, *path))
+            raise ValueError(f"{where}: calling graph {callee.id!r} from graph {caller.id!r} would make the program "
+                             f"recursive ({cycle}); graphs cannot call themselves, directly or through other graphs.")
+
+
+def _call_path(start: Graph, target: Graph, seen: set) -> Optional[List[Graph]]:
+    """Graphs from ``start`` down to ``target`` along calls (both ends included), or None."""
+    if start is target:
+        return [start]
+    if start.id in seen:
+        return None
+    seen.add(start.id)
+    for g in start.called_graphs:
+        rest = _call_path(g, target, seen)
+        if rest is not None:
+            return [start, *rest]
+    return None
+
+
 def _site(optype: str, graph: Graph, inputs: Sequence[Any], inputs_dict, check_inputs: bool,
           extra: Optional[Dict[str, Any]] = None) -> CallSiteInfo:
-    bound = _bind(graph, inputs, inputs_dict, check_inputs, f"ops.{optype} (at {user_location()})")
+    where = f"ops.{optype} (at {user_location()})"
+    _check_not_recursive([graph], where)
+    bound = _bind(graph, inputs, inputs_dict, check_inputs, where)
     modified = tuple(i for i in bound if graph._inputs[i] in graph._by_ref_inputs)
     attrs = {"graph": graph, "input_index": tuple(bound), "modified": modified, **(extra or {})}
     op = create_op(optype, list(bound.values()), attrs, name=graph.id,
@@ -208,8 +239,9 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Union[TensorLike,
                      inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
                      check_inputs: bool = True) -> CallSiteInfo:
     """Repeat ``graph`` and return the site's info."""
-    if not isinstance(repeat_count, (int, np.integer)) or repeat_count < 0:
-        raise ValueError(f"ops.repeat: repeat_count must be an int >= 0, got {repeat_count!r}.")
+    if not isinstance(repeat_count, (int, np.integer)) or isinstance(repeat_count, bool) \
+            or not 0 <= repeat_count <= INT64_MAX:
+        raise ValueError(f"ops.repeat: repeat_count must be an int from 0 to {INT64_MAX} (int64), got {repeat_count!r}.")
     return _site("repeat", graph, inputs, inputs_dict, check_inputs, {"repeat_count": int(repeat_count)})
 
 
@@ -293,6 +325,7 @@ def conditional_with_info(cond: Tensor, then_branch: Graph, else_branch: Graph,
                           check_inputs: bool = True) -> ConditionalSiteInfo:
     """Run ``then_branch`` if ``cond`` else ``else_branch``; return the site's info."""
     where = f"ops.conditional (at {user_location()})"
+    _check_not_recursive([then_branch, else_branch], where)
     for g in (then_branch, else_branch):
         if isinstance(g, Graph) and g._by_ref_inputs:
             raise NotImplementedError(f"{where}: branch {g.id!r} has by-reference inputs; conditional "

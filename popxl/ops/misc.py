@@ -11,7 +11,7 @@ import numpy as np
 from popxl import dtypes
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import spec
-from popxl.tensor import Tensor
+from popxl.tensor import Tensor, shape_tuple
 
 __all__ = ["increment_mod", "increment_mod_", "init", "print_tensor"]
 
@@ -42,8 +42,8 @@ def init(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None, 
          meta_shape: Optional[Iterable[int]] = None) -> Tensor:
     """A new tensor of ``shape`` and ``dtype`` made in the current graph: zeros
     (``init_type="zero"``) or with unspecified contents (``"undef"``; here also zeros)."""
-    attrs = {"shape": tuple(int(d) for d in shape), "dtype": dtype, "init_type": init_type,
-             "meta_shape": tuple(int(d) for d in meta_shape) if meta_shape is not None else ()}
+    attrs = {"shape": shape_tuple(shape, "ops.init: shape"), "dtype": dtype, "init_type": init_type,
+             "meta_shape": shape_tuple(meta_shape, "ops.init: meta_shape") if meta_shape is not None else ()}
     return create_op("init", [], attrs, output_names=[name] if name else None)[0]
 
 

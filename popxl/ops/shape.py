@@ -12,7 +12,7 @@ import numpy as np
 from popxl import dtypes
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import normalize_axes, same_dtype, spec
-from popxl.tensor import Tensor, constant
+from popxl.tensor import Tensor, constant, shape_tuple
 
 __all__ = ["concat", "concat_", "dynamic_slice", "dynamic_update", "dynamic_update_", "flatten", "flatten_", "gather",
            "groupedgather", "interpolate", "onehot", "reshape", "reshape_", "scatter", "scatter_reduce", "slice", "slice_",
@@ -52,7 +52,7 @@ register(OpDef("reshape_", _reshape_infer, _reshape_view, view=_reshape_view, gr
 
 
 def _resolve_shape(t: Tensor, shape: Iterable[int]) -> Tuple[int, ...]:
-    shape = tuple(int(d) for d in shape)
+    shape = shape_tuple(shape, f"ops.reshape: shape for tensor {t.id!r}", min_dim=-1)
     if builtins.sum(d == -1 for d in shape) > 1 or any(d < -1 for d in shape):
         raise ValueError(f"ops.reshape: shape {shape} may contain at most one -1 and no other negative "
                          f"entry (tensor {t.id!r} has shape {t.shape})")
@@ -902,7 +902,7 @@ register(OpDef("broadcast_to", _broadcast_infer, lambda x, shape: np.broadcast_t
 
 def broadcast_to(t: Tensor, shape: Tuple[int, ...]) -> Tensor:
     """A copy of ``t`` broadcast (NumPy rules) to ``shape``."""
-    shape = tuple(int(d) for d in shape)
+    shape = shape_tuple(shape, f"ops.broadcast_to: shape for tensor {t.id!r}")
     return t if t.shape == shape else create_op("broadcast_to", [t], {"shape": shape})[0]
 
 

@@ -72,7 +72,7 @@ def same_dtype(specs: Sequence[TensorSpec]) -> dtypes.dtype:
 
 
 def spec(shape: Iterable[int], dtype: dtypes.dtype, meta_shape: Iterable[int] = ()) -> TensorSpec:
-    return TensorSpec(tuple(int(d) for d in shape), dtype, tuple(meta_shape))
+    return TensorSpec(shape, dtype, meta_shape)
 
 
 def as_tensor(value: Any, dtype: Optional[dtypes.dtype] = None, like: Optional[Tensor] = None) -> Tensor:

@@ -205,6 +205,7 @@ def test_host_shapes_follow_the_d_r_rule():
         ir.num_host_transfers = nht
         with ir.main_graph:
             d = popxl.d2h_stream((2, 4), popxl.float32)
-            ops.host_store(d, popxl.constant(np.zeros((2, 4), np.float32)))
+            zeros = popxl.constant(np.zeros((2, 4), np.float32))
+            ops.repeat(ir.create_graph(lambda z: ops.host_store(d, z), zeros), nht, zeros)
         s = popxl.Session(ir, "ipu_model")
         assert s.create_host_outputs()[d].shape == expected

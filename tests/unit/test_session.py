@@ -156,17 +156,6 @@ def test_run_with_outputs_checks_outputs():
         np.testing.assert_array_equal(strided, 2 * x)
 
 
-def test_too_many_host_loads_for_num_host_transfers():
-    ir = popxl.Ir()
-    with ir.main_graph:
-        x_s = popxl.h2d_stream((1,), popxl.float32, "x")
-        g = ir.create_graph(lambda: ops.host_load(x_s) and None)
-        ops.repeat(g, 2)
-    with popxl.Session(ir) as s:
-        with pytest.raises(RuntimeError, match="num_host_transfers"):
-            s.run({x_s: np.ones(1, np.float32)})
-
-
 def test_exit_with_exception_skips_weights_to_host():
     ir, x_s, _, v = _stream_ir()
     s = popxl.Session(ir)
