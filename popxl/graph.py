@@ -1,7 +1,7 @@
 """`popxl.Graph`: an ordered list of ops with inputs and outputs, entered with ``with g:``."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from popxl.context import OpCreatedHooks, get_current_context
 
@@ -128,7 +128,19 @@ class Graph(OpCreatedHooks):
         return hash((self._ir.id, self._id))
 
     def __repr__(self) -> str:
+        if self is self._ir.main_graph:  # its id is empty: say which graph it is
+            return f"Graph[id='' (main graph) name={self._name}]"
         return f"Graph[id={self._id} name={self._name}]"
+
+    def __str__(self) -> str:
+        """A typed listing: one line per op, the bodies of called graphs nested (popxl.visualize)."""
+        from popxl.visualize.listing import graph_listing
+        return graph_listing(self)
+
+    def _repr_svg_(self) -> Optional[str]:
+        """Jupyter shows a graph as a picture (popxl.visualize.to_svg for options)."""
+        from popxl.visualize.render import repr_svg
+        return repr_svg(self)
 
     def __enter__(self) -> "Graph":
         get_current_context().push_graph(self)

@@ -170,14 +170,21 @@ class Ir:
         return self._streams_of("host_load")
 
     def dot_checkpoint(self, check: str, save_dir: Optional[Union[Path, str]] = None) -> None:
-        """Write a plain-text listing of every graph's ops to ``<save_dir>/<check>.txt``."""
-        lines = []
-        for g in self._all_graphs():
-            lines.append(f"{g!r} inputs={[t.id for t in g.inputs]} outputs={[t.id for t in g.outputs]}")
-            lines.extend(f"  {op!r}" for op in g._ops)
-        path = Path(save_dir or ".") / f"{check}.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines) + "\n")
+        """Write every graph as Graphviz DOT to ``<save_dir>/<check>_all.dot``, filtered by the
+        ``POPART_DOT_CHECKS`` environment variable as in PopXL (popxl.visualize.dot_checkpoint)."""
+        from popxl.visualize.dot import dot_checkpoint
+        dot_checkpoint(self, check, save_dir)
+
+    # display --------------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        """A typed listing of the whole program (popxl.visualize.ir_listing)."""
+        from popxl.visualize.listing import ir_listing
+        return ir_listing(self)
+
+    def _repr_svg_(self) -> Optional[str]:
+        """Jupyter shows an Ir as a picture of its graphs (popxl.visualize.to_svg for options)."""
+        from popxl.visualize.render import repr_svg
+        return repr_svg(self)
 
 
 def _annotation_is_by_ref(ann: Any) -> bool:

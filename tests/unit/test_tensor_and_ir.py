@@ -254,7 +254,7 @@ def test_graph_properties():
         1 in g  # noqa: B015
     assert g.get_tensor(y.id) is y
     assert [op.type for op in g.ops] == ["add"]
-    assert repr(g) == "Graph[id= name=main]"
+    assert repr(g) == "Graph[id='' (main graph) name=main]"
 
 
 def test_copy_to_ipu_and_io_tiles():
