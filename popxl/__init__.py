@@ -24,6 +24,7 @@ from popxl.tensorlocation import (ExecutionContext, ReplicatedTensorSharding, Te
 from popxl import ops, transforms  # noqa: E402  (ops register themselves on import)
 from popxl import errors, fp8_utils, random_seed, testing, utils  # noqa: E402
 from popxl.session import Session
+from popxl import visualize  # noqa: E402  (listings, pictures, .dot files)
 from popxl.onnx_export import export_onnx  # noqa: E402
 
 __all__ = [

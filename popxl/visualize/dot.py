@@ -331,7 +331,8 @@ def _roots(subject: Union["Graph", "Ir"]) -> List["Graph"]:
     ir = subject
     graphs = ir._all_graphs()
     called = {c.id for g in graphs for c in g.called_graphs}
-    return [ir.main_graph] + [g for g in graphs[1:] if g.id not in called]
+    others = [g for g in graphs[1:] if g.id not in called]
+    return others if others and not ir.main_graph.ops else [ir.main_graph] + others
 
 
 def to_dot(subject: Union["Graph", "Ir"], options: Optional[DrawOptions] = None, title: Optional[str] = None) -> str:
