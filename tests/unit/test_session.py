@@ -276,13 +276,16 @@ def test_read_only_input_arrays_are_accepted(engine_name):
 
 def test_compile_progress_bar_only_when_slow(capsys, monkeypatch):
     import popxl.progress
+    monkeypatch.setenv("POPXL_PROGRESS", "1")  # capsys's stderr is no terminal: ask for the bar
     popxl.Session(_stream_ir()[0], "cpu")  # a quick compile: silent
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(popxl.progress, "DELAY_SECONDS", 0.0)  # as if every step came late
     popxl.Session(_stream_ir()[0], "cpu")
     err = capsys.readouterr().err
-    frames = err.rstrip("\n").split("\r")[1:]
-    # two steps per graph (main + step), then the engine; the last frame is complete, then a newline
-    assert [f.split("]")[1].split("%")[0].strip() for f in frames] == ["20", "40", "60", "80", "100", "100"]
-    assert "program: " in err and "engine loaded" in err and frames[-1].startswith("popxl: compiling [" + "#" * 30)
+    # tqdm's bar: two steps per graph (main + step), then the engine; drawn at the start and at
+    # the end (redraws are throttled, not one per step), then a newline
+    frames = [f for f in err.rstrip("\n").split("\r") if f]
+    assert 2 <= len(frames) <= 4, frames
+    assert frames[0].startswith("popxl: compiling:") and "0/5" in frames[0]
+    assert "100%" in frames[-1] and "5/5" in frames[-1]
     assert err.endswith("\n")
