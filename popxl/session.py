@@ -15,7 +15,7 @@ from popxl.engines import create_engine
 from popxl.errors import popart_exception
 from popxl.ir import Ir
 from popxl.logs import get_logger
-from popxl.progress import Progress
+from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Variable
@@ -106,8 +106,10 @@ class Session:
         self._exe = lower(ir, progress.step)
         self._check_transfer_counts()
         self._check_memory()
+        self._write_final_dot_checkpoint()
         ir._frozen_by = f"Session on {device_desc!r}"
         self._engine = create_engine(self._exe)
+        self._run_progress = RunProgress()  # a bar for sessions whose runs take seconds
         progress.step("engine loaded")
         progress.close()
         var_by_id = {t.id: t for t in ir.main_graph.variables}
@@ -156,6 +158,14 @@ class Session:
                     f"Session: the program transfers stream {stream['name']!r} ({kind}) {count} time(s) per run, "
                     f"but ir.num_host_transfers is {nht}: each stream must be transferred exactly "
                     f"num_host_transfers times per run. To fix it, {way}.")
+
+    def _write_final_dot_checkpoint(self) -> None:
+        """PopART's "FINAL" DOT checkpoint (the program as compiled), when POPART_DOT_CHECKS names it
+        (or ALL). Unset, no file is written: only the user's own checkpoints default to on."""
+        from popxl.visualize.dot import dot_checks, dot_checkpoint
+        checks = dot_checks()
+        if checks is not None and ("ALL" in checks or "FINAL" in checks):
+            dot_checkpoint(self.ir, "FINAL")
 
     def _check_memory(self) -> None:
         """Refuse, before anything is allocated, a program whose device memory (one arena per replica)
@@ -428,7 +438,7 @@ class Session:
         exact = self._exact_buffers(inputs, outputs)
         if exact is not None:
             self._host_stale = True
-            self._engine.run(*exact)
+            self._run_engine(*exact)
             return
         for given, what in ((inputs, "inputs"), (outputs, "outputs")):
             if given is not None and not isinstance(given, Mapping):
@@ -447,10 +457,16 @@ class Session:
                 raise TypeError(f"Session.run: the output for stream {s.tensor_id!r} must be a NumPy array.")
             out_bufs.append(self._device_view(s, arr, False))
         self._host_stale = True
-        self._engine.run(in_views, out_bufs)
+        self._run_engine(in_views, out_bufs)
         for s, buf in zip(self._d2h, out_bufs):
             if not np.shares_memory(buf, outputs[s]):  # a non-contiguous array was reshaped by copy
                 outputs[s][...] = buf.reshape(outputs[s].shape)
+
+    def _run_engine(self, inputs: List[np.ndarray], outputs: List[np.ndarray]) -> None:
+        if self._run_progress.fast:  # the first run was quick: no timing, no bar
+            self._engine.run(inputs, outputs)
+        else:
+            self._run_progress.run(self._engine.run, inputs, outputs)
 
     def _exact_buffers(self, inputs, outputs):
         """(input views, output views) for the engine when every host buffer already is exactly what

@@ -140,3 +140,19 @@ def test_save_dir_is_kept_for_later_checkpoints(tmp_path, monkeypatch):
     assert {p.name for p in (tmp_path / "keep").iterdir()} == {"first_all.dot", "second_all.dot"}
     with pytest.raises(ValueError, match="check must be a non-empty str"):
         ir.dot_checkpoint("")
+
+
+@pytest.mark.parametrize("env, final", [(None, False), ("FOO", False), ("FINAL", True), ("foo:all", True)])
+def test_session_writes_the_final_checkpoint_when_asked(tmp_path, monkeypatch, env, final):
+    if env is None:
+        monkeypatch.delenv("POPART_DOT_CHECKS", raising=False)
+    else:
+        monkeypatch.setenv("POPART_DOT_CHECKS", env)
+    monkeypatch.chdir(tmp_path)
+    ir = _model_with_checkpoints(tmp_path, tmp_path / "dots")
+    popxl.Session(ir)
+    written = (tmp_path / "dots" / "FINAL_all.dot").exists()
+    assert written == final
+    if final:  # the program as compiled: every op of the model
+        text = (tmp_path / "dots" / "FINAL_all.dot").read_text()
+        assert "<b>gelu</b>" in text and "<b>mul</b>" in text

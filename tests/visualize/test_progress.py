@@ -101,3 +101,19 @@ def test_run_progress_long_runs_show_an_estimated_bar(monkeypatch):
     rp.run(time.sleep, 0.3)
     text = out.getvalue()
     assert "popxl: run" in text and "100%" in text and text.count("\r") >= 3
+
+
+def test_a_session_whose_runs_are_long_shows_a_run_bar(monkeypatch, capsys):
+    monkeypatch.setenv("POPXL_PROGRESS", "1")
+    monkeypatch.setattr(progress, "LONG_RUN_SECONDS", 0.0)  # every run counts as long
+    monkeypatch.setattr(progress, "DELAY_SECONDS", 0.0)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        y_s = popxl.d2h_stream((2,), popxl.float32, "y")
+        ops.host_store(y_s, popxl.variable(np.ones(2, np.float32)) * 3.0)
+    with popxl.Session(ir) as s:
+        capsys.readouterr()
+        np.testing.assert_array_equal(s.run()[y_s], [3.0, 3.0])  # timed, no bar
+        assert "popxl: run" not in capsys.readouterr().err
+        np.testing.assert_array_equal(s.run()[y_s], [3.0, 3.0])
+        assert "popxl: run" in capsys.readouterr().err
