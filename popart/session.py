@@ -642,7 +642,7 @@ class InferenceSession:
     def getSummaryReport(self, resetProfile: bool = True) -> str:
         """A text summary of the program and, when profiling is enabled (engineOptions
         ``autoReport.all``), of the runs since the last reset: their number and wall-clock times."""
-        n_ops = sum(len(g._ops) for g in self._ir._all_graphs())
+        n_ops = sum(len(g.schedule()) for g in self._ir._all_graphs())
         lines = [f"popart session {self.name!r}: {len(self._model.graph.node)} ONNX nodes lowered to {n_ops} popxl "
                  f"ops, {len(self._variables)} weights, batchesPerStep={self.batchesPerStep}, "
                  f"replicationFactor={self.replicationFactor}, device={self.deviceInfo!r}."]

@@ -219,7 +219,7 @@ class TrainingSession(InferenceSession):
         differentiable ops, in the order given."""
         deps: Dict[popxl.Tensor, FrozenSet[str]] = {
             t: frozenset([n]) for n, t in inputs.items() if t.dtype.is_floating_point}
-        for op in fwd._ops:
+        for op in fwd.schedule():
             if REGISTRY[op.type].grad == Grad.STOP:
                 continue
             found = frozenset().union(*(deps.get(i, frozenset()) for i in op.inputs))

@@ -1,14 +1,14 @@
 """`popxl.Graph`: an ordered list of ops with inputs and outputs, entered with ``with g:``."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from popxl.context import OpCreatedHooks, get_current_context
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.ir import Ir
     from popxl.op import Op
-    from popxl.tensor import Constant, Tensor, Variable
+    from popxl.tensor import Constant, Tensor, TensorSpec, Variable
 
 __all__ = ["Graph"]
 
@@ -107,6 +107,145 @@ class Graph(OpCreatedHooks):
             return self._tensors[tensor_id]
         except KeyError:
             raise KeyError(f"No tensor with id {tensor_id!r} in graph {self._id!r}.") from None
+
+    # editing ---------------------------------------------------------------------------------------
+    # The one way transforms, the compiler and compatibility layers change a graph after tracing:
+    # nothing outside this file (and the factories of tensor.py / op.py) edits its lists.
+
+    def schedule(self) -> Tuple["Op", ...]:
+        """The ops in the order they run: creation order, which is topological and honours every
+        ``in_sequence`` mode (edits keep it so)."""
+        return tuple(self._ops)
+
+    def readers(self, t: "Tensor") -> List["Op"]:
+        """The ops of this graph that read ``t``, in schedule order."""
+        return [op for op in self._ops if any(i is t for i in op.inputs)]
+
+    def trace(self, build: Callable[[], Any], before: Optional["Op"] = None) -> Tuple[Any, List["Op"]]:
+        """Run ``build()`` inside this graph and return (its result, the ops it traced). With
+        ``before``, those ops are moved to run just before that op instead of at the end."""
+        start = len(self._ops)
+        with self:
+            result = build()
+        made = self._ops[start:]
+        if before is not None:
+            del self._ops[start:]
+            at = self._ops.index(before)
+            self._ops[at:at] = made
+        return result, made
+
+    def replace_ops(self, old: Sequence["Op"], build: Callable[[], Any]) -> List["Op"]:
+        """Replace the ops ``old`` (in schedule order) with the ops ``build()`` traces, which return
+        the replacement of each output of ``old[-1]`` (a Tensor, or a sequence of them). The new ops
+        run where ``old[-1]`` ran (every input of the chain exists there) and the ops producing the
+        replacements take over ``old[-1]``'s output tensors, so every reader is unchanged. The other
+        ops of ``old`` must have no readers outside ``old``. Returns the new ops."""
+        last = old[-1]
+        results, made = self.trace(build, before=last)
+        results = [results] if not isinstance(results, (list, tuple)) else list(results)
+        if len(results) != len(last.outputs):
+            raise ValueError(f"Graph.replace_ops: the builder returned {len(results)} tensors for the "
+                             f"{len(last.outputs)} outputs of {last.type} {last.name!r}.")
+        for new, kept in zip(results, last.outputs):
+            producer = new.producer
+            if producer is None or producer not in made:
+                raise ValueError(f"Graph.replace_ops: the replacement of {kept.id!r} must be made by the builder.")
+            self._tensors.pop(new.id, None)
+            kept._producer = producer
+            producer.outputs = tuple(kept if o is new else o for o in producer.outputs)
+        self.remove_ops(old, keep_outputs=last.outputs)
+        return made
+
+    def remove_ops(self, ops: Iterable["Op"], keep_outputs: Sequence["Tensor"] = ()) -> None:
+        """Remove ``ops`` and their output tensors (except ``keep_outputs``, which another op has
+        taken over). Refused if a remaining op reads one of those outputs or it is a graph output."""
+        gone = set(map(id, ops))
+        keep = set(map(id, keep_outputs))
+        dropped = [t for op in self._ops if id(op) in gone for t in op.outputs if id(t) not in keep]
+        dropped_ids = set(map(id, dropped))
+        for op in self._ops:
+            if id(op) not in gone:
+                read = [t for t in op.inputs if id(t) in dropped_ids]
+                if read:
+                    raise ValueError(f"Graph.remove_ops: {op.type} {op.name!r} still reads {read[0].id!r}.")
+        outs = [t for t in self._outputs if id(t) in dropped_ids]
+        if outs:
+            raise ValueError(f"Graph.remove_ops: {outs[0].id!r} is an output of graph {self._id!r}.")
+        self._ops[:] = [op for op in self._ops if id(op) not in gone]
+        for t in dropped:
+            self._tensors.pop(t.id, None)
+
+    def replace_inputs(self, op: "Op", inputs: Sequence["Tensor"]) -> None:
+        """Give ``op`` new input tensors (of the same specs), e.g. values moved out of a loop body."""
+        if len(inputs) != len(op.inputs) or any(a.spec != b.spec for a, b in zip(inputs, op.inputs)):
+            raise ValueError(f"Graph.replace_inputs: {op.type} {op.name!r} takes {[t.spec for t in op.inputs]}.")
+        if any(t.graph is not self for t in inputs):
+            raise ValueError(f"Graph.replace_inputs: the inputs of {op.name!r} must be tensors of {self._id!r}.")
+        op.inputs = tuple(inputs)
+
+    def add_op_output(self, op: "Op", spec: "TensorSpec", name: str) -> "Tensor":
+        """A new output tensor of ``op`` (a call site whose graph got a new output)."""
+        from popxl.tensor import Tensor
+        out = Tensor._create(self, name, spec, producer=op)
+        op.outputs = op.outputs + (out,)
+        return out
+
+    def remove_op_outputs(self, op: "Op", positions: Iterable[int]) -> None:
+        """Remove the outputs of ``op`` at ``positions`` (a call site whose graph lost outputs);
+        they must have no readers."""
+        positions = set(positions)
+        for k in positions:
+            t = op.outputs[k]
+            if self.readers(t) or any(o is t for o in self._outputs):
+                raise ValueError(f"Graph.remove_op_outputs: {t.id!r} is still used.")
+            self._tensors.pop(t.id, None)
+        op.outputs = tuple(t for k, t in enumerate(op.outputs) if k not in positions)
+
+    def add_output(self, t: "Tensor") -> None:
+        """Append ``t`` to the graph's outputs (call sites are the caller's to update)."""
+        if t.graph is not self:
+            raise ValueError(f"Graph.add_output: {t.id!r} is not a tensor of graph {self._id!r}.")
+        self._outputs.append(t)
+
+    def remove_output(self, index: int) -> "Tensor":
+        """Remove output ``index`` (call sites are the caller's to update); returns the tensor."""
+        return self._outputs.pop(index)
+
+    def add_input(self, spec: "TensorSpec", name: str, by_ref: bool = False) -> "Tensor":
+        """Append a new input (call sites are the caller's to bind)."""
+        from popxl.tensor import Tensor
+        t = Tensor._create(self, name, spec)
+        self._inputs.append(t)
+        if by_ref:
+            self._by_ref_inputs.add(t)
+        return t
+
+    def rename(self, t: "Tensor", name: str) -> None:
+        """Give ``t`` a new id made from ``name`` (unique within the graph)."""
+        del self._tensors[t._id]
+        t._id = self._new_tensor_id(name)
+        self._tensors[t._id] = t
+
+    def check(self) -> None:
+        """Raise if the graph breaks an invariant the compiler relies on: each op reads only inputs,
+        constants, variables or outputs of earlier ops of this graph; each tensor is registered once
+        and produced by the op that lists it; outputs are tensors of the graph."""
+        known = {id(t) for t in self._inputs}
+        registered = {id(t) for t in self._tensors.values()}
+        for op in self._ops:
+            for t in op.inputs:
+                if t.graph is not self or id(t) not in registered:
+                    raise AssertionError(f"graph {self._id!r}: {op.name!r} reads {t.id!r}, not a tensor of the graph.")
+                if id(t) not in known and t.producer is not None:
+                    raise AssertionError(f"graph {self._id!r}: {op.name!r} reads {t.id!r} before it is made.")
+            for t in op.outputs:
+                if t.producer is not op or id(t) not in registered:
+                    raise AssertionError(f"graph {self._id!r}: output {t.id!r} of {op.name!r} is not registered "
+                                         f"to it.")
+                known.add(id(t))
+        for t in self._outputs:
+            if id(t) not in registered:
+                raise AssertionError(f"graph {self._id!r}: output {t.id!r} is not a tensor of the graph.")
 
     # hooks (OpCreatedHooks) ------------------------------------------------------------------------
     def _hooks_owner(self) -> str:

@@ -159,7 +159,7 @@ class Ir:
         return [self._main_graph, *self._graphs.values()]
 
     def _streams_of(self, optype: str) -> Set[Any]:
-        return {op.attrs["stream"] for g in self._all_graphs() for op in g._ops if op.type == optype}
+        return {op.attrs["stream"] for g in self._all_graphs() for op in g.schedule() if op.type == optype}
 
     def get_all_d2h_streams(self) -> Set[Any]:
         """Every device-to-host stream that some ``host_store`` writes."""

@@ -97,7 +97,7 @@ class Session:
         if ir._frozen_by is not None:
             raise popart_exception(f"Session: {ir!r} already belongs to another Session ({ir._frozen_by}).")
         self._device = _resolve_device(device_desc, ir)
-        if not any(g._ops for g in ir._all_graphs()):
+        if not any(g.schedule() for g in ir._all_graphs()):
             raise popart_exception(f"Session: {ir!r} has no ops; there is nothing to run.")
         self.ir_ = ir
         self.weights_to_host_on_exit = weights_to_host_on_exit
@@ -183,7 +183,7 @@ class Session:
                     f"memory ({limit} bytes).")
         device = self._exe.arena_bytes * self._exe.replication_factor
         if device > limit:
-            sizes = sorted(((t.nelms * t.dtype.itemsize, t) for g in self.ir._all_graphs() for t in g._tensors.values()),
+            sizes = sorted(((t.nelms * t.dtype.itemsize, t) for g in self.ir._all_graphs() for t in g.tensors),
                            key=lambda st: st[0], reverse=True)[:3]
             largest = ", ".join(f"{t.id!r} {t.shape} {t.dtype.name} ({n} bytes)" for n, t in sizes)
             raise popart_exception(

@@ -468,11 +468,7 @@ def graph_input(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] =
         spec = TensorSpec(shape, dtype, meta_shape or ())
     except (TypeError, ValueError) as e:
         raise type(e)(f"graph_input {name!r}: {e}") from None
-    t = Tensor._create(g, name or "input", spec)
-    g._inputs.append(t)
-    if by_ref:
-        g._by_ref_inputs.add(t)
-    return t
+    return g.add_input(spec, name or "input", by_ref=by_ref)
 
 
 def graph_output(t: Tensor) -> None:
@@ -483,4 +479,4 @@ def graph_output(t: Tensor) -> None:
         raise TypeError(f"graph_output expects a popxl.Tensor, not {type(t).__name__}.")
     if t.graph is not g:
         raise ValueError(f"graph_output: tensor {t.id!r} is not in the current graph {g.id!r}.")
-    g._outputs.append(t)
+    g.add_output(t)

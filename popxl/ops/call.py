@@ -24,7 +24,7 @@ __all__ = ["call", "call_with_info", "repeat", "repeat_with_info", "conditional"
 
 def _check_bound(specs: Sequence, graph: Graph, index: Sequence[int]) -> None:
     for s, i in zip(specs, index):
-        g_in = graph._inputs[i]
+        g_in = graph.inputs[i]
         if s.shape != g_in.shape or s.dtype is not g_in.dtype:
             raise ValueError(f"graph {graph.id!r} input {i} ({g_in.name!r}) expects {g_in.shape} "
                              f"{g_in.dtype.name}, got {s.shape} {s.dtype.name}")
@@ -32,25 +32,25 @@ def _check_bound(specs: Sequence, graph: Graph, index: Sequence[int]) -> None:
 
 def _call_infer(specs, graph, input_index, modified):
     _check_bound(specs, graph, input_index)
-    return [spec(t.shape, t.dtype, t.meta_shape) for t in graph._outputs]
+    return [spec(t.shape, t.dtype, t.meta_shape) for t in graph.outputs]
 
 
 def _repeat_infer(specs, graph, input_index, modified, repeat_count):
     _check_bound(specs, graph, input_index)
     if repeat_count < 0:
         raise ValueError(f"repeat_count must be >= 0, got {repeat_count}")
-    n_out, n_in = len(graph._outputs), len(graph._inputs)
+    n_out, n_in = len(graph.outputs), len(graph.inputs)
     if n_in < n_out:
         raise ValueError(f"graph {graph.id!r} has {n_out} outputs but only {n_in} inputs; each output i "
                          f"feeds input i of the next iteration, so inputs must be at least as many")
-    for i, out in enumerate(graph._outputs):
-        g_in = graph._inputs[i]
+    for i, out in enumerate(graph.outputs):
+        g_in = graph.inputs[i]
         if out.shape != g_in.shape or out.dtype is not g_in.dtype:
             raise ValueError(f"loop-carried output {i} ({out.name!r}: {out.shape} {out.dtype.name}) does not "
                              f"match input {i} ({g_in.name!r}: {g_in.shape} {g_in.dtype.name})")
         if i not in input_index:
             raise ValueError(f"loop-carried input {i} ({g_in.name!r}) of {graph.id!r} needs an initial value")
-    return [spec(t.shape, t.dtype, t.meta_shape) for t in graph._outputs]
+    return [spec(t.shape, t.dtype, t.meta_shape) for t in graph.outputs]
 
 
 def _if_infer(specs, then_graph, else_graph, then_index, else_index):
@@ -60,7 +60,7 @@ def _if_infer(specs, then_graph, else_graph, then_index, else_index):
     n_then = len(then_index)
     _check_bound(specs[1:1 + n_then], then_graph, then_index)
     _check_bound(specs[1 + n_then:], else_graph, else_index)
-    a, b = then_graph._outputs, else_graph._outputs
+    a, b = then_graph.outputs, else_graph.outputs
     if len(a) != len(b):
         raise ValueError(f"branches have different numbers of outputs: {then_graph.id!r} has {len(a)}, "
                          f"{else_graph.id!r} has {len(b)}")
@@ -86,7 +86,7 @@ def _bind(graph: Graph, inputs: Sequence[Any], inputs_dict: Optional[Mapping[Ten
             flat.extend(v)
         else:
             flat.append(v)
-    g_inputs = graph._inputs
+    g_inputs = graph.inputs
     if len(flat) > len(g_inputs):
         raise ValueError(f"{where}: {len(flat)} positional inputs given but graph {graph.id!r} has only "
                          f"{len(g_inputs)} inputs ({[t.name for t in g_inputs]}).")
@@ -160,21 +160,21 @@ class CallSiteInfo:
 
     def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
         g = self.called_graph
-        if graph_tensor in g._inputs:
-            return self.parent_input(g._inputs.index(graph_tensor))
-        if graph_tensor in g._outputs:
-            return self._op.outputs[g._outputs.index(graph_tensor)]
+        if graph_tensor in g.inputs:
+            return self.parent_input(g.inputs.index(graph_tensor))
+        if graph_tensor in g.outputs:
+            return self._op.outputs[g.outputs.index(graph_tensor)]
         raise ValueError(f"{graph_tensor!r} is neither an input nor an output of {g.id!r}.")
 
     def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
         for pos, t in enumerate(self._op.inputs):
             if t is parent_tensor:
-                return self.called_graph._inputs[self._index[pos]]
+                return self.called_graph.inputs[self._index[pos]]
         raise ValueError(f"{parent_tensor!r} is not an input of this call site.")
 
     def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False) -> None:
         """Treat ``parent_tensor``'s graph input as modified in place: changes are copied back."""
-        gi = self.called_graph._inputs.index(self.parent_to_graph(parent_tensor))
+        gi = self.called_graph.inputs.index(self.parent_to_graph(parent_tensor))
         self._op.attrs["modified"] = tuple(sorted(set(self._op.attrs["modified"]) | {gi}))
 
     def __repr__(self) -> str:
@@ -214,10 +214,10 @@ def _site(optype: str, graph: Graph, inputs: Sequence[Any], inputs_dict, check_i
     where = f"ops.{optype} (at {user_location()})"
     _check_not_recursive([graph], where)
     bound = _bind(graph, inputs, inputs_dict, check_inputs, where)
-    modified = tuple(i for i in bound if graph._inputs[i] in graph._by_ref_inputs)
+    modified = tuple(i for i in bound if graph.is_input_by_ref(graph.inputs[i]))
     attrs = {"graph": graph, "input_index": tuple(bound), "modified": modified, **(extra or {})}
     op = create_op(optype, list(bound.values()), attrs, name=graph.id,
-                   output_names=[t.name for t in graph._outputs], return_op=True)
+                   output_names=[t.name for t in graph.outputs], return_op=True)
     return CallSiteInfo(op)
 
 
@@ -300,17 +300,17 @@ class ConditionalSiteInfo:
 
     def graph_to_parent(self, graph_tensor: Tensor, then_branch: bool = True) -> Tensor:
         g, _, _ = self._branch(then_branch)
-        if graph_tensor in g._inputs:
-            return self.parent_input(g._inputs.index(graph_tensor), then_branch)
-        if graph_tensor in g._outputs:
-            return self._op.outputs[g._outputs.index(graph_tensor)]
+        if graph_tensor in g.inputs:
+            return self.parent_input(g.inputs.index(graph_tensor), then_branch)
+        if graph_tensor in g.outputs:
+            return self._op.outputs[g.outputs.index(graph_tensor)]
         raise ValueError(f"{graph_tensor!r} is neither an input nor an output of {g.id!r}.")
 
     def parent_to_graph(self, parent_tensor: Tensor, then_branch: bool = True) -> Tensor:
         g, index, base = self._branch(then_branch)
         for pos, i in enumerate(index):
             if self._op.inputs[base + pos] is parent_tensor:
-                return g._inputs[i]
+                return g.inputs[i]
         raise ValueError(f"{parent_tensor!r} is not an input of this branch.")
 
     def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False) -> None:
@@ -327,14 +327,14 @@ def conditional_with_info(cond: Tensor, then_branch: Graph, else_branch: Graph,
     where = f"ops.conditional (at {user_location()})"
     _check_not_recursive([then_branch, else_branch], where)
     for g in (then_branch, else_branch):
-        if isinstance(g, Graph) and g._by_ref_inputs:
+        if isinstance(g, Graph) and any(g.is_input_by_ref(t) for t in g.inputs):
             raise NotImplementedError(f"{where}: branch {g.id!r} has by-reference inputs; conditional "
                                       f"branches take inputs by value only (as in PopXL).")
     t_bound = _bind(then_branch, list(then_inputs or []), then_inputs_dict, check_inputs, where + " then_branch")
     e_bound = _bind(else_branch, list(else_inputs or []), else_inputs_dict, check_inputs, where + " else_branch")
     attrs = {"then_graph": then_branch, "else_graph": else_branch, "then_index": tuple(t_bound),
              "else_index": tuple(e_bound)}
-    names = [f"{a.name}_or_{b.name}" for a, b in zip(then_branch._outputs, else_branch._outputs)]
+    names = [f"{a.name}_or_{b.name}" for a, b in zip(then_branch.outputs, else_branch.outputs)]
     op = create_op("if", [cond, *t_bound.values(), *e_bound.values()], attrs, name="conditional",
                    output_names=names, return_op=True)
     return ConditionalSiteInfo(op)
@@ -362,15 +362,15 @@ def _forward_values(ctx, info, to_parent) -> Dict[Tensor, Tensor]:
 def _seeds(ctx, info, graph: Graph) -> List[Tensor]:
     """Output gradients of the site, in the order the gradient graph takes them."""
     from popxl.transforms.autodiff import ExpectedConnectionType
-    return [ctx.grad_or_zeros(graph._outputs.index(c.fwd_tensor)) for c in info.expected_inputs
+    return [ctx.grad_or_zeros(graph.outputs.index(c.fwd_tensor)) for c in info.expected_inputs
             if c.connection_type is ExpectedConnectionType.FwdGrad]
 
 
 def _branch_grad(ctx, graph: Graph, positions: Sequence[int], index: Sequence[int]):
     """Differentiate ``graph`` for the site outputs that have gradients and for the site inputs
     at ``positions`` (bound to graph inputs ``index``) that need them."""
-    provided = [graph._outputs[i] for i in range(len(ctx.op.outputs)) if ctx.grad(i) is not None]
-    required = [graph._inputs[i] for p, i in zip(positions, index) if ctx.needs(p)]
+    provided = [graph.outputs[i] for i in range(len(ctx.op.outputs)) if ctx.grad(i) is not None]
+    required = [graph.inputs[i] for p, i in zip(positions, index) if ctx.needs(p)]
     return ctx.subgraph_grad(graph, provided, required)
 
 
@@ -382,7 +382,7 @@ def _call_grad(ctx):
     outs = call(info.graph, *_seeds(ctx, info, graph), inputs_dict=_forward_values(ctx, info, site.graph_to_parent))
     grads: List[Optional[Tensor]] = [None] * len(ctx.op.inputs)
     for c, g in zip(info.expected_outputs, outs):
-        grads[index.index(graph._inputs.index(c.fwd_tensor))] = g
+        grads[index.index(graph.inputs.index(c.fwd_tensor))] = g
     return grads
 
 
@@ -405,7 +405,7 @@ def _if_grad(ctx):
         with wrapper:
             ins = [graph_input(t.shape, t.dtype, t.name) for t in [*seeds, *fwd.values()]]
             outs = call(info.graph, *ins[:len(seeds)], inputs_dict=dict(zip(fwd.keys(), ins[len(seeds):])))
-            by_position = {base + index.index(graph._inputs.index(c.fwd_tensor)): g
+            by_position = {base + index.index(graph.inputs.index(c.fwd_tensor)): g
                            for c, g in zip(info.expected_outputs, outs)}
             for p in wanted:
                 t = ctx.op.inputs[p]
@@ -430,7 +430,7 @@ def _check_recomputable(graph: Graph, where: str) -> None:
         if g in seen:
             continue
         seen.add(g)
-        for op in g._ops:
+        for op in g.schedule():
             if op.type in _LOOP_SIDE_EFFECTS or op.attrs.get("modified"):
                 raise NotImplementedError(
                     f"autodiff of {where}: the loop body {graph.id!r} contains {op.type} {op.name!r} (at "
@@ -451,14 +451,14 @@ def _repeat_grad(ctx):
     body, index, n = op.attrs["graph"], op.attrs["input_index"], op.attrs["repeat_count"]
     where = f"ops.repeat at {op.location}"
     _check_recomputable(body, where)
-    n_carry = len(body._outputs)
+    n_carry = len(body.outputs)
     if n == 0:  # the loop passes its carried inputs straight through (output i is input i)
         return [ctx.grad(i) if i < n_carry else None for i in index]
     copy = ctx.clone_graph(body)
     ir = op.graph.ir
     invariant = [p for p, i in enumerate(index) if i >= n_carry]
     by_input = {i: p for p, i in enumerate(index)}
-    state_specs = [copy._inputs[i].spec for i in range(n_carry)]
+    state_specs = [copy.inputs[i].spec for i in range(n_carry)]
 
     # 1. record: stacks[i][k] = carried state i entering iteration k
     def record(*args):
@@ -467,7 +467,7 @@ def _repeat_grad(ctx):
         for s, stack in zip(states, stacks):
             ops.dynamic_update_(stack, counter, s.reshape((1,) + s.shape), [0], [1], True)
         ops.increment_mod_(counter, 1, n + 1)
-        outs = ops.call(copy, *states, inputs_dict={copy._inputs[index[p]]: t for p, t in zip(invariant, inv)})
+        outs = ops.call(copy, *states, inputs_dict={copy.inputs[index[p]]: t for p, t in zip(invariant, inv)})
         for t in outs:
             graph_output(t)
 
@@ -483,12 +483,12 @@ def _repeat_grad(ctx):
     ops.repeat(rec_graph, n, *states0, *inv_vals, *stacks, counter)
 
     # 2. reverse: gradient of one iteration, state gradients carried, invariant gradients summed
-    provided = [copy._outputs[i] for i in range(n_carry) if copy._outputs[i].dtype.is_floating_point]
+    provided = [copy.outputs[i] for i in range(n_carry) if copy.outputs[i].dtype.is_floating_point]
     wanted_inv = [p for p in invariant if ctx.needs(p)]
-    required = [copy._inputs[i] for i in range(n_carry) if copy._inputs[i].dtype.is_floating_point] + \
-        [copy._inputs[index[p]] for p in wanted_inv]
+    required = [copy.inputs[i] for i in range(n_carry) if copy.inputs[i].dtype.is_floating_point] + \
+        [copy.inputs[index[p]] for p in wanted_inv]
     info = ctx.subgraph_grad(copy, provided, required)
-    float_carry = [i for i in range(n_carry) if copy._inputs[i].dtype.is_floating_point]
+    float_carry = [i for i in range(n_carry) if copy.inputs[i].dtype.is_floating_point]
 
     def reverse(*args):
         grads, rest = args[:len(float_carry)], args[len(float_carry):]
@@ -497,19 +497,19 @@ def _repeat_grad(ctx):
         ops.increment_mod_(counter_in, n - 1, n)  # count down: n -> n-1 -> ... -> 0
         states = [ops.dynamic_slice(st, counter_in, [0], [1], True).reshape(s.shape)
                   for st, s in zip(stacks_in, state_specs)]
-        site = call_with_info(copy, *states, inputs_dict={copy._inputs[index[p]]: t for p, t in zip(invariant, inv)})
-        seeds = {copy._outputs[i]: g for i, g in zip(float_carry, grads)}
+        site = call_with_info(copy, *states, inputs_dict={copy.inputs[index[p]]: t for p, t in zip(invariant, inv)})
+        seeds = {copy.outputs[i]: g for i, g in zip(float_carry, grads)}
         ins = [seeds[c.fwd_tensor] for c in info.expected_inputs if c.connection_type is ExpectedConnectionType.FwdGrad]
         fwd = {g_in: site.graph_to_parent(c.fwd_tensor) for g_in, c in zip(info.graph.inputs, info.expected_inputs)
                if c.connection_type is ExpectedConnectionType.Fwd}
         outs = call(info.graph, *ins, inputs_dict=fwd)
         by_fwd = {c.fwd_tensor: g for c, g in zip(info.expected_outputs, outs)}
         for acc, p in zip(sums, wanted_inv):
-            g = by_fwd.get(copy._inputs[index[p]])
+            g = by_fwd.get(copy.inputs[index[p]])
             if g is not None:
                 ops.add_(acc, g)
         for i in float_carry:
-            t = copy._inputs[i]
+            t = copy.inputs[i]
             graph_output(by_fwd[t] if t in by_fwd else ops.init(t.shape, t.dtype, name="zero_state_grad"))
 
     float_specs = [state_specs[i] for i in float_carry]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from popxl.graph import Graph
+from popxl.graph import Graph, op_called_graphs
 from popxl.op import REGISTRY, Grad, Op, create_op
 from popxl.tensor import Constant, Tensor, TensorSpec, Variable, constant, graph_input, graph_output
 
@@ -149,8 +149,7 @@ def _describe(op: Op) -> str:
 
 def _call_sites(graph: Graph) -> List[Op]:
     """Every op in the IR that calls ``graph`` (as call/repeat body or conditional branch)."""
-    return [op for g in graph.ir._all_graphs() for op in g._ops
-            if any(v is graph for v in op.attrs.values() if isinstance(v, Graph))]
+    return [op for g in graph.ir._all_graphs() for op in g.schedule() if graph in op_called_graphs(op)]
 
 
 def _append_output(graph: Graph, t: Tensor) -> None:
@@ -162,17 +161,16 @@ def _append_output(graph: Graph, t: Tensor) -> None:
                 f"autodiff: the gradient needs {t.id!r}, an intermediate of {graph.id!r}, but {graph.id!r} is "
                 f"the body of ops.repeat at {op.location}; a loop body cannot get extra outputs. Call the "
                 f"graph with ops.call inside the loop body and differentiate that call instead.")
-    graph._outputs.append(t)
+    graph.add_output(t)
     for op in sites:
         if op.type == "if":  # both branches must keep matching outputs: the sibling outputs zeros
             then_g, else_g = op.attrs["then_graph"], op.attrs["else_graph"]
             if then_g is not else_g:
                 sibling = else_g if then_g is graph else then_g
                 from popxl import ops
-                with sibling:
-                    sibling._outputs.append(ops.init(t.shape, t.dtype, name=f"zero_{t.name}"))
-        out = Tensor._create(op.graph, t.name, TensorSpec(t.shape, t.dtype, t.meta_shape), producer=op)
-        op.outputs = op.outputs + (out,)
+                zeros, _ = sibling.trace(lambda: ops.init(t.shape, t.dtype, name=f"zero_{t.name}"))
+                sibling.add_output(zeros)
+        op.graph.add_op_output(op, TensorSpec(t.shape, t.dtype, t.meta_shape), t.name)
 
 
 class GradOpContext:
@@ -267,7 +265,7 @@ class _GradBuilder:
                 v = constant(t._host_data_value, t.dtype, name=t.name)
             else:
                 exposed = t
-                if t not in self.fwd._inputs and t not in self.fwd._outputs:
+                if t not in self.fwd.inputs and t not in self.fwd.outputs:
                     exposed = self._stable(t)
                     _append_output(self.fwd, exposed)
                 v = graph_input(t.shape, t.dtype, t.name, meta_shape=t.meta_shape)
@@ -282,10 +280,10 @@ class _GradBuilder:
         output would be a copy (attention's transposed heads) and more memory kept per step."""
         op = t.producer
         if (op is None or op.graph is not self.fwd or op.opdef.view is None or not op.opdef.copy
-                or len(op.inputs) != 1 or t in self.fwd._outputs):
+                or len(op.inputs) != 1 or t in self.fwd.outputs):
             return None
         root = _root(op.inputs[0])
-        for o in self.fwd._ops:
+        for o in self.fwd.schedule():
             written = [o.inputs[o.opdef.inplace]] if o.opdef.inplace is not None else []
             if o.type in ("call", "repeat"):  # inputs a called graph may write (by reference)
                 written += [o.inputs[o.attrs["input_index"].index(i)] for i in o.attrs["modified"]]
@@ -296,16 +294,15 @@ class _GradBuilder:
     def _stable(self, t: Tensor) -> Tensor:
         """``t`` itself if no later op overwrites it in place, else a copy taken right after it
         is made: a graph output is read when the graph ends, the gradient needs the value then."""
-        ops_ = self.fwd._ops
+        ops_ = self.fwd.schedule()
         start = ops_.index(t.producer) + 1 if t.producer is not None else 0
-        overwritten = any(op.opdef.inplace is not None and _root(op.inputs[op.opdef.inplace]) is _root(t)
-                          for op in ops_[start:])
-        if not overwritten:
+        later = [op for op in ops_[start:]
+                 if op.opdef.inplace is not None and _root(op.inputs[op.opdef.inplace]) is _root(t)]
+        if not later:
             return t
         from popxl import ops
-        with self.fwd:
-            copy = ops.identity(t, f"{t.name}_for_grad")
-        ops_.insert(start, ops_.pop())  # run the copy before anything can overwrite t
+        # the copy runs right after t is made, before anything can overwrite it
+        copy, _ = self.fwd.trace(lambda: ops.identity(t, f"{t.name}_for_grad"), before=ops_[start])
         return copy
 
     # which tensors take part -------------------------------------------------------------------------
@@ -314,14 +311,14 @@ class _GradBuilder:
 
     def _mark(self) -> List[Op]:
         self.depends = {t for t in self.required if _is_float(t)}
-        for op in self.fwd._ops:
+        for op in self.fwd.schedule():
             decision = REGISTRY[op.type].grad
             if decision == Grad.STOP or not any(i in self.depends for i in op.inputs):
                 continue
             self.depends.update(o for o in op.outputs if _is_float(o))
         reaches: Set[Tensor] = set(self.provided)
         active = []
-        for op in reversed(self.fwd._ops):
+        for op in reversed(self.fwd.schedule()):
             if any(o in reaches for o in op.outputs) and any(i in self.depends for i in op.inputs):
                 reaches.update(op.inputs)
                 active.append(op)
@@ -409,13 +406,10 @@ class _GradBuilder:
 
     def _named(self, g: Tensor, name: str) -> Tensor:
         """``g`` renamed to ``name``, or a named copy if ``g`` is an input or already an output."""
-        if g.producer is None or g in self.graph._outputs or g.producer.opdef.view is not None:
+        if g.producer is None or g in self.graph.outputs or g.producer.opdef.view is not None:
             from popxl import ops
             return ops.identity(g, name)
-        graph = self.graph
-        del graph._tensors[g._id]
-        g._id = graph._new_tensor_id(name)
-        graph._tensors[g._id] = g
+        self.graph.rename(g, name)
         return g
 
 
@@ -424,15 +418,15 @@ def _clone(graph: Graph) -> Graph:
     copy = graph.ir.create_empty_graph(f"{graph.name}_copy")
     values: Dict[Tensor, Tensor] = {}
     with copy:
-        for t in graph._inputs:
+        for t in graph.inputs:
             values[t] = graph_input(t.shape, t.dtype, t.name, by_ref=graph.is_input_by_ref(t),
                                     meta_shape=t.meta_shape)
-        for op in graph._ops:
+        for op in graph.schedule():
             ins = [values[t] if t in values else constant(t._host_data_value, t.dtype, name=t.name)
                    for t in op.inputs]
             new = create_op(op.type, ins, dict(op.attrs), output_names=[o.name for o in op.outputs], return_op=True)
             values.update(zip(op.outputs, new.outputs))
-        for t in graph._outputs:
+        for t in graph.outputs:
             graph_output(values[t])
     return copy
 
@@ -446,17 +440,15 @@ def _root(t: Tensor) -> Tensor:
 
 def _prune(graph: Graph) -> None:
     """Drop ops whose results nothing uses (rules compute a gradient for every input they can)."""
-    used = set(graph._outputs)
-    keep = []
-    for op in reversed(graph._ops):
+    used = set(graph.outputs)
+    unused = []
+    for op in reversed(graph.schedule()):
         writes = op.opdef.side_effect or op.opdef.inplace is not None or op.attrs.get("modified")
         if writes or any(o in used for o in op.outputs):
-            keep.append(op)
             used.update(op.inputs)
         else:
-            for o in op.outputs:
-                graph._tensors.pop(o._id, None)
-    graph._ops[:] = reversed(keep)
+            unused.append(op)
+    graph.remove_ops(unused)
 
 
 def autodiff(graph: Graph, grads_provided: Optional[Iterable[Tensor]] = None,

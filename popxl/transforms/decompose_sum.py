@@ -4,7 +4,6 @@ The values are the same; a tree frees partial sums sooner and needs no N-ary ker
 from __future__ import annotations
 
 from popxl.graph import Graph
-from popxl.op import Op
 
 __all__ = ["decompose_sum"]
 
@@ -14,21 +13,11 @@ def decompose_sum(graph: Graph) -> Graph:
     Returns ``graph``."""
     from popxl.op import create_op
     graph.ir._check_mutable()
-    for op in [op for op in graph._ops if op.type == "add_n" and len(op.inputs) > 2]:
-        at = graph._ops.index(op)
-        before = len(graph._ops)
-        with graph:
-            level = list(op.inputs)
+    for op in [op for op in graph.schedule() if op.type == "add_n" and len(op.inputs) > 2]:
+        def tree(level=list(op.inputs)):
             while len(level) > 2:
                 nxt = [create_op("add", level[i:i + 2])[0] for i in range(0, len(level) - 1, 2)]
                 level = nxt + (level[-1:] if len(level) % 2 else [])
-            last: Op = create_op("add", level, return_op=True)
-        made = graph._ops[before:]
-        del graph._ops[before:]
-        # the last add takes over the sum's output tensor, so every reader is unchanged
-        (out,) = op.outputs
-        graph._tensors.pop(last.outputs[0].id, None)
-        out._producer = last
-        last.outputs = (out,)
-        graph._ops[at:at + 1] = made
+            return create_op("add", level)[0]
+        graph.replace_ops([op], tree)  # the last add takes over the sum's output: readers unchanged
     return graph

@@ -64,31 +64,15 @@ def _only_reader(graph: Graph, t: Tensor) -> Optional[Op]:
     """The one op of ``graph`` that reads ``t``, if exactly one does and ``t`` is not a graph output."""
     if any(o is t for o in graph.outputs):
         return None
-    readers = [op for op in graph._ops if any(i is t for i in op.inputs)]
+    readers = graph.readers(t)
     return readers[0] if len(readers) == 1 and readers[0].inputs.count(t) == 1 else None
 
 
 def _replace(graph: Graph, old: Sequence[Op], build: Callable[[], Tensor]) -> Op:
-    """Replace the chain ``old`` (in graph order; its last op's output is the chain's result) with
-    the ops ``build`` traces. The new ops go where the last old op was (every input of the chain is
-    available there), and the last new op takes over the result tensor, so readers are unchanged."""
-    before = len(graph._ops)
-    with graph:
-        new_out = build()
-    made = graph._ops[before:]
-    del graph._ops[before:]
-    last = new_out.producer
-    (result,) = old[-1].outputs
-    graph._tensors.pop(new_out.id, None)
-    result._producer = last
-    last.outputs = (result,)
-    for op in old[:-1]:
-        for t in op.outputs:
-            graph._tensors.pop(t.id, None)
-        graph._ops.remove(op)
-    at = graph._ops.index(old[-1])
-    graph._ops[at:at + 1] = made
-    return last
+    """Replace the chain ``old`` (its last op's output is the chain's result) with the ops
+    ``build`` traces (Graph.replace_ops); returns the op that now makes the result."""
+    graph.replace_ops(old, build)
+    return old[-1].outputs[0].producer
 
 
 def _per_channel(t: Tensor, rank: int) -> Tensor:
@@ -102,7 +86,7 @@ def fold_batch_norm(graph: Graph) -> Graph:
     from popxl.ops.nn import conv_fused
 
     graph.ir._check_mutable()
-    for bn in [op for op in graph._ops if op.type == "batch_norm_inference"]:
+    for bn in [op for op in graph.schedule() if op.type == "batch_norm_inference"]:
         conv = bn.inputs[0].producer
         if conv is None or conv.graph is not graph or conv.type != "conv" or _only_reader(graph, conv.outputs[0]) is not bn:
             continue
@@ -151,7 +135,7 @@ def fuse_conv_bias(graph: Graph) -> Graph:
     from popxl.ops.nn import conv_fused
 
     graph.ir._check_mutable()
-    for conv in [op for op in graph._ops if op.type == "conv"]:
+    for conv in [op for op in graph.schedule() if op.type == "conv"]:
         (y,) = conv.outputs
         reader = _only_reader(graph, y)
         reshapes = _channel_bias(graph, reader, y) if reader is not None and reader.type == "add" else None
@@ -162,7 +146,7 @@ def fuse_conv_bias(graph: Graph) -> Graph:
 
             def build(b=b, bias=bias, attrs=conv.attrs):
                 return conv_fused(x, w, bias if bias is not None else ops.reshape(b, (c,)), **attrs)
-            _replace(graph, sorted([conv, reader] + reshapes, key=graph._ops.index), build)
+            _replace(graph, sorted([conv, reader] + reshapes, key=graph.schedule().index), build)
         elif reader is not None and _takes_as_post_op(reader, y) and y.dtype in _CHANNELS_LAST_DTYPES:
             # no bias: a zero one, so that what follows fuses (and the activations stay channels-last)
             _replace(graph, [conv], lambda attrs=conv.attrs: conv_fused(
@@ -175,7 +159,7 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
     from popxl.ops.nn import conv_fused, conv_pool_attrs
 
     graph.ir._check_mutable()
-    for op in [op for op in graph._ops if op.type == "conv_fused"]:
+    for op in [op for op in graph.schedule() if op.type == "conv_fused"]:
         while "pool_kernel" not in op.attrs:  # nothing follows a pool into the op
             (y,) = op.outputs
             reader = _only_reader(graph, y)
@@ -209,7 +193,7 @@ def global_pools_as_pools(graph: Graph) -> Graph:
 
     graph.ir._check_mutable()
     pools = {"mean": ops.average_pool, "max": ops.max_pool}
-    for op in [op for op in graph._ops if op.type in pools]:
+    for op in [op for op in graph.schedule() if op.type in pools]:
         (x,) = op.inputs
         if (x.rank != 4 or x.dtype not in _CHANNELS_LAST_DTYPES or x.producer is None
                 or x.producer.type not in _LAYOUT_INPUTS or tuple(op.attrs["axis"]) != (2, 3) or not op.attrs["keepdims"]):
@@ -238,9 +222,9 @@ def _layout_slot(op: Op, t: Tensor) -> Optional[int]:
 def keep_channels_last(graph: Graph) -> Graph:
     """Rewrite 3 above, in place. Returns ``graph``."""
     graph.ir._check_mutable()
-    aware = [op for op in graph._ops if op.type in _LAYOUT_INPUTS and op.outputs[0].rank == 4]
+    aware = [op for op in graph.schedule() if op.type in _LAYOUT_INPUTS and op.outputs[0].rank == 4]
     readers = {}
-    for op in graph._ops:
+    for op in graph.schedule():
         for t in op.inputs:
             readers.setdefault(t.id, []).append(op)
     outputs = {t.id for t in graph.outputs}

@@ -37,7 +37,7 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
     hoisted ops (as they were in ``body``)."""
     body.ir._check_mutable()
     readers: Dict[int, List[Op]] = {}
-    for op in body._ops:
+    for op in body.schedule():
         for t in op.inputs:
             readers.setdefault(t.id, []).append(op)
     outputs = {t.id for t in body.outputs}
@@ -47,7 +47,7 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
 
     invariant = {t.id for t in bound if only_pure_readers(t)}
     hoisted: List[Op] = []
-    for op in body._ops:
+    for op in body.schedule():
         if (op.opdef.pure and op.inputs and all(t.id in invariant or isinstance(t, Constant) for t in op.inputs)
                 and all(only_pure_readers(t) for t in op.outputs)):
             hoisted.append(op)
@@ -70,15 +70,13 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
 
     # What the body still reads of them becomes inputs; the hoisted ops and values leave it.
     gone = {id(op) for op in hoisted}
-    kept = [op for op in body._ops if id(op) not in gone]
     replaced: Dict[int, Tensor] = {}
     for op in hoisted:
         for t in op.outputs:
             if any(id(r) not in gone for r in readers.get(t.id, [])):
                 replaced[t.id] = bind(outer[t.id], t.name)
-            body._tensors.pop(t.id, None)
-    for op in kept:
-        if any(t.id in replaced for t in op.inputs):
-            op.inputs = tuple(replaced.get(t.id, t) for t in op.inputs)
-    body._ops[:] = kept
+    for op in body.schedule():
+        if id(op) not in gone and any(t.id in replaced for t in op.inputs):
+            body.replace_inputs(op, [replaced.get(t.id, t) for t in op.inputs])
+    body.remove_ops(hoisted)
     return hoisted
