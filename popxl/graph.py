@@ -183,6 +183,12 @@ class Graph(OpCreatedHooks):
             raise ValueError(f"Graph.replace_inputs: the inputs of {op.name!r} must be tensors of {self._id!r}.")
         op.inputs = tuple(inputs)
 
+    def add_op_input(self, op: "Op", t: "Tensor") -> None:
+        """Append ``t`` to ``op``'s inputs (a call site binding a new input of its graph)."""
+        if t.graph is not self:
+            raise ValueError(f"Graph.add_op_input: {t.id!r} is not a tensor of graph {self._id!r}.")
+        op.inputs = op.inputs + (t,)
+
     def add_op_output(self, op: "Op", spec: "TensorSpec", name: str) -> "Tensor":
         """A new output tensor of ``op`` (a call site whose graph got a new output)."""
         from popxl.tensor import Tensor
@@ -219,6 +225,12 @@ class Graph(OpCreatedHooks):
         if by_ref:
             self._by_ref_inputs.add(t)
         return t
+
+    def set_input_by_ref(self, t: "Tensor", by_ref: bool = True) -> None:
+        """Make input ``t`` by-reference (in-place changes reach the caller's tensor) or by value."""
+        if not any(i is t for i in self._inputs):
+            raise ValueError(f"Graph.set_input_by_ref: {t.id!r} is not an input of graph {self._id!r}.")
+        (self._by_ref_inputs.add if by_ref else self._by_ref_inputs.discard)(t)
 
     def rename(self, t: "Tensor", name: str) -> None:
         """Give ``t`` a new id made from ``name`` (unique within the graph)."""

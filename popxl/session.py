@@ -19,6 +19,7 @@ from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Variable
+from popxl.transforms.fuse_matmul import fuse_matmul
 from popxl.utils import to_numpy
 
 __all__ = ["Session"]
@@ -103,6 +104,7 @@ class Session:
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._lock = threading.RLock()
         progress = Progress("popxl: compiling", 2 * len(list(ir._all_graphs())) + 1)
+        fuse_matmul(ir)  # the Ir shows what runs: x @ W + b as matmul_bias, SGD updates in their GEMMs
         self._exe = lower(ir, progress.step)
         self._check_transfer_counts()
         self._check_memory()

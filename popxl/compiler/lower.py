@@ -19,6 +19,11 @@
    which of its inputs lie in such unchanging storage (``static_inputs``), so kernels may keep
    values derived from them (a reordered weight) for as long as the variables are unchanged.
 5. Program tree: one instruction list per graph; see executable.py for the instruction set.
+
+Lowering only plans: it creates and rewrites no ops, so what runs is what the IR shows. Rewrites
+are transforms (``popxl.transforms``; the Session applies ``fuse_matmul`` first), and the facts
+both sides need (call sites, storage roots, written sets, static ops) are in ``popxl.analysis``.
+The one liberty taken is running a copying view op as a view (step 2 of ``_elide_copies``).
 """
 from __future__ import annotations
 
@@ -28,9 +33,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from popxl import dtypes
+from popxl.analysis import ProgramFacts
 from popxl.compiler.executable import STATIC_GRAPH_ID, Executable, encode_attr
-from popxl.graph import Graph, op_called_graphs
-from popxl.op import REGISTRY, Op
+from popxl.graph import Graph
+from popxl.op import Op
 from popxl.remote_buffer import RemoteBuffer, _buffers_of
 from popxl.tensor import Constant, Tensor, Variable
 
@@ -54,15 +60,6 @@ def _packed_desc(offset: int, shape: Tuple[int, ...], dtype: dtypes.dtype) -> De
         strides.append(acc)
         acc *= max(d, 1)
     return offset, tuple(shape), tuple(reversed(strides)), dtype.name
-
-
-def _reader_counts(g: Graph) -> Dict[Tensor, int]:
-    """How many op inputs of ``g`` each tensor is."""
-    readers: Dict[Tensor, int] = {}
-    for op in g._ops:
-        for t in op.inputs:
-            readers[t] = readers.get(t, 0) + 1
-    return readers
 
 
 def _nbytes(t: Tensor) -> int:
@@ -105,36 +102,13 @@ class _Lowering:
         self.d2h: Dict[object, int] = {}
         self.regions: Dict[RemoteBuffer, Desc] = {}
         self.arena = 0
-        self.graphs = self._reachable_graphs()
+        self.facts = ProgramFacts(ir)
+        self.graphs = self.facts.graphs
         self.graph_index = {g: i for i, g in enumerate(self.graphs)}
-        self.sites: Dict[Graph, List[Op]] = {g: [] for g in self.graphs}  # the ops calling each graph
-        for h in self.graphs:
-            for op in h._ops:
-                for sub in op_called_graphs(op):
-                    if not self.sites[sub] or self.sites[sub][-1] is not op:  # an if may call one graph twice
-                        self.sites[sub].append(op)
-        self.elided: Set[Op] = set()  # copying views that became plain views (see _elide_copies)
-        self.roots = {g: self._roots(g) for g in self.graphs}
-        self._written_memo: Dict[Graph, Set[Tensor]] = {}
         self._elide_copies()
         self.static_roots: Set[Tensor] = set()
         self.static_ops: List[Op] = []
-        self.fused: Dict[Op, Op] = {}  # an add -> the matmul it absorbs (see _fuse_matmul_bias)
-        self.updates: Dict[Op, Tuple[Tensor, float]] = {}  # a matmul -> (weight, b): see _fuse_weight_updates
-        self.absorbed_updates: Set[Op] = set()  # the scaled_add_ ops those matmuls perform
-        self.unplaced: Set[Tensor] = set()  # products no instruction writes: they need no storage
         self._static_extents: List[Tuple[int, int]] = []  # sorted, disjoint [start, end) byte ranges
-
-    def _reachable_graphs(self) -> List[Graph]:
-        order, todo = [], [self.ir.main_graph]
-        while todo:
-            g = todo.pop(0)
-            if g in order:
-                continue
-            order.append(g)
-            for op in g._ops:
-                todo.extend(op_called_graphs(op))
-        return order
 
     def buf(self, t: Tensor) -> int:
         if t not in self.desc and t._remote_slot is not None:
@@ -152,7 +126,7 @@ class _Lowering:
     # memory ---------------------------------------------------------------------------------------
     def place_permanent(self) -> None:
         for g in self.graphs:
-            for t in g._tensors.values():
+            for t in g.tensors:
                 if isinstance(t, Variable) and t._remote_slot is not None:
                     rb, offset, _ = t._remote_slot  # it lives in its buffer's region, not on chip
                     if offset >= rb.entries:
@@ -171,26 +145,9 @@ class _Lowering:
         # Results of static ops outlive every run (the static program does not run each time).
         for op in self.static_ops:
             for t in op.outputs:
-                if t not in self.unplaced:
-                    self.desc[t] = _contiguous_desc(self.arena, t)
-                    self.arena += _align(_nbytes(t))
-        self._static_extents = sorted((self.desc[r][0], self.desc[r][0] + _nbytes(r)) for r in self.static_roots
-                                      if r not in self.unplaced)
-
-    def _roots(self, g: Graph) -> Dict[Tensor, Tensor]:
-        """Each tensor of ``g`` -> the tensor owning its storage (views and in-place results share)."""
-        root: Dict[Tensor, Tensor] = {t: t for t in g._tensors.values()}
-        for op in g._ops:
-            for k, out in enumerate(op.outputs):
-                if k == 0 and self._is_view(op):
-                    root[out] = root[op.inputs[0]]
-                elif k == 0 and op.opdef.inplace is not None:
-                    root[out] = root[op.inputs[op.opdef.inplace]]
-        return root
-
-    def _is_view(self, op: Op) -> bool:
-        """Whether ``op``'s output shares its input's storage: a view op, or an elided copy."""
-        return op.opdef.view is not None and (not op.opdef.copy or op in self.elided)
+                self.desc[t] = _contiguous_desc(self.arena, t)
+                self.arena += _align(_nbytes(t))
+        self._static_extents = sorted((self.desc[r][0], self.desc[r][0] + _nbytes(r)) for r in self.static_roots)
 
     def _elide_copies(self) -> None:
         """Copying views (``reshape``, ``transpose``, ``slice``, ``identity`` ...) whose input storage
@@ -213,18 +170,18 @@ class _Lowering:
                 break
             blocked.add(failed)
         # Elision merges only storages nothing writes, so the written sets found above still hold.
-        self.roots = {g: self._roots(g) for g in self.graphs}
+        self.facts.set_views(self.elided)
 
     def _elide_in(self, g: Graph, blocked: Set[Op]) -> Optional[Op]:
         """Elide the eligible copies of ``g`` (not in ``blocked``); returns an elided copy that a
         later view op cannot be expressed on (to keep it and try again), else None."""
-        written, root, outputs = self._written(g), self.roots[g], set(g._outputs)
+        written, root, outputs = self.facts.written(g), self.facts.roots[g], set(g.outputs)
         layout: Dict[Tensor, Desc] = {}  # place relative to the root's storage, at offset 0
         source: Dict[Tensor, Op] = {}    # the nearest elided copy a tensor's layout comes from
 
         def place(t: Tensor) -> Desc:
             return layout[t] if t in layout else _contiguous_desc(0, t)
-        for op in g._ops:
+        for op in g.schedule():
             d = op.opdef
             if not op.outputs:
                 continue
@@ -255,148 +212,22 @@ class _Lowering:
         input is not loop-carried (carries overwrite it), the caller tensor is contiguous and bound
         only once, and the input is by-reference or never written inside ``g`` (a by-value input
         written in place would change the caller's tensor)."""
-        sites = self.sites[g]
+        sites = self.facts.sites[g]
         if len(sites) != 1 or sites[0].type not in ("call", "repeat"):
             return {}
         site = sites[0]
-        carried = len(g._outputs) if site.type == "repeat" else 0
-        written = self._written(g)
+        carried = len(g.outputs) if site.type == "repeat" else 0
+        written = self.facts.written(g)
+        inputs = g.inputs
         aliases = {}
         for parent, i in zip(site.inputs, site.attrs["input_index"]):
-            t = g._inputs[i]
+            t = inputs[i]
             d = self.desc.get(parent)
             if (i < carried or d is None or sum(p is parent for p in site.inputs) > 1
-                    or (t in written and t not in g._by_ref_inputs) or d != _contiguous_desc(d[0], parent)):
+                    or (t in written and not g.is_input_by_ref(t)) or d != _contiguous_desc(d[0], parent)):
                 continue
             aliases[t] = d
         return aliases
-
-    def _written(self, g: Graph) -> Set[Tensor]:
-        """Root storages of ``g``'s tensors that running ``g`` may write: the in-place input of each
-        in-place op, and the parent tensors a call or repeat writes back (``_site_writes``)."""
-        if g not in self._written_memo:
-            root = self.roots[g]
-            written = set()
-            for op in g._ops:
-                if op.opdef.inplace is not None:
-                    written.add(root[op.inputs[op.opdef.inplace]])
-                elif op.type in ("call", "repeat"):
-                    written.update(root[op.inputs[pos]] for pos in self._site_writes(op))
-            self._written_memo[g] = written
-        return self._written_memo[g]
-
-    def _site_writes(self, op: Op) -> List[int]:
-        """Positions of the inputs a call or repeat op writes: its ``modified`` inputs (copied
-        back) that the called graph writes or a repeat carries, and by-reference inputs the called
-        graph writes (they may share the caller's storage). A modified input the graph does not
-        write is copied back unchanged (or not at all, when aliased), which changes nothing."""
-        sub, index, modified = op.attrs["graph"], op.attrs["input_index"], op.attrs["modified"]
-        inner = self._written(sub)
-        carried = len(sub._outputs) if op.type == "repeat" else 0
-        positions = []
-        for pos, i in enumerate(index):
-            changed = sub._inputs[i] in inner
-            if (i in modified and (changed or i < carried)) or (changed and sub._inputs[i] in sub._by_ref_inputs):
-                positions.append(pos)
-        return positions
-
-    def _find_static(self) -> None:
-        """Find the storages whose contents change only when variables are written from the host,
-        and the main-graph ops computing from them alone.
-
-        Static storage: a variable (not remote) or constant that no op of the program writes, and
-        the outputs of static ops that nothing writes. Static op: a pure main-graph op (see
-        ``OpDef.pure``) with at least one input, every input a view of static storage and no
-        output written. A view shares its root's storage, so writing through a view writes the
-        root; by-reference call inputs count as written only when the called graph writes them."""
-        written: Set[Tensor] = set()
-        for g in self.graphs:
-            written |= self._written(g)
-        self.static_roots = {t for g in self.graphs for t in g._tensors.values()
-                             if (isinstance(t, Constant) or (isinstance(t, Variable) and t._remote_slot is None))
-                             and t not in written}
-        main = self.ir.main_graph
-        root = self.roots[main]
-        for op in main._ops:
-            if op in self.elided:
-                continue  # a view: its result is static when its input is
-            if (op.opdef.pure and op.inputs and all(root[t] in self.static_roots for t in op.inputs)
-                    and not any(root[t] in written for t in op.outputs)):
-                self.static_ops.append(op)
-                self.static_roots.update(op.outputs)  # a pure op's outputs own their storage
-
-    def _fuse_matmul_bias(self) -> None:
-        """A float32 matmul followed at once by the addition of a row vector (a Linear layer's
-        bias), the product read by nothing else: one ``matmul_bias`` instruction in the add's
-        place. The GEMM then starts from the bias rows instead of zeros, which saves a pass over
-        the result. Both ops must be in the static program or both out of it."""
-        static = {id(op) for op in self.static_ops}
-        for g in self.graphs:
-            readers = _reader_counts(g)
-            outputs = set(g._outputs)
-            for mm, add in zip(g._ops, g._ops[1:]):
-                if (mm.type != "matmul" or add.type != "add" or (id(mm) in static) != (id(add) in static)
-                        or mm.attrs["output_type"] not in (None, dtypes.float32)):
-                    continue
-                product = mm.outputs[0]
-                others = [t for t in add.inputs if t is not product]
-                if (product.dtype != dtypes.float32 or product in outputs or readers.get(product) != 1
-                        or len(others) != 1 or add.outputs[0].shape != product.shape):
-                    continue
-                try:
-                    REGISTRY["matmul_bias"].infer([t.spec for t in (*mm.inputs, others[0])])
-                except ValueError:
-                    continue  # not a row vector of the product's last dimension
-                self.fused[add] = mm
-                self.unplaced.add(product)
-
-    def _fuse_weight_updates(self) -> None:
-        """SGD's ``scaled_add_(w, g, b=-lr)`` (a = 1) of a gradient ``g`` that a called graph computes
-        with a float32 matmul: that matmul accumulates straight into the weight (sgemm's
-        C = b A B + C), so the gradient is neither stored nor read back, and the update costs no
-        pass of its own. Legal when the call is the graph's only site (a ``call``, not a loop), the
-        matmul's result is only that graph output and ``g`` only the update's operand, and nothing
-        reads or writes the weight between the matmul and the update: no later op of the called
-        graph reads the input bound to it, no op between the call and the update touches it, and
-        the call does not copy it back."""
-        for parent in self.graphs:
-            root = self.roots[parent]
-            readers = _reader_counts(parent)
-            for pos, upd in enumerate(parent._ops):
-                a, b = upd.attrs.get("a"), upd.attrs.get("b")
-                if upd.type != "scaled_add_" or len(upd.inputs) != 2 or a is None or b is None or float(a) != 1.0:
-                    continue
-                w, g = upd.inputs
-                call = g.producer
-                if (call is None or call.type != "call" or call.graph is not parent or w.dtype != dtypes.float32
-                        or g.dtype != dtypes.float32 or w.shape != g.shape or readers.get(g) != 1
-                        or g in parent._outputs):
-                    continue
-                callee = call.attrs["graph"]
-                sites = self.sites[callee]
-                out = callee._outputs[call.outputs.index(g)]
-                mm = out.producer
-                if (len(sites) != 1 or mm is None or mm.type != "matmul" or mm.graph is not callee
-                        or mm.attrs["output_type"] not in (None, dtypes.float32) or out in self.unplaced
-                        or sum(o is out for o in callee._outputs) != 1
-                        or any(out in op.inputs for op in callee._ops)):
-                    continue
-                # the weight, and the callee inputs bound to it, must not be read after the matmul
-                bound_at = [i for i, t in zip(call.attrs["input_index"], call.inputs) if root[t] is root[w]]
-                if any(i in call.attrs["modified"] for i in bound_at):
-                    continue
-                croot = self.roots[callee]
-                bound = {croot[callee._inputs[i]] for i in bound_at}
-                later = callee._ops[callee._ops.index(mm) + 1:]
-                if (any(croot[t] in bound for op in later for t in (*op.inputs, *op.outputs))
-                        or any(callee._inputs[i] in callee._outputs for i in bound_at)):
-                    continue
-                between = parent._ops[parent._ops.index(call) + 1:pos]
-                if any(root[t] is root[w] for op in between for t in (*op.inputs, *op.outputs)):
-                    continue
-                self.updates[mm] = (w, float(b))
-                self.absorbed_updates.add(upd)
-                self.unplaced.update((out, g))
 
     def _static_inputs(self, buffers: Sequence[int]) -> List[int]:
         """Positions of the buffers lying entirely within static storage."""
@@ -422,39 +253,39 @@ class _Lowering:
         inputs), the output owns its storage (not an input, a variable or a view) and is output
         once. The caller's output storage is live from the call on, so the caller's planner kept
         it apart from everything live during the call; other graphs have their own regions."""
-        sites = self.sites[g]
+        sites = self.facts.sites[g]
         if len(sites) != 1 or sites[0].type != "call":
             return {}
-        inputs = set(g._inputs)
+        inputs = set(g.inputs)
+        outputs = g.outputs
         aliases = {}
-        for t, parent in zip(g._outputs, sites[0].outputs):
+        for t, parent in zip(outputs, sites[0].outputs):
             d = self.desc.get(parent)
             if (d is None or root[t] is not t or t in inputs or isinstance(t, (Variable, Constant))
-                    or t._remote_slot is not None or sum(o is t for o in g._outputs) > 1
+                    or t._remote_slot is not None or sum(o is t for o in outputs) > 1
                     or d != _contiguous_desc(d[0], parent)):
                 continue
             aliases[t] = d
         return aliases
 
     def place_graph(self, g: Graph) -> None:
-        ops = g._ops
-        root = self.roots[g]
+        ops = g.schedule()
+        root = self.facts.roots[g]
         aliases = self._input_aliases(g)
         out_aliases = self._output_aliases(g, root)
         self.desc.update(aliases)
         self.desc.update(out_aliases)
         end = len(ops)
         live: Dict[Tensor, List[int]] = {}
-        for t in g._inputs:
+        for t in g.inputs:
             if t not in aliases:
                 live[t] = [-1, end]
         for pos, op in enumerate(ops):
             for out in op.outputs:
                 r = root[out]
-                if r is out and r not in self.static_roots and r not in self.unplaced:  # static: permanent
+                if r is out and r not in self.static_roots:  # static: permanent
                     live.setdefault(r, [pos, pos])
-            reads = (*op.inputs, *self.fused[op].inputs) if op in self.fused else op.inputs  # the add runs the matmul
-            for t in reads:
+            for t in op.inputs:
                 r = root[t]
                 if r in live:
                     live[r][1] = max(live[r][1], pos)
@@ -462,7 +293,7 @@ class _Lowering:
                 r = root[out]
                 if r in live:
                     live[r][1] = max(live[r][1], pos)
-        for t in g._outputs:
+        for t in g.outputs:
             if root[t] in live:
                 live[root[t]][1] = end
         for t in out_aliases:
@@ -485,7 +316,7 @@ class _Lowering:
         for out, owner in reused.items():  # same shape and dtype: the same place
             self.desc[out] = self.desc[owner]
         for op in ops:  # views: derived from their input's place
-            if self._is_view(op):
+            if self.facts.is_view(op):
                 self.desc[op.outputs[0]] = _view_desc(op, self.desc[op.inputs[0]])
             elif op.opdef.inplace is not None and op.outputs:
                 self.desc[op.outputs[0]] = self.desc[op.inputs[op.opdef.inplace]]
@@ -532,18 +363,13 @@ class _Lowering:
         return table[stream]
 
     def copies(self, pairs) -> List[List[int]]:
-        """Buffer pairs to copy; a pair whose two sides are one storage (an aliased input) needs none,
-        and a value no instruction writes (a gradient a matmul adds into its weight) none either."""
-        pairs = [(a, b) for a, b in pairs if a not in self.unplaced and b not in self.unplaced]
+        """Buffer pairs to copy; a pair whose two sides are one storage (an aliased input) needs none."""
         return [[x, y] for x, y in ((self.buf(a), self.buf(b)) for a, b in pairs) if x != y]
 
     def program(self, ops: Sequence[Op]) -> List[Dict]:
         prog = []
-        absorbed = {id(mm) for mm in self.fused.values()}
         for op in ops:
             a = op.attrs
-            if id(op) in absorbed or op in self.absorbed_updates:
-                continue  # done by the matmul_bias of the add that follows / by the gradient's matmul
             if op.opdef.view is not None:
                 if op.opdef.copy and op not in self.elided:  # a copy of a view of the input: no kernel needed
                     x, y = op.inputs[0], op.outputs[0]
@@ -561,17 +387,18 @@ class _Lowering:
                              "input": self.buf(op.inputs[0])})
             elif op.type in ("call", "repeat"):
                 sub = a["graph"]
-                gin = [sub._inputs[i] for i in a["input_index"]]
-                modified = [(sub._inputs[i], op.inputs[a["input_index"].index(i)]) for i in a["modified"]]
+                sub_inputs, sub_outputs = sub.inputs, sub.outputs
+                gin = [sub_inputs[i] for i in a["input_index"]]
+                modified = [(sub_inputs[i], op.inputs[a["input_index"].index(i)]) for i in a["modified"]]
                 instr = {"kind": op.type, "graph": self.graph_index[sub],
                          "copy_in": self.copies(zip(op.inputs, gin))}
                 if op.type == "call":
-                    instr["copy_out"] = self.copies(list(zip(sub._outputs, op.outputs)) + modified)
+                    instr["copy_out"] = self.copies(list(zip(sub_outputs, op.outputs)) + modified)
                 else:
-                    n = len(sub._outputs)
+                    n = len(sub_outputs)
                     instr["count"] = a["repeat_count"]
-                    instr["carry"] = self.copies(zip(sub._outputs, sub._inputs[:n]))
-                    instr["copy_out"] = self.copies(list(zip(sub._inputs[:n], op.outputs)) + modified)
+                    instr["carry"] = self.copies(zip(sub_outputs, sub_inputs[:n]))
+                    instr["copy_out"] = self.copies(list(zip(sub_inputs[:n], op.outputs)) + modified)
                 prog.append(instr)
             elif op.type == "if":
                 n_then = len(a["then_index"])
@@ -580,23 +407,16 @@ class _Lowering:
                         ("then", a["then_graph"], a["then_index"], op.inputs[1:1 + n_then]),
                         ("else", a["else_graph"], a["else_index"], op.inputs[1 + n_then:])):
                     branches[key] = {"graph": self.graph_index[sub],
-                                     "copy_in": self.copies(zip(parents, [sub._inputs[i] for i in index])),
-                                     "copy_out": self.copies(zip(sub._outputs, op.outputs))}
+                                     "copy_in": self.copies(zip(parents, [sub.inputs[i] for i in index])),
+                                     "copy_out": self.copies(zip(sub.outputs, op.outputs))}
                 prog.append({"kind": "if", "cond": self.buf(op.inputs[0]), **branches})
             elif op.opdef.control:
                 raise NotImplementedError(f"lowering of control op {op.type!r} is not implemented")
             else:
                 regions = [self.buf_of_desc(self.regions[v]) for v in a.values() if isinstance(v, RemoteBuffer)]
-                kind, operands, results = op.type, op.inputs, op.outputs
-                if op in self.fused:
-                    mm = self.fused[op]
-                    kind, operands, a = "matmul_bias", [*mm.inputs, *(t for t in op.inputs if t is not mm.outputs[0])], {}
-                elif op in self.updates:
-                    weight, scale = self.updates[op]
-                    kind, operands, results, a = "matmul_update_", [*op.inputs, weight], [weight], {"b": scale}
-                inputs = [self.buf(t) for t in operands] + regions
-                instr = {"kind": "op", "type": kind, "name": op.name, "inputs": inputs,
-                         "outputs": [self.buf(t) for t in results],
+                inputs = [self.buf(t) for t in op.inputs] + regions
+                instr = {"kind": "op", "type": op.type, "name": op.name, "inputs": inputs,
+                         "outputs": [self.buf(t) for t in op.outputs],
                          "attrs": {k: encode_attr(v.remote_buffer_id if isinstance(v, RemoteBuffer) else v)
                                    for k, v in a.items()}}
                 static = self._static_inputs(inputs)
@@ -607,9 +427,7 @@ class _Lowering:
 
     def run(self, progress: Optional[Callable[[str], None]] = None) -> Executable:
         step = progress or (lambda label: None)
-        self._find_static()
-        self._fuse_matmul_bias()
-        self._fuse_weight_updates()
+        self.static_roots, self.static_ops = self.facts.static()
         self.place_permanent()
         for g in self.graphs:
             self.place_graph(g)
@@ -617,7 +435,7 @@ class _Lowering:
         graphs = []
         static = {id(op) for op in self.static_ops}
         for g in self.graphs:
-            graphs.append({"id": g.id, "program": self.program([op for op in g._ops if id(op) not in static])})
+            graphs.append({"id": g.id, "program": self.program([op for op in g.schedule() if id(op) not in static])})
             step(f"program: {g.id}")
         static_graph = -1
         if self.static_ops:
@@ -625,7 +443,7 @@ class _Lowering:
             graphs.append({"id": STATIC_GRAPH_ID, "program": self.program(self.static_ops)})
         constants, variables = [], []
         for g in self.graphs:
-            for t in g._tensors.values():
+            for t in g.tensors:
                 if isinstance(t, Constant):
                     data = np.ascontiguousarray(t._host_data_value).view(np.uint8).tobytes()
                     constants.append({"name": t.id, "buffer": self.buf(t), "data": data})
@@ -636,7 +454,7 @@ class _Lowering:
         for rb, d in self.regions.items():
             variables.append({"name": f"<remote buffer {rb.remote_buffer_id}>", "buffer": self.buf_of_desc(d),
                               "remote_buffer": rb.remote_buffer_id})
-        for t in self.ir.main_graph._tensors.values():
+        for t in self.ir.main_graph.tensors:
             if t._remote_slot is not None and not isinstance(t, Variable):
                 variables.append({"name": t.id, "buffer": self.buf(t),
                                   "mirror_of": [t._remote_slot[0].remote_buffer_id, t._remote_slot[1]]})

@@ -174,8 +174,7 @@ class CallSiteInfo:
 
     def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False) -> None:
         """Treat ``parent_tensor``'s graph input as modified in place: changes are copied back."""
-        gi = self.called_graph.inputs.index(self.parent_to_graph(parent_tensor))
-        self._op.attrs["modified"] = tuple(sorted(set(self._op.attrs["modified"]) | {gi}))
+        mark_site_input_modified(self._op, self.called_graph.inputs.index(self.parent_to_graph(parent_tensor)))
 
     def __repr__(self) -> str:
         return f"CallSiteInfo[{self._op.type} of {self.called_graph.id!r}]"
@@ -219,6 +218,25 @@ def _site(optype: str, graph: Graph, inputs: Sequence[Any], inputs_dict, check_i
     op = create_op(optype, list(bound.values()), attrs, name=graph.id,
                    output_names=[t.name for t in graph.outputs], return_op=True)
     return CallSiteInfo(op)
+
+
+def bind_site_input(site: Op, graph_input: Tensor, parent: Tensor) -> None:
+    """Bind ``graph_input`` of the graph a call or repeat op calls to ``parent`` at that site (an
+    input added after the site was traced); a by-reference input is marked modified there."""
+    graph = site.attrs["graph"]
+    i = graph.inputs.index(graph_input)
+    if i in site.attrs["input_index"]:
+        raise ValueError(f"bind_site_input: input {graph_input.name!r} of {graph.id!r} is already bound at this site.")
+    site.graph.add_op_input(site, parent)
+    site.attrs["input_index"] = (*site.attrs["input_index"], i)
+    if graph.is_input_by_ref(graph_input):
+        mark_site_input_modified(site, i)
+
+
+def mark_site_input_modified(site: Op, graph_input_index: int) -> None:
+    """Input ``graph_input_index`` of a call or repeat site's graph is changed in place: the site
+    copies it back to the parent tensor bound to it."""
+    site.attrs["modified"] = tuple(sorted(set(site.attrs["modified"]) | {graph_input_index}))
 
 
 def call_with_info(graph: Graph, *inputs: Union[TensorLike, Iterable[TensorLike]],

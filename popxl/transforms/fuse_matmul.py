@@ -1,0 +1,149 @@
+"""Matmul fusions that a Session applies to its Ir before compiling it (the graph then shows what
+runs):
+
+1. ``fuse_matmul_bias``: a float32 matmul followed at once by the addition of a row vector (a
+   Linear layer's bias), the product read by nothing else, becomes one ``matmul_bias``: the GEMM
+   starts from the bias rows instead of zeros, which saves a pass over the result.
+2. ``fuse_weight_updates``: SGD's ``scaled_add_(w, g, b=-lr)`` (a = 1) of a gradient ``g`` that a
+   called graph computes with a float32 matmul becomes ``matmul_update_`` in that graph: the GEMM
+   accumulates straight into the weight (sgemm's C = b A B + C), the gradient is neither stored nor
+   read back, and the update costs no pass of its own. The weight reaches the called graph as a
+   by-reference input.
+
+Both change no result: each rewrite is made only where nothing can observe the difference.
+"""
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional
+
+from popxl import dtypes
+from popxl.analysis import ProgramFacts, reader_counts
+from popxl.graph import Graph
+from popxl.op import REGISTRY, Op, create_op
+from popxl.tensor import Tensor
+
+__all__ = ["fuse_matmul", "fuse_matmul_bias", "fuse_weight_updates"]
+
+
+def fuse_matmul(ir):
+    """Both fusions, in place. Returns ``ir``."""
+    return fuse_weight_updates(fuse_matmul_bias(ir))
+
+
+def _is_float32_matmul(op: Op) -> bool:
+    return (op.type == "matmul" and op.attrs["output_type"] in (None, dtypes.float32)
+            and op.outputs[0].dtype == dtypes.float32)
+
+
+def fuse_matmul_bias(ir):
+    """Rewrite 1 above, in place, in every graph the main graph reaches. Both ops must be in the
+    static program (see ``ProgramFacts.static``) or both out of it. Returns ``ir``."""
+    ir._check_mutable()
+    facts = ProgramFacts(ir)
+    static = set(map(id, facts.static()[1]))
+    for g in facts.graphs:
+        readers = reader_counts(g)
+        outputs = g.outputs
+        sched = g.schedule()
+        pairs = []
+        for mm, add in zip(sched, sched[1:]):
+            if not _is_float32_matmul(mm) or add.type != "add" or (id(mm) in static) != (id(add) in static):
+                continue
+            product = mm.outputs[0]
+            others = [t for t in add.inputs if t is not product]
+            if (any(o is product for o in outputs) or readers.get(product) != 1 or len(others) != 1
+                    or add.outputs[0].shape != product.shape):
+                continue
+            try:
+                REGISTRY["matmul_bias"].infer([t.spec for t in (*mm.inputs, others[0])])
+            except ValueError:
+                continue  # not a row vector of the product's last dimension
+            pairs.append((mm, add, others[0]))
+        for mm, add, bias in pairs:
+            g.replace_ops([mm, add], lambda mm=mm, bias=bias: create_op("matmul_bias", [*mm.inputs, bias],
+                                                                        name=mm.name)[0])
+    return ir
+
+
+class _Update(NamedTuple):
+    parent: Graph
+    update: Op          # scaled_add_(w, g, b) in parent
+    call: Op            # the call computing g
+    matmul: Op          # the callee's matmul making the callee output bound to g
+    weight: Tensor      # w
+    target: Optional[Tensor]  # the callee input bound to w at the call, if there is one
+
+
+def _find_update(facts: ProgramFacts, parent: Graph, sched, readers, pos: int, upd: Op) -> Optional[_Update]:
+    """Rewrite 2's conditions for ``upd``: the call is the callee's only site (a ``call``, not a
+    loop), the matmul's result is only that callee output and ``g`` only the update's operand, and
+    nothing reads or writes the weight between the matmul and the update: neither the matmul nor a
+    later op of the callee reads an input bound to it, no op between the call and the update touches it, and the
+    call does not copy it back."""
+    a, b = upd.attrs.get("a"), upd.attrs.get("b")
+    if upd.type != "scaled_add_" or len(upd.inputs) != 2 or a is None or b is None or float(a) != 1.0:
+        return None
+    w, g = upd.inputs
+    call = g.producer
+    if (call is None or call.type != "call" or call.graph is not parent or w.dtype != dtypes.float32
+            or g.dtype != dtypes.float32 or w.shape != g.shape or readers.get(g) != 1
+            or any(o is g for o in parent.outputs) or any(o is upd.outputs[0] for o in parent.outputs)):
+        return None
+    callee = call.attrs["graph"]
+    out = callee.outputs[call.outputs.index(g)]
+    mm = out.producer
+    if (len(facts.sites[callee]) != 1 or mm is None or not _is_float32_matmul(mm) or mm.graph is not callee
+            or sum(o is out for o in callee.outputs) != 1 or callee.readers(out)):
+        return None
+    root = facts.roots[parent]
+    bound_at = [i for i, t in zip(call.attrs["input_index"], call.inputs) if root[t] is root[w]]
+    if len(bound_at) > 1 or any(i in call.attrs["modified"] for i in bound_at):
+        return None
+    croot = facts.roots[callee]
+    bound = {croot[callee.inputs[i]] for i in bound_at}
+    csched = callee.schedule()
+    later = csched[csched.index(mm) + 1:]
+    if (any(croot[t] in bound for op in (mm, *later) for t in (*op.inputs, *op.outputs))
+            or any(callee.inputs[i] in callee.outputs for i in bound_at)):
+        return None
+    between = sched[sched.index(call) + 1:pos]
+    if any(root[t] is root[w] for op in between for t in (*op.inputs, *op.outputs)):
+        return None
+    return _Update(parent, upd, call, mm, w, callee.inputs[bound_at[0]] if bound_at else None)
+
+
+def fuse_weight_updates(ir):
+    """Rewrite 2 above, in place, in every graph the main graph reaches. Returns ``ir``."""
+    from popxl.ops.call import bind_site_input, mark_site_input_modified
+    ir._check_mutable()
+    facts = ProgramFacts(ir)
+    found: List[_Update] = []
+    for parent in facts.graphs:
+        sched, readers = parent.schedule(), reader_counts(parent)
+        for pos, op in enumerate(sched):
+            u = _find_update(facts, parent, sched, readers, pos, op)
+            if u is not None:
+                found.append(u)
+    for u in found:
+        callee = u.call.attrs["graph"]
+        target = u.target
+        if target is None:  # the weight reaches the callee as a new by-reference input
+            target = callee.add_input(u.weight.spec, u.weight.name, by_ref=True)
+            bind_site_input(u.call, target, u.weight)
+        else:  # the input already bound to it is not read after the matmul: update it in place
+            callee.set_input_by_ref(target)
+            mark_site_input_modified(u.call, callee.inputs.index(target))
+        # the callee: the matmul adds into the weight instead of outputting the gradient
+        k = [o is u.matmul.outputs[0] for o in callee.outputs].index(True)
+        callee.remove_output(k)
+        x, y = u.matmul.inputs
+        callee.trace(lambda x=x, y=y, t=target, b=float(u.update.attrs["b"]): create_op(
+            "matmul_update_", [x, y, t], {"b": b}, name=u.matmul.name), before=u.matmul)
+        callee.remove_ops([u.matmul])
+        # the parent: no update, no gradient output; readers of the update's result read w
+        updated = u.update.outputs[0]
+        for reader in u.parent.readers(updated):
+            u.parent.replace_inputs(reader, [u.weight if t is updated else t for t in reader.inputs])
+        u.parent.remove_ops([u.update])
+        u.parent.remove_op_outputs(u.call, [k])
+    return ir
