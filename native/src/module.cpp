@@ -1,6 +1,7 @@
 // popxl._native: load an Executable (as plain Python data) into the C++ engine and run it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -52,6 +53,42 @@ std::vector<CopyPair> pairs(nb::handle h) {
     v.push_back({static_cast<int>(ab[0]), static_cast<int>(ab[1])});
   }
   return v;
+}
+
+// The fields the loader reads of each instruction kind ("?": may be absent; "if.branch": the
+// fields of an if's then/else branches). popxl/compiler/instructions.py declares the same and a
+// test holds the two equal; the loader reads fields only through `field`, which refuses a field
+// not declared here, so neither side can grow a field alone.
+const std::map<std::string, std::vector<std::string>>& instruction_fields() {
+  static const std::map<std::string, std::vector<std::string>> table = {
+      {"op", {"type", "name", "inputs", "outputs", "attrs", "static_inputs?"}},
+      {"copy", {"src", "dst"}},
+      {"call", {"graph", "copy_in", "copy_out"}},
+      {"repeat", {"graph", "count", "copy_in", "carry", "copy_out"}},
+      {"if", {"cond", "then", "else"}},
+      {"if.branch", {"graph", "copy_in", "copy_out"}},
+      {"host_load", {"stream", "output"}},
+      {"host_store", {"stream", "input"}},
+  };
+  return table;
+}
+
+bool declared(const std::string& kind, const std::string& name, bool optional) {
+  const auto& fields = instruction_fields().at(kind);
+  return std::find(fields.begin(), fields.end(), optional ? name + "?" : name) != fields.end();
+}
+
+// Field `name` of instruction `ins` of kind `kind`; nullptr-handle if an optional field is absent.
+nb::handle field(nb::handle ins, const std::string& kind, const char* name, bool optional = false) {
+  if (!declared(kind, name, optional))
+    throw std::logic_error(std::string("native loader: field '") + name + "' of '" + kind +
+                           "' instructions is not declared in instruction_fields()");
+  if (!PyDict_Check(ins.ptr()))
+    throw std::invalid_argument(std::string("executable: a '") + kind + "' instruction is not a dict");
+  PyObject* value = PyDict_GetItemString(ins.ptr(), name);  // borrowed: the program holds it
+  if (!value && !optional)
+    throw std::invalid_argument(std::string("executable: a '") + kind + "' instruction has no field '" + name + "'");
+  return nb::handle(value);
 }
 
 // Runs an op through a Python callback (the reference kernel) when there is no native kernel.
@@ -115,17 +152,19 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
     std::vector<Node> nodes;
     for (nb::handle ins : g["program"]) {
       const std::string kind = nb::cast<std::string>(ins["kind"]);
+      if (!instruction_fields().count(kind)) throw std::invalid_argument("unknown instruction kind " + kind);
+      auto get = [&](const char* name) { return field(ins, kind, name); };
       Node n;
       if (kind == "op") {
         n.kind = Node::Op;
         OpInstr op;
-        op.type = nb::cast<std::string>(ins["type"]);
-        op.name = nb::cast<std::string>(ins["name"]);
-        for (auto v : ints(ins["inputs"])) op.inputs.push_back(static_cast<int>(v));
-        for (auto v : ints(ins["outputs"])) op.outputs.push_back(static_cast<int>(v));
-        if (nb::cast<nb::dict>(ins).contains("static_inputs"))
-          for (auto v : ints(ins["static_inputs"])) op.static_inputs.push_back(static_cast<int>(v));
-        nb::dict attrs = nb::cast<nb::dict>(ins["attrs"]);
+        op.type = nb::cast<std::string>(get("type"));
+        op.name = nb::cast<std::string>(get("name"));
+        for (auto v : ints(get("inputs"))) op.inputs.push_back(static_cast<int>(v));
+        for (auto v : ints(get("outputs"))) op.outputs.push_back(static_cast<int>(v));
+        if (nb::handle st = field(ins, kind, "static_inputs", true); st.is_valid())
+          for (auto v : ints(st)) op.static_inputs.push_back(static_cast<int>(v));
+        nb::dict attrs = nb::cast<nb::dict>(get("attrs"));
         for (auto [k, v] : attrs) op.attrs[nb::cast<std::string>(k)] = to_attr(v);
         std::unique_ptr<Kernel> k;
         auto it = registry.find(op.type);
@@ -145,33 +184,31 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
         e->op_instrs.push_back(std::move(op));
       } else if (kind == "copy") {
         n.kind = Node::Copy;
-        n.src = nb::cast<int>(ins["src"]);
-        n.dst = nb::cast<int>(ins["dst"]);
+        n.src = nb::cast<int>(get("src"));
+        n.dst = nb::cast<int>(get("dst"));
       } else if (kind == "call" || kind == "repeat") {
         n.kind = kind == "call" ? Node::Call : Node::Repeat;
-        n.graph = nb::cast<int>(ins["graph"]);
-        n.copy_in = pairs(ins["copy_in"]);
-        n.copy_out = pairs(ins["copy_out"]);
+        n.graph = nb::cast<int>(get("graph"));
+        n.copy_in = pairs(get("copy_in"));
+        n.copy_out = pairs(get("copy_out"));
         if (kind == "repeat") {
-          n.count = nb::cast<int64_t>(ins["count"]);
-          n.carry = pairs(ins["carry"]);
+          n.count = nb::cast<int64_t>(get("count"));
+          n.carry = pairs(get("carry"));
         }
       } else if (kind == "if") {
         n.kind = Node::If;
-        n.cond = nb::cast<int>(ins["cond"]);
-        nb::handle t = ins["then"], f = ins["else"];
-        n.graph = nb::cast<int>(t["graph"]);
-        n.copy_in = pairs(t["copy_in"]);
-        n.copy_out = pairs(t["copy_out"]);
-        n.else_graph = nb::cast<int>(f["graph"]);
-        n.else_in = pairs(f["copy_in"]);
-        n.else_out = pairs(f["copy_out"]);
-      } else if (kind == "host_load" || kind == "host_store") {
+        n.cond = nb::cast<int>(get("cond"));
+        nb::handle t = get("then"), f = get("else");
+        n.graph = nb::cast<int>(field(t, "if.branch", "graph"));
+        n.copy_in = pairs(field(t, "if.branch", "copy_in"));
+        n.copy_out = pairs(field(t, "if.branch", "copy_out"));
+        n.else_graph = nb::cast<int>(field(f, "if.branch", "graph"));
+        n.else_in = pairs(field(f, "if.branch", "copy_in"));
+        n.else_out = pairs(field(f, "if.branch", "copy_out"));
+      } else {  // host_load, host_store
         n.kind = kind == "host_load" ? Node::HostLoad : Node::HostStore;
-        n.stream = nb::cast<int>(ins["stream"]);
-        n.buffer = nb::cast<int>(ins[kind == "host_load" ? "output" : "input"]);
-      } else {
-        throw std::invalid_argument("unknown instruction kind " + kind);
+        n.stream = nb::cast<int>(get("stream"));
+        n.buffer = nb::cast<int>(get(kind == "host_load" ? "output" : "input"));
       }
       nodes.push_back(std::move(n));
     }
@@ -315,7 +352,10 @@ void run(Engine& e, nb::handle inputs, nb::handle outputs, int64_t transfers, bo
 
 NB_MODULE(_native, m) {
   m.doc() = "popxl-cpu native engine";
-  m.def("abi_version", []() { return 2; }, "Version of the executable contract this engine implements.");
+  m.def("abi_version", []() { return 2; },
+        "Version of the executable contract this engine implements (popxl.compiler.executable.VERSION).");
+  m.def("instruction_fields", []() { return instruction_fields(); },
+        "The fields the loader reads of each instruction kind ('?': optional; 'if.branch': an if's branches).");
   m.def("build_info", []() {
     nb::dict info;
 #if defined(__clang__)

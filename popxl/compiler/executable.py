@@ -23,7 +23,7 @@ engine can load exactly what the reference engine runs. Layout:
   copied back, unchanged). So between two variable writes, static storage holds the same bytes.
 - ``num_host_transfers``, ``replication_factor``.
 
-Instructions (``program`` entries), executed in order:
+Instructions (``program`` entries, declared in instructions.py), executed in order:
 
 - ``{"kind": "op", "type", "inputs": [buf], "outputs": [buf], "attrs": {...}}``: run the kernel
   registered for ``type`` on the input views and write its results into the output views.
@@ -53,6 +53,8 @@ import json
 from typing import Any, Dict, List, Optional, Tuple
 
 import attrs
+
+from popxl.compiler.instructions import check_program
 
 FORMAT = "popxl-executable"
 VERSION = 2  # 2: the static program and static inputs
@@ -85,6 +87,8 @@ class Executable:
             raise ValueError("not a popxl executable of this version")
         d["constants"] = [{"buffer": c["buffer"], "data": base64.b64decode(c["data"])} for c in d["constants"]]
         d["buffers"] = [{**b, "shape": tuple(b["shape"]), "strides": tuple(b["strides"])} for b in d["buffers"]]
+        for g in d["graphs"]:
+            check_program(g["program"], f"graph {g['id']!r}")
         return cls(**d)
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from popxl import dtypes
 from popxl.analysis import ProgramFacts
+from popxl.compiler import instructions
 from popxl.compiler.executable import STATIC_GRAPH_ID, Executable, encode_attr
 from popxl.graph import Graph
 from popxl.op import Op
@@ -377,52 +378,42 @@ class _Lowering:
                         src, dst = _view_desc(op, self.desc[x]), self.desc[y]
                     except ValueError:  # a reshape of a strided view: copy x, in C order, into y's bytes
                         src, dst = self.desc[x], _packed_desc(self.desc[y][0], x.shape, x.dtype)
-                    prog.append({"kind": "copy", "src": self.buf_of_desc(src), "dst": self.buf_of_desc(dst)})
+                    prog.append(instructions.copy(self.buf_of_desc(src), self.buf_of_desc(dst)))
                 continue
             if op.type == "host_load":
-                prog.append({"kind": "host_load", "stream": self.stream_index(self.h2d, a["stream"]),
-                             "output": self.buf(op.outputs[0])})
+                prog.append(instructions.host_load(self.stream_index(self.h2d, a["stream"]), self.buf(op.outputs[0])))
             elif op.type == "host_store":
-                prog.append({"kind": "host_store", "stream": self.stream_index(self.d2h, a["stream"]),
-                             "input": self.buf(op.inputs[0])})
+                prog.append(instructions.host_store(self.stream_index(self.d2h, a["stream"]), self.buf(op.inputs[0])))
             elif op.type in ("call", "repeat"):
                 sub = a["graph"]
                 sub_inputs, sub_outputs = sub.inputs, sub.outputs
                 gin = [sub_inputs[i] for i in a["input_index"]]
                 modified = [(sub_inputs[i], op.inputs[a["input_index"].index(i)]) for i in a["modified"]]
-                instr = {"kind": op.type, "graph": self.graph_index[sub],
-                         "copy_in": self.copies(zip(op.inputs, gin))}
+                copy_in = self.copies(zip(op.inputs, gin))
                 if op.type == "call":
-                    instr["copy_out"] = self.copies(list(zip(sub_outputs, op.outputs)) + modified)
+                    prog.append(instructions.call(self.graph_index[sub], copy_in,
+                                                  self.copies(list(zip(sub_outputs, op.outputs)) + modified)))
                 else:
                     n = len(sub_outputs)
-                    instr["count"] = a["repeat_count"]
-                    instr["carry"] = self.copies(zip(sub_outputs, sub_inputs[:n]))
-                    instr["copy_out"] = self.copies(list(zip(sub_inputs[:n], op.outputs)) + modified)
-                prog.append(instr)
+                    prog.append(instructions.repeat(self.graph_index[sub], a["repeat_count"], copy_in,
+                                                    self.copies(zip(sub_outputs, sub_inputs[:n])),
+                                                    self.copies(list(zip(sub_inputs[:n], op.outputs)) + modified)))
             elif op.type == "if":
                 n_then = len(a["then_index"])
-                branches = {}
-                for key, sub, index, parents in (
-                        ("then", a["then_graph"], a["then_index"], op.inputs[1:1 + n_then]),
-                        ("else", a["else_graph"], a["else_index"], op.inputs[1 + n_then:])):
-                    branches[key] = {"graph": self.graph_index[sub],
-                                     "copy_in": self.copies(zip(parents, [sub.inputs[i] for i in index])),
-                                     "copy_out": self.copies(zip(sub.outputs, op.outputs))}
-                prog.append({"kind": "if", "cond": self.buf(op.inputs[0]), **branches})
+                then, else_ = (instructions.branch(self.graph_index[sub],
+                                                   self.copies(zip(parents, [sub.inputs[i] for i in index])),
+                                                   self.copies(zip(sub.outputs, op.outputs)))
+                               for sub, index, parents in ((a["then_graph"], a["then_index"], op.inputs[1:1 + n_then]),
+                                                           (a["else_graph"], a["else_index"], op.inputs[1 + n_then:])))
+                prog.append(instructions.if_(self.buf(op.inputs[0]), then, else_))
             elif op.opdef.control:
                 raise NotImplementedError(f"lowering of control op {op.type!r} is not implemented")
             else:
                 regions = [self.buf_of_desc(self.regions[v]) for v in a.values() if isinstance(v, RemoteBuffer)]
                 inputs = [self.buf(t) for t in op.inputs] + regions
-                instr = {"kind": "op", "type": op.type, "name": op.name, "inputs": inputs,
-                         "outputs": [self.buf(t) for t in op.outputs],
-                         "attrs": {k: encode_attr(v.remote_buffer_id if isinstance(v, RemoteBuffer) else v)
-                                   for k, v in a.items()}}
-                static = self._static_inputs(inputs)
-                if static:
-                    instr["static_inputs"] = static
-                prog.append(instr)
+                attrs = {k: encode_attr(v.remote_buffer_id if isinstance(v, RemoteBuffer) else v) for k, v in a.items()}
+                prog.append(instructions.op(op.type, op.name, inputs, [self.buf(t) for t in op.outputs], attrs,
+                                            self._static_inputs(inputs)))
         return prog
 
     def run(self, progress: Optional[Callable[[str], None]] = None) -> Executable:

@@ -1,37 +1,73 @@
 """Engines run an Executable. ``native`` (C++, the default) is the fast one; ``reference`` (NumPy)
-is the oracle that tests hold it against. ``POPXL_ENGINE=reference`` selects the oracle.
-
-Every engine offers the same small interface, used by the Session:
-
-- ``Engine(executable)``: load (prepare kernels and views); no device memory yet.
-- ``attach()`` / ``detach()``: allocate / release the device memory (one arena per replica);
-  constants are written on attach; variable values are lost on detach.
-- ``write_variable(index, replica, array)`` / ``read_variable(index, replica) -> array`` (a copy);
-  ``variable_view(index, replica) -> array`` (read-only, no copy); ``scratch_bytes``: device
-  memory the kernels use beyond the arena while they run.
-- ``run(inputs, outputs)``: run the main program once. ``inputs[i]`` / ``outputs[i]`` are the
-  host buffers of ``executable.h2d[i]`` / ``d2h[i]``, shaped ``(num_host_transfers, replicas, *shape)``.
-  When the executable has a static program (``static_graph``), ``run`` first runs it, for all
-  replicas, whenever variables may have changed since it last ran: after ``attach`` and after
-  any ``write_variable``. A run in which a stream was transferred other than
-  ``num_host_transfers`` times raises after it (``RuntimeError``, naming the stream). A run on
-  Python's main thread stops between two program steps with the exception a signal handler raised
-  (Ctrl-C's ``KeyboardInterrupt``), memory as the last completed step left it; the engine stays
-  attached and usable. Engines are not thread-safe: the Session lets one call in at a time. Device variables are written only through ``write_variable``; an
-  engine may rely on that to keep values derived from static storage between runs.
-- ``profiling`` (settable; setting resets), ``reset_profile()``, ``op_profile()``: per-op timers,
-  ``{(graph, instruction): (seconds per replica, calls per replica)}`` for the ops that ran.
+is the oracle that tests hold it against. ``POPXL_ENGINE=reference`` selects the oracle. Both
+implement ``Engine`` (below) and share ``ArenaViews`` (engines/arena.py): NumPy views of device
+memory and the ops' NumPy kernels (the reference engine's every op, the native engine's fallbacks).
 """
 from __future__ import annotations
 
 import os
+
+from typing import Dict, Protocol, Sequence, Tuple
+
+import numpy as np
 
 from popxl.compiler.executable import Executable
 
 ENV_VAR = "POPXL_ENGINE"
 
 
-def create_engine(exe: Executable, name: str = None):
+class Engine(Protocol):
+    """What the Session needs of an engine.
+
+    - ``Engine(executable)``: load (prepare kernels and views); no device memory yet.
+    - ``attach()`` / ``detach()``: allocate / release the device memory (one arena per replica);
+      constants are written on attach; variable values are lost on detach.
+    - ``write_variable`` / ``read_variable`` (a copy) / ``variable_view`` (read-only, no copy), by
+      index into ``executable.variables`` and replica.
+    - ``run(inputs, outputs)``: run the main program once. ``inputs[i]`` / ``outputs[i]`` are the
+      host buffers of ``executable.h2d[i]`` / ``d2h[i]``, shaped ``(num_host_transfers, replicas,
+      *shape)``. When the executable has a static program (``static_graph``), ``run`` first runs it,
+      for all replicas, whenever variables may have changed since it last ran: after ``attach`` and
+      after any ``write_variable``. Device variables are written only through ``write_variable``;
+      an engine may rely on that to keep values derived from static storage between runs. A run in
+      which a stream was transferred other than ``num_host_transfers`` times raises after it
+      (``RuntimeError``, naming the stream). A run on Python's main thread stops between two
+      program steps with the exception a signal handler raised (Ctrl-C's ``KeyboardInterrupt``),
+      memory as the last completed step left it; the engine stays attached and usable. Engines are
+      not thread-safe: the Session lets one call in at a time.
+    - ``profiling`` (settable; setting resets), ``reset_profile()``, ``op_profile()``: per-op timers,
+      ``{(graph, instruction): (seconds per replica, calls per replica)}`` for the ops that ran.
+    """
+
+    name: str
+    replicas: int
+    op_positions: Sequence[Tuple[int, int]]
+    profiling: bool
+
+    @property
+    def attached(self) -> bool: ...
+
+    @property
+    def scratch_bytes(self) -> int: ...
+
+    def attach(self) -> None: ...
+
+    def detach(self) -> None: ...
+
+    def write_variable(self, index: int, replica: int, value: np.ndarray) -> None: ...
+
+    def read_variable(self, index: int, replica: int) -> np.ndarray: ...
+
+    def variable_view(self, index: int, replica: int) -> np.ndarray: ...
+
+    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None: ...
+
+    def reset_profile(self) -> None: ...
+
+    def op_profile(self) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]: ...
+
+
+def create_engine(exe: Executable, name: str = None) -> Engine:
     """The engine named by ``name``, else by the ``POPXL_ENGINE`` environment variable, else ``native``."""
     name = name or os.environ.get(ENV_VAR, "native")
     if name == "native":

@@ -17,8 +17,8 @@ import weakref
 import attrs
 import numpy as np
 
-from popxl.compiler.executable import Executable
-from popxl.engines.reference import ReferenceEngine
+from popxl.compiler.executable import VERSION, Executable
+from popxl.engines.arena import ArenaViews
 
 
 # How long (in spins, ~25 us here) an idle OpenMP thread waits busily before it sleeps: libgomp's
@@ -58,12 +58,20 @@ def _import_native():
     return _native
 
 
-class NativeEngine(ReferenceEngine):
+class NativeEngine:
     name = "native"
 
     def __init__(self, exe: Executable, force_fallback: Sequence[str] = ()) -> None:
-        super().__init__(exe)  # prepares the reference kernels used as fallbacks
+        self.exe = exe
+        self.replicas = exe.replication_factor
+        self.memory = ArenaViews(exe)  # buffer views and NumPy kernels, for the fallback ops
+        self.op_positions = self.memory.op_positions
         _native = _import_native()
+        if _native.abi_version() != VERSION:
+            raise RuntimeError(
+                f"popxl._native implements executable version {_native.abi_version()}, but this popxl writes "
+                f"version {VERSION}: the native extension is stale. Rebuild it: pip install -e . (in the "
+                f"source tree).")
 
         self._op_instrs = [exe.graphs[gi]["program"][k] for gi, k in self.op_positions]  # kernel order
         # The C++ engine holds the callback; a weak reference avoids an uncollectable cycle through it.
@@ -80,7 +88,7 @@ class NativeEngine(ReferenceEngine):
         return [(ins["type"], a) for ins, a in zip(self._op_instrs, self._engine.kernel_algorithms())]
 
     def _fallback(self, index: int, replicas: List[int]) -> None:
-        self._op(self._op_instrs[index], list(replicas))
+        self.memory.run_op(self._op_instrs[index], list(replicas))
 
     # profiling: the C++ engine's own per-op timers (a fallback op is timed there too, callback included)
     @property
@@ -100,6 +108,7 @@ class NativeEngine(ReferenceEngine):
         calls = np.asarray(calls, np.int64).reshape(-1, self.replicas)
         return {pos: (seconds[i], calls[i]) for i, pos in enumerate(self.op_positions) if calls[i].any()}
 
+    # device memory ----------------------------------------------------------------------------------
     @property
     def attached(self) -> bool:
         return self._engine.attached
@@ -112,15 +121,22 @@ class NativeEngine(ReferenceEngine):
 
     def attach(self) -> None:
         self._engine.attach()  # allocates the arenas and writes the constants
-        self._make_views([self._engine.arena(r) for r in range(self.replicas)])
+        self.memory.bind([self._engine.arena(r) for r in range(self.replicas)])
 
     def detach(self) -> None:
-        self._views, self._arenas = [], []
+        self.memory.unbind()
         self._engine.detach()
 
     def write_variable(self, index: int, replica: int, value: np.ndarray) -> None:
-        super().write_variable(index, replica, value)
+        self.memory.write_variable(index, replica, value)
         self._engine.variables_written()  # the static program and kernels' derived values are stale
+
+    def read_variable(self, index: int, replica: int) -> np.ndarray:
+        return self.memory.read_variable(index, replica)
+
+    def variable_view(self, index: int, replica: int) -> np.ndarray:
+        """A read-only view of a variable's device memory (valid until the next run or detach)."""
+        return self.memory.variable_view(index, replica)
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         # Runs on Python's main thread stop for signals (Ctrl-C) between program steps.

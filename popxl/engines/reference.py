@@ -11,9 +11,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from popxl import dtypes
-from popxl.compiler.executable import Executable, decode_attr
-from popxl.op import REGISTRY
+from popxl.compiler.executable import Executable
+from popxl.engines.arena import ArenaViews
 
 
 class ReferenceEngine:
@@ -22,34 +21,15 @@ class ReferenceEngine:
     def __init__(self, exe: Executable) -> None:
         self.exe = exe
         self.replicas = exe.replication_factor
-        self._np_dtypes = [dtypes.ml_dtype(dtypes.dtype.from_name(b["dtype"])) for b in exe.buffers]
-        # Decode each op instruction's kernel and attributes once, at load.
-        self._prepared: Dict[int, tuple] = {}
-        for g in exe.graphs:
-            self._prepare(g["program"])
-        # (graph, instruction) of every op instruction, in program order: the kernel numbering
-        # the native engine uses too, and the keys of ``op_profile``.
-        self.op_positions: List[Tuple[int, int]] = [(gi, k) for gi, g in enumerate(exe.graphs)
-                                                    for k, ins in enumerate(g["program"]) if ins["kind"] == "op"]
+        self.memory = ArenaViews(exe)  # buffer views and the ops' NumPy kernels
+        self.op_positions = self.memory.op_positions
         self._position_of = {id(exe.graphs[gi]["program"][k]): i for i, (gi, k) in enumerate(self.op_positions)}
-        self._arenas: List[np.ndarray] = []
-        self._views: List[List[np.ndarray]] = []
-        self._profiling = False
-        ReferenceEngine.reset_profile(self)  # this class's timers (a subclass may keep its own)
-
-    def _prepare(self, program: Sequence[Dict]) -> None:
-        for instr in program:
-            if instr["kind"] == "op":
-                opdef = REGISTRY.get(instr["type"])
-                if opdef is None or (opdef.reference is None):
-                    raise NotImplementedError(f"reference engine: no kernel for op {instr['type']!r}")
-                attrs = {k: decode_attr(v) for k, v in instr["attrs"].items()}
-                self._prepared[id(instr)] = (opdef, attrs)
+        self.profiling = False
 
     # device memory --------------------------------------------------------------------------------
     @property
     def attached(self) -> bool:
-        return bool(self._arenas)
+        return bool(self.memory.views)
 
     @property
     def scratch_bytes(self) -> int:
@@ -57,33 +37,21 @@ class ReferenceEngine:
         return 0
 
     def attach(self) -> None:
-        self._make_views([np.zeros(max(self.exe.arena_bytes, 1), np.uint8) for _ in range(self.replicas)])
-        for c in self.exe.constants:
-            for views in self._views:
-                v = views[c["buffer"]]
-                v[...] = np.frombuffer(c["data"], dtype=v.dtype).reshape(v.shape)
-
-    def _make_views(self, arenas: List[np.ndarray]) -> None:
-        """One NumPy view per buffer per replica, straight onto the arena bytes."""
-        self._arenas = arenas
-        self._views = [[np.ndarray(b["shape"], dtype=dt, buffer=arena, offset=b["offset"], strides=b["strides"])
-                        for b, dt in zip(self.exe.buffers, self._np_dtypes)] for arena in arenas]
+        self.memory.bind([np.zeros(max(self.exe.arena_bytes, 1), np.uint8) for _ in range(self.replicas)])
+        self.memory.write_constants()
 
     def detach(self) -> None:
-        self._arenas, self._views = [], []
+        self.memory.unbind()
 
     def write_variable(self, index: int, replica: int, value: np.ndarray) -> None:
-        view = self._views[replica][self.exe.variables[index]["buffer"]]
-        view[...] = value
+        self.memory.write_variable(index, replica, value)
 
     def read_variable(self, index: int, replica: int) -> np.ndarray:
-        return self._views[replica][self.exe.variables[index]["buffer"]].copy()
+        return self.memory.read_variable(index, replica)
 
     def variable_view(self, index: int, replica: int) -> np.ndarray:
         """A read-only view of a variable's device memory (valid until the next run or detach)."""
-        view = self._views[replica][self.exe.variables[index]["buffer"]].view()
-        view.flags.writeable = False
-        return view
+        return self.memory.variable_view(index, replica)
 
     # execution ------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
@@ -111,7 +79,7 @@ class ReferenceEngine:
 
     def _copy(self, pairs, reps) -> None:
         for r in reps:
-            v = self._views[r]
+            v = self.memory.views[r]
             for src, dst in pairs:
                 if src != dst:
                     v[dst][...] = v[src]
@@ -140,10 +108,10 @@ class ReferenceEngine:
     def _timed_op(self, instr: Dict[str, Any], reps: List[int]) -> None:
         i = self._position_of[id(instr)]
         # A collective needs every replica at once: its time is shared out evenly.
-        groups = [reps] if self._prepared[id(instr)][0].collective else [[r] for r in reps]
+        groups = [reps] if self.memory.is_collective(instr) else [[r] for r in reps]
         for group in groups:
             start = time.perf_counter()
-            self._op(instr, group)
+            self.memory.run_op(instr, group)
             self._seconds[i, group] += (time.perf_counter() - start) / len(group)
             self._calls[i, group] += 1
 
@@ -151,7 +119,7 @@ class ReferenceEngine:
         for instr in self.exe.graphs[graph]["program"]:
             kind = instr["kind"]
             if kind == "op":
-                (self._timed_op if self._profiling else self._op)(instr, reps)
+                (self._timed_op if self._profiling else self.memory.run_op)(instr, reps)
             elif kind == "copy":
                 self._copy([(instr["src"], instr["dst"])], reps)
             elif kind == "call":
@@ -163,13 +131,13 @@ class ReferenceEngine:
                 for _ in range(instr["count"]):
                     self._exec(instr["graph"], reps)
                     for r in reps:  # parallel assignment: read every carried value first
-                        v = self._views[r]
+                        v = self.memory.views[r]
                         vals = [v[src].copy() for src, _ in instr["carry"]]
                         for (_, dst), val in zip(instr["carry"], vals):
                             v[dst][...] = val
                 self._copy(instr["copy_out"], reps)
             elif kind == "if":
-                taken = {r: bool(self._views[r][instr["cond"]].reshape(-1)[0]) for r in reps}
+                taken = {r: bool(self.memory.views[r][instr["cond"]].reshape(-1)[0]) for r in reps}
                 for key, flag in (("then", True), ("else", False)):
                     sub = [r for r in reps if taken[r] is flag]
                     if sub:
@@ -195,26 +163,7 @@ class ReferenceEngine:
                     f"{'host_load' if load else 'host_store'} of stream {meta[s]['name']!r} ran more than "
                     f"num_host_transfers={host[s].shape[0]} times in one run; raise ir.num_host_transfers.")
             if load:
-                self._views[r][instr["output"]][...] = host[s][k, r]
+                self.memory.views[r][instr["output"]][...] = host[s][k, r]
             else:
-                host[s][k, r] = self._views[r][instr["input"]]
+                host[s][k, r] = self.memory.views[r][instr["input"]]
             counts[s, r] = k + 1
-
-    def _op(self, instr: Dict[str, Any], reps: List[int]) -> None:
-        opdef, attrs = self._prepared[id(instr)]
-        ins, outs = instr["inputs"], instr["outputs"]
-        if opdef.collective:
-            results = opdef.reference([[self._views[r][i] for i in ins] for r in reps], replicas=reps, **attrs)
-            per_rep = zip(reps, results)
-        else:
-            per_rep = ((r, opdef.reference(*[self._views[r][i] for i in ins], **attrs)) for r in reps)
-        for r, res in per_rep:
-            res = res if isinstance(res, (tuple, list)) else (res,)
-            for o, val in zip(outs, res):
-                dst = self._views[r][o]
-                val = np.asarray(val)
-                if val.shape != dst.shape or val.dtype != dst.dtype:
-                    raise RuntimeError(
-                        f"reference kernel of {instr['type']!r} ({instr.get('name')}) returned {val.shape} "
-                        f"{val.dtype}, expected {dst.shape} {dst.dtype}")
-                dst[...] = val
