@@ -302,9 +302,8 @@ class GraphImporter:
                     raise OnnxImportError(f"node {node.name or i!r} ({node.op_type}) reads tensor {x!r}, which no "
                                           f"earlier node, input or initializer defines.")
             n = Node(self, node, i)
-            if all(self.is_foldable(x) for x in present) and n.entry.foldable:
-                outs = self._fold(node, n)
-            else:
+            outs = self._fold(node, n) if all(self.is_foldable(x) for x in present) and n.entry.foldable else None
+            if outs is None:
                 try:
                     outs = self._lower_rounded(n) if self.rounder is not None else list(n.entry(n))
                 except OnnxImportError:
@@ -352,8 +351,23 @@ class GraphImporter:
             self._promoted = {}
         return [self.rounder(o) if isinstance(o, popxl.Tensor) and o.dtype == dtypes.float32 else o for o in outs]
 
-    def _fold(self, node: onnx.NodeProto, n: Any) -> List[np.ndarray]:
-        """Compute a node whose inputs are all known with ONNX's reference implementation."""
+    def _fold(self, node: onnx.NodeProto, n: Any) -> Optional[List[np.ndarray]]:
+        """Compute a node whose inputs are all known: by its entry's own import-time evaluation where
+        it has one (``ops.onnx_fold``), else with ONNX's reference implementation. None when the
+        reference has no implementation of the op at the node's opset: the node is then lowered
+        as any other, its inputs constants (what the device computes is the op's meaning here)."""
+        with np.errstate(all="ignore"):  # inf and NaN are results like any other (1 / 0 is inf)
+            return self._evaluate(node, n)
+
+    def _evaluate(self, node: onnx.NodeProto, n: Any) -> Optional[List[np.ndarray]]:
+        if n.entry.fold is not None:
+            try:
+                outs = n.entry.fold(n, *[self.static(x) if x else None for x in node.input])
+            except OnnxImportError:
+                raise
+            except (ValueError, TypeError, IndexError) as e:
+                raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {e}") from None
+            return [None if v is None else np.asarray(v) for v in outs]
         from onnx.reference import ReferenceEvaluator
         feeds = {x: self.static(x) for x in node.input if x}
         # Evaluated as a one-node graph: a bare NodeProto is always run by the latest opset's
@@ -367,7 +381,12 @@ class GraphImporter:
         graph = onnx.helper.make_graph([node], "fold", [onnx.helper.make_value_info(x, untyped) for x in feeds],
                                        [onnx.helper.make_value_info(o, untyped) for o in produced])
         try:
-            results = dict(zip(produced, ReferenceEvaluator(graph, opsets=opsets).run(None, feeds)))
+            evaluator = ReferenceEvaluator(graph, opsets=opsets)
+        except Exception as e:  # the reference lacks the op (or this opset's form of it)
+            logger.debug("%s: computed on the device, ONNX's reference cannot evaluate it: %s", n.describe(), e)
+            return None
+        try:
+            results = dict(zip(produced, evaluator.run(None, feeds)))
         except Exception as e:
             raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {e}") from None
         return [np.asarray(results[o]) if o and results.get(o) is not None else None for o in node.output]

@@ -138,14 +138,20 @@ class Node:
         return _scalar(value, like)
 
 
+# How a node is computed at import: its inputs (None where absent) in, one array per output out.
+Fold = Callable[..., Sequence[Optional[np.ndarray]]]
+
+
 class Entry:
     """How one ONNX op type is lowered. ``foldable``: a node whose inputs are all known at import
-    is computed at import instead, by ONNX's reference implementation (all ops here are
-    deterministic; only those whose reference implementation lacks features are not foldable)."""
+    is computed at import instead (all ops here are deterministic; only those whose import-time
+    evaluation lacks features are not foldable), by ``fold(node, *inputs)`` when the op has one
+    (``onnx_fold``), else by ONNX's reference implementation."""
 
     def __init__(self, fn: Callable[[Node], Sequence[Optional[Value]]], foldable: bool = True) -> None:
         self.fn = fn
         self.foldable = foldable
+        self.fold: Optional[Fold] = None
 
     def __call__(self, n: Node) -> Sequence[Optional[Value]]:
         return self.fn(n)
@@ -162,6 +168,17 @@ def onnx_op(*op_types: str, foldable: bool = True) -> Callable:
             if t in OPS:
                 raise RuntimeError(f"ONNX op {t} registered twice")
             OPS[t] = Entry(fn, foldable)
+        return fn
+    return deco
+
+
+def onnx_fold(*op_types: str) -> Callable[[Fold], Fold]:
+    """Register the decorated function as the import-time evaluation of each of ``op_types``
+    (already in the table), in place of ONNX's reference implementation where that one computes
+    something else than the entry does at run time."""
+    def deco(fn: Fold) -> Fold:
+        for t in op_types:
+            OPS[t].fold = fn
         return fn
     return deco
 
@@ -418,6 +435,19 @@ def _variadic(n: Node) -> List[Value]:
     return [y]
 
 
+@onnx_fold("Max", "Min", "Sum", "Mean")
+def _variadic_at_import(n: Node, *xs: np.ndarray) -> List[np.ndarray]:
+    # ONNX's reference Mean adds into its first input in place, which fails when the inputs
+    # broadcast to a larger shape than the first one's.
+    fn = {"Max": np.maximum, "Min": np.minimum}.get(n.op_type, np.add)
+    y = xs[0]
+    for x in xs[1:]:
+        y = fn(y, x)
+    if n.op_type == "Mean":
+        y = y / np.asarray(len(xs), y.dtype)
+    return [np.asarray(y, xs[0].dtype)]
+
+
 @onnx_op("Where")
 def _where(n: Node) -> List[Value]:
     return [ops.where(n.x(0), n.x(1), n.x(2))]
@@ -441,7 +471,8 @@ def _clip(n: Node) -> List[Value]:
             return [y]
     lo = -math.inf if bounds[0] is None else float(bounds[0])
     hi = math.inf if bounds[1] is None else float(bounds[1])
-    return [ops.clip(x, lo, hi)]
+    # ONNX (as NumPy's clip, min(max(x, lo), hi)): with min above max every value becomes max
+    return [ops.clip(x, min(lo, hi), hi)]
 
 
 # popxl's float8 formats are ONNX's FLOAT8E4M3FNUZ / FLOAT8E5M2FNUZ; their largest magnitudes.
@@ -858,20 +889,28 @@ def _einsum(n: Node) -> List[Value]:
 
 # softmax ----------------------------------------------------------------------------------------------
 def _log_softmax(x: popxl.Tensor, axis: int) -> popxl.Tensor:
-    return ops.sub(x, ops.logsumexp(x, axis, keepdims=True))
+    # (x - max) - log(sum(exp(x - max))): x - logsumexp(x) loses the digits of large x (1e4 + 3.44
+    # holds 3.44 to ~5e-4 in float32). The max only shifts: no gradient flows through it.
+    shifted = ops.sub(x, ops.detach(ops.max(x, axis, keepdims=True)))
+    return ops.sub(shifted, ops.log(ops.sum(ops.exp(shifted), axis, keepdims=True)))
+
+
+def _softmax_view(n: Node, shape: Tuple[int, ...]) -> Tuple[Tuple[int, ...], int]:
+    """The shape Softmax, LogSoftmax and Hardmax see their input in, and the axis they work along:
+    from opset 13 the input itself along ``axis`` (default -1); before, the input seen as 2-D,
+    [prod(shape[:axis]), prod(shape[axis:])] (default axis 1), along its second axis."""
+    if n.opset >= 13:
+        return tuple(shape), _axis(int(n.attr("axis", -1)), len(shape), n)
+    axis = _axis(int(n.attr("axis", 1)), len(shape), n)
+    return (_prod(shape[:axis]), _prod(shape[axis:])), 1
 
 
 @onnx_op("Softmax", "LogSoftmax")
 def _softmax(n: Node) -> List[Value]:
     x = n.x(0)
     fn = ops.softmax if n.op_type == "Softmax" else _log_softmax
-    if n.opset >= 13:
-        return [fn(x, _axis(int(n.attr("axis", -1)), x.rank, n))]
-    # Before opset 13 the input is seen as 2-D: [prod(shape[:axis]), prod(shape[axis:])].
-    axis = _axis(int(n.attr("axis", 1)), x.rank, n)
-    lead = _prod(x.shape[:axis])
-    y = fn(ops.reshape(x, (lead, -1 if x.nelms else 0)), 1)
-    return [ops.reshape(y, x.shape)]
+    view, axis = _softmax_view(n, x.shape)
+    return [ops.reshape(fn(ops.reshape(x, view), axis), x.shape)]
 
 
 # losses -----------------------------------------------------------------------------------------------
@@ -1054,7 +1093,8 @@ def _p(n: Node) -> int:
 
 
 
-@onnx_op("GlobalLpPool")
+# Not computed at import: ONNX's reference has no implementation (constant inputs run on the device).
+@onnx_op("GlobalLpPool", foldable=False)
 def _global_lp_pool(n: Node) -> List[Value]:
     x, p = n.x(0), _p(n)
     return [_root(ops.sum(_abs_pow(x, p), list(range(2, x.rank)), keepdims=True), p)]
@@ -1158,7 +1198,8 @@ def _instance_norm(n: Node) -> List[Value]:
     return [ops.add(ops.mul(y, _per_channel(n.x(1), x.rank)), _per_channel(n.x(2), x.rank))]
 
 
-@onnx_op("GroupNormalization")
+# Not computed at import: ONNX's reference fails on its opset-21 form (constant inputs run on the device).
+@onnx_op("GroupNormalization", foldable=False)
 def _group_norm(n: Node) -> List[Value]:
     x = n.x(0)
     groups = int(n.attr("num_groups"))
@@ -1509,13 +1550,29 @@ def _pad_tensor(x: popxl.Tensor, pads: Sequence[int], mode: str, value: Union[fl
     return y
 
 
-@onnx_op("Pad")
-def _pad(n: Node) -> List[Value]:
-    x = n.x(0)
+def _pad_args(n: Node, rank: int) -> Tuple[List[int], str]:
+    """Pad's mode and its pads, [begin of every axis..., end of every axis...], for an input of
+    ``rank`` (from opset 18 the pads may name some axes only)."""
     mode = n.attr("mode", "constant")
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise n.fail(f"unknown mode {mode!r}")
     pads = n.static_ints(1, "pads")
+    axes = n.optional_static_ints(3, "axes") if n.opset >= 18 else None
+    if axes is not None:
+        axes = [_axis(a, rank, n, "axes") for a in axes]
+        full = [0] * (2 * rank)
+        for k, a in enumerate(axes):
+            full[a], full[a + rank] = pads[k], pads[k + len(axes)]
+        pads = full
+    if len(pads) != 2 * rank:
+        raise n.fail(f"pads {pads} must have {2 * rank} entries for rank {rank}")
+    return pads, mode
+
+
+@onnx_op("Pad")
+def _pad(n: Node) -> List[Value]:
+    x = n.x(0)
+    pads, mode = _pad_args(n, x.rank)
     if n.has(2) and n.imp.static(n.proto.input[2]) is None:
         # The pad value is computed on the device: a scalar tensor (it does not change any shape).
         v = n.x(2)
@@ -1523,16 +1580,29 @@ def _pad(n: Node) -> List[Value]:
     else:
         value = n.optional_static(2, "constant_value")
         value = 0.0 if value is None or value.size == 0 else value.reshape(-1)[0].item()
-    axes = n.optional_static_ints(3, "axes") if n.opset >= 18 else None
-    if axes is not None:
-        axes = [_axis(a, x.rank, n, "axes") for a in axes]
-        full = [0] * (2 * x.rank)
-        for k, a in enumerate(axes):
-            full[a], full[a + x.rank] = pads[k], pads[k + len(axes)]
-        pads = full
-    if len(pads) != 2 * x.rank:
-        raise n.fail(f"pads {pads} must have {2 * x.rank} entries for rank {x.rank}")
     return [_pad_tensor(x, pads, mode, value, n)]
+
+
+@onnx_fold("Pad")
+def _pad_at_import(n: Node, x: np.ndarray, *rest: Optional[np.ndarray]) -> List[np.ndarray]:
+    # The positions the device takes (``_pad_index``); ONNX's reference refuses negative pads (crops).
+    pads, mode = _pad_args(n, x.ndim)
+    value = n.optional_static(2, "constant_value")
+    fill = np.zeros((), x.dtype) if value is None or value.size == 0 else value.reshape(-1)[0].astype(x.dtype)
+    y = x
+    for a in range(x.ndim):
+        before, after = pads[a], pads[a + x.ndim]
+        if before == 0 and after == 0:
+            continue
+        d = x.shape[a]
+        if d == 0 and mode != "constant":
+            raise n.fail(f"cannot {mode}-pad the empty axis {a}")
+        index = _pad_index(d, before, after, mode)
+        inside = ((index >= 0) & (index < d)).reshape([-1 if k == a else 1 for k in range(x.ndim)])
+        taken = np.take(y, np.clip(index, 0, d - 1), a) if d else \
+            np.zeros(y.shape[:a] + (len(index),) + y.shape[a + 1:], x.dtype)
+        y = np.where(inside, taken, fill) if mode == "constant" else taken
+    return [np.asarray(y, x.dtype)]
 
 
 @onnx_op("Resize")
@@ -1612,6 +1682,19 @@ def _cumulative(n: Node) -> List[Value]:
         y = _shift_in(y, axis, 1, 1 if product else 0)
     y = _cumprod(y, axis) if product else ops.cumsum(y, axis)
     return [_repeat_axis(y, axis, flip) if reverse else y]
+
+
+@onnx_fold("CumSum", "CumProd")
+def _cumulative_at_import(n: Node, x: np.ndarray, axis: np.ndarray) -> List[np.ndarray]:
+    # ONNX's reference CumSum refuses the one-element 1-D axis the entry (and ONNX Runtime) take.
+    axis = _axis(n.static_int(1, "axis"), x.ndim, n)
+    y = np.flip(x, axis) if n.attr("reverse", 0) else x
+    identity = 1 if n.op_type == "CumProd" else 0
+    if n.attr("exclusive", 0) and y.shape[axis]:  # each position sees only those before it
+        first = np.full_like(np.take(y, [0], axis), identity)
+        y = np.concatenate([first, np.delete(y, -1, axis)], axis)
+    y = (np.cumprod if identity else np.cumsum)(y, axis, dtype=x.dtype)
+    return [np.flip(y, axis) if n.attr("reverse", 0) else y]
 
 
 @onnx_op("TopK")
@@ -1698,16 +1781,22 @@ def _wrap_negative(idx: popxl.Tensor, dims: np.ndarray) -> popxl.Tensor:
     return ops.where(_less(idx, _i32(0)), ops.add(idx, _i32(dims)), idx)
 
 
+def _wrapped_indices(n: Node, idx: np.ndarray, dims: np.ndarray, what: str) -> np.ndarray:
+    """Indices known at import (into axes of lengths ``dims``, which broadcasts) as int64 with
+    negative values counted from the end; an index outside [-dim, dim) is an error."""
+    idx = np.asarray(idx).astype(np.int64)
+    if idx.size and ((idx < -dims).any() or (idx >= dims).any()):
+        raise n.fail(f"{what} out of range for axes of lengths {np.asarray(dims).tolist()}")
+    return np.where(idx < 0, idx + dims, idx)
+
+
 def _index_input(n: Node, i: int, dims: np.ndarray, what: str) -> popxl.Tensor:
     """Input ``i`` (indices into axes of lengths ``dims``, broadcasting over its trailing axis) as
     int32 with negative values wrapped; checked against the range when known at import."""
     static = n.imp.static(n.proto.input[i]) if n.has(i) else None
     if static is None:
         return _wrap_negative(_as_int32(n.x(i)), dims)
-    idx = np.asarray(static).astype(np.int64)
-    if idx.size and ((idx < -dims).any() or (idx >= dims).any()):
-        raise n.fail(f"{what} out of range for axes of lengths {dims.tolist()}")
-    return _i32(np.where(idx < 0, idx + dims, idx))
+    return _i32(_wrapped_indices(n, static, dims, what))
 
 
 def _nd_rows(n: Node, data_shape: Tuple[int, ...], batch_dims: int) -> Tuple[popxl.Tensor, int]:
@@ -1887,12 +1976,26 @@ def _hardmax(n: Node) -> List[Value]:
     x = n.x(0)
     if x.rank == 0:
         raise n.fail("needs a tensor of rank >= 1")
-    if n.opset >= 13:
-        return [_hardmax_along(x, _axis(int(n.attr("axis", -1)), x.rank, n))]
-    # Before opset 13 the input is seen as 2-D: [prod(shape[:axis]), prod(shape[axis:])].
-    axis = _axis(int(n.attr("axis", 1)), x.rank, n)
-    y = _hardmax_along(ops.reshape(x, (_prod(x.shape[:axis]), _prod(x.shape[axis:]))), 1)
-    return [ops.reshape(y, x.shape)]
+    view, axis = _softmax_view(n, x.shape)
+    return [ops.reshape(_hardmax_along(ops.reshape(x, view), axis), x.shape)]
+
+
+@onnx_fold("Softmax", "LogSoftmax", "Hardmax")
+def _softmax_at_import(n: Node, x: np.ndarray) -> List[np.ndarray]:
+    # ONNX's reference implementations know only opset 13's form (no 2-D view before it).
+    if x.ndim == 0:
+        raise n.fail("needs a tensor of rank >= 1")
+    view, axis = _softmax_view(n, x.shape)
+    v = x.reshape(view)
+    if n.op_type == "Hardmax":  # 1 at the first maximum
+        y = (np.arange(v.shape[axis]).reshape([-1 if a == axis else 1 for a in range(v.ndim)])
+             == np.expand_dims(np.argmax(v, axis), axis)).astype(x.dtype)
+        return [y.reshape(x.shape)]
+    # float16 is computed in float32 and rounded once, as on the device
+    shifted = v.astype(np.promote_types(x.dtype, np.float32)) - np.max(v, axis, keepdims=True)
+    total = np.sum(np.exp(shifted), axis, keepdims=True)
+    y = np.exp(shifted) / total if n.op_type == "Softmax" else shifted - np.log(total)
+    return [y.astype(x.dtype).reshape(x.shape)]
 
 
 @onnx_op("Compress")
@@ -1911,14 +2014,35 @@ def _compress(n: Node) -> List[Value]:
     return [ops.gather(x, _i32(keep), axis)]
 
 
+def _gather_elements_axis(n: Node, data_shape: Tuple[int, ...], idx_shape: Tuple[int, ...]) -> int:
+    """GatherElements' axis, checked with the shapes: indices of data's rank, no longer than data
+    along the other axes (the output takes the indices' shape)."""
+    if len(idx_shape) != len(data_shape):
+        raise n.fail(f"indices rank {len(idx_shape)} differs from data rank {len(data_shape)}")
+    axis = _axis(int(n.attr("axis", 0)), len(data_shape), n)
+    if any(i > d for a, (i, d) in enumerate(zip(idx_shape, data_shape)) if a != axis):
+        raise n.fail(f"indices {tuple(idx_shape)} may not be longer than data {tuple(data_shape)} in an axis "
+                     f"other than {axis}")
+    return axis
+
+
 @onnx_op("GatherElements")
 def _gather_elements(n: Node) -> List[Value]:
     x, idx = n.x(0), n.x(1)
-    axis = _axis(int(n.attr("axis", 0)), x.rank, n)
-    if idx.rank != x.rank:
-        raise n.fail(f"indices rank {idx.rank} differs from data rank {x.rank}")
-    idx = _wrap_negative(_as_int32(idx), np.asarray(x.shape[axis], np.int64))
+    axis = _gather_elements_axis(n, x.shape, idx.shape)
+    idx = _index_input(n, 1, np.asarray(x.shape[axis], np.int64), "indices")
     return [ops.gather(ops.reshape(x, (x.nelms,)), _element_positions(idx, x.shape, axis, idx.shape), 0)]
+
+
+@onnx_fold("GatherElements")
+def _gather_elements_at_import(n: Node, data: np.ndarray, indices: np.ndarray) -> List[np.ndarray]:
+    # ONNX's reference implementation picks with np.choose, which takes at most 32/64 choices (the
+    # length of the axis): longer axes fell back to a path that read one index per row.
+    axis = _gather_elements_axis(n, data.shape, indices.shape)
+    idx = _wrapped_indices(n, indices, np.asarray(data.shape[axis], np.int64), "indices")
+    # The output has the indices' shape: data is cut to it along the other axes.
+    region = data[tuple(slice(None) if a == axis else slice(0, k) for a, k in enumerate(idx.shape))]
+    return [np.take_along_axis(region, idx, axis)]
 
 
 # random numbers ------------------------------------------------------------------------------------
