@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import onnx
@@ -344,9 +344,38 @@ STRESS_CASES: List[Case] = [
     case("tanh_extremes", "Tanh", np.asarray([-100, -1, 0, 1e-4, 100], np.float32)),
 ]
 
+
+def _body(name: str, inputs: Sequence[Tuple[str, int]], outputs: Sequence[str],
+          nodes: Sequence[onnx.NodeProto]) -> onnx.GraphProto:
+    """A Loop or Scan body with untyped-shape inputs (name, element type) and outputs."""
+    return helper.make_graph(list(nodes), name, [helper.make_tensor_value_info(n, t, None) for n, t in inputs],
+                             [helper.make_empty_tensor_value_info(o) for o in outputs])
+
+
+# Control ops are not folded themselves: with inputs known at import an If takes its branch at
+# import and Loop and Scan unroll, their bodies' nodes folded one by one; with device inputs they
+# run as ops.conditional / unrolled device code.
+_INT64, _BOOL, _FLOAT = onnx.TensorProto.INT64, onnx.TensorProto.BOOL, onnx.TensorProto.FLOAT
+CONTROL_CASES: List[Case] = [
+    case("loop_doubling_int64", "Loop", np.asarray(4, np.int64), np.asarray(True), _i64(3, -2), outputs=2,
+         body=_body("double", [("i", _INT64), ("c", _BOOL), ("v", _INT64)], ["c_out", "v_out", "scan"], [
+             helper.make_node("Identity", ["c"], ["c_out"]),
+             helper.make_node("Add", ["v", "v"], ["v_out"]),
+             helper.make_node("Mul", ["v_out", "i"], ["scan"])])),
+    case("scan_running_sum", "Scan", _floats(2), _floats(3, 2), outputs=2, num_scan_inputs=1,
+         body=_body("running_sum", [("s", _FLOAT), ("x", _FLOAT)], ["s_out", "y"], [
+             helper.make_node("Add", ["s", "x"], ["s_out"]),
+             helper.make_node("Identity", ["s_out"], ["y"])])),
+]
+
 ALL_CASES: Dict[str, List[Case]] = {op: list(cases) for op, cases in NODE_TEST_CASES.items()}
-for _c in STRESS_CASES:
+for _c in STRESS_CASES + CONTROL_CASES:
     ALL_CASES.setdefault(_c.node.op_type, []).append(_c)
+for _name in ("test_if", "test_loop11"):  # the control-flow node tests in the backend's selection
+    _node = _BY_NAME[_name].model.graph.node[0]
+    _inputs = iter(_as_array(v) for v in _BY_NAME[_name].data_sets[0][0])
+    ALL_CASES.setdefault(_node.op_type, []).append(Case(_name, _node, [next(_inputs) if x else None for x in _node.input],
+                                                        next(o.version for o in _BY_NAME[_name].model.opset_import)))
 
 # Foldable ops none of whose node tests runs here, with the reason (no case may be silently missing).
 UNCHECKED: Dict[str, str] = {}
@@ -363,6 +392,12 @@ def test_import_time_evaluation_matches_run_time(op_type):
     if not cases:
         pytest.skip(UNCHECKED[op_type])
     for c in cases:
+        check(c)
+
+
+@pytest.mark.parametrize("op_type", ["If", "Loop", "Scan"])
+def test_control_ops_with_inputs_known_at_import_match_run_time(op_type):
+    for c in ALL_CASES[op_type]:
         check(c)
 
 
