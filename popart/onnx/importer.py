@@ -65,9 +65,15 @@ def device_dtype(dt: Any) -> np.dtype:
 
 
 def device_array(a: np.ndarray) -> np.ndarray:
-    """``a`` in its device dtype."""
+    """``a`` in its device dtype. 64-bit integers beyond the 32-bit range saturate instead of
+    wrapping: INT64_MAX, an exporter's "no limit", stays the largest value (Min(x, INT64_MAX) is x)."""
     a = np.asarray(a)
-    return a.astype(device_dtype(a.dtype)) if a.dtype in _DEVICE_NP else a
+    if a.dtype not in _DEVICE_NP:
+        return a
+    to = device_dtype(a.dtype)
+    if to.kind in "iu":
+        a = np.clip(a, np.iinfo(to).min, np.iinfo(to).max)
+    return a.astype(to)
 
 
 def load_model(model: ModelLike) -> onnx.ModelProto:

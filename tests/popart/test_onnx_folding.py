@@ -445,3 +445,14 @@ def test_gather_elements_indices_longer_than_data_name_the_node():
     for fed in [(), ("x0", "x1")]:
         with pytest.raises(popart.OnnxImportError, match=r"'bad_gather'.*may not be longer than data"):
             at_run_time(c, fed)
+
+
+@pytest.mark.parametrize("op,bound,want", [("Min", I64_MAX, [5, -3]), ("Max", I64_MIN, [5, -3]),
+                                           ("Less", 3_000_000_000, [True, True]),
+                                           ("Greater", -3_000_000_000, [True, True])])
+def test_64_bit_values_known_at_import_saturate_on_the_device(op, bound, want):
+    """An int64 value known at import beyond the device's 32 bits (INT64_MAX as "no limit") keeps
+    its order against device values: it saturates rather than wrapping (INT64_MAX became -1)."""
+    c = case(f"{op.lower()}_sentinel", op, _i64(5, -3), np.asarray(bound, np.int64))
+    (got,) = at_run_time(c, fed=("x0",))
+    np.testing.assert_array_equal(got, want)
