@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -1528,25 +1528,33 @@ def _pad_index(d: int, before: int, after: int, mode: str) -> np.ndarray:
     return i
 
 
-def _pad_tensor(x: popxl.Tensor, pads: Sequence[int], mode: str, value: Union[float, popxl.Tensor],
-                n: Node) -> popxl.Tensor:
-    """Pad ``x``; ``value`` (constant mode) is a number or a scalar tensor computed on the device."""
-    r = x.rank
-    y = x
+def _pad_steps(n: Node, shape: Sequence[int], pads: Sequence[int],
+               mode: str) -> Iterator[Tuple[int, np.ndarray, Optional[np.ndarray]]]:
+    """Padding axis by axis: for each padded axis, the positions to take along it and, in constant
+    mode, where the taken values stand (a mask that broadcasts; None if every position does)."""
+    r = len(shape)
     for a in range(r):
         before, after = int(pads[a]), int(pads[a + r])
         if before == 0 and after == 0:
             continue
-        d = x.shape[a]
+        d = shape[a]
         if d == 0 and mode != "constant":
             raise n.fail(f"cannot {mode}-pad the empty axis {a}")
         index = _pad_index(d, before, after, mode)
         inside = (index >= 0) & (index < d)
-        y = _repeat_axis(y, a, np.clip(index, 0, max(d - 1, 0)))
-        if mode == "constant" and not inside.all():
-            mask = inside.reshape([1] * a + [len(index)] + [1] * (r - a - 1))
+        mask = inside.reshape([1] * a + [len(index)] + [1] * (r - a - 1)) if mode == "constant" else None
+        yield a, np.clip(index, 0, max(d - 1, 0)), None if mask is None or mask.all() else mask
+
+
+def _pad_tensor(x: popxl.Tensor, pads: Sequence[int], mode: str, value: Union[float, popxl.Tensor],
+                n: Node) -> popxl.Tensor:
+    """Pad ``x``; ``value`` (constant mode) is a number or a scalar tensor computed on the device."""
+    y = x
+    for a, positions, inside in _pad_steps(n, x.shape, pads, mode):
+        y = _repeat_axis(y, a, positions)
+        if inside is not None:
             fill = value if isinstance(value, popxl.Tensor) else n.scalar(value, y)
-            y = ops.where(popxl.constant(mask), y, fill)
+            y = ops.where(popxl.constant(inside), y, fill)
     return y
 
 
@@ -1590,18 +1598,11 @@ def _pad_at_import(n: Node, x: np.ndarray, *rest: Optional[np.ndarray]) -> List[
     value = n.optional_static(2, "constant_value")
     fill = np.zeros((), x.dtype) if value is None or value.size == 0 else value.reshape(-1)[0].astype(x.dtype)
     y = x
-    for a in range(x.ndim):
-        before, after = pads[a], pads[a + x.ndim]
-        if before == 0 and after == 0:
-            continue
-        d = x.shape[a]
-        if d == 0 and mode != "constant":
-            raise n.fail(f"cannot {mode}-pad the empty axis {a}")
-        index = _pad_index(d, before, after, mode)
-        inside = ((index >= 0) & (index < d)).reshape([-1 if k == a else 1 for k in range(x.ndim)])
-        taken = np.take(y, np.clip(index, 0, d - 1), a) if d else \
-            np.zeros(y.shape[:a] + (len(index),) + y.shape[a + 1:], x.dtype)
-        y = np.where(inside, taken, fill) if mode == "constant" else taken
+    for a, positions, inside in _pad_steps(n, x.shape, pads, mode):
+        y = np.take(y, positions, a) if y.shape[a] else \
+            np.zeros(y.shape[:a] + positions.shape + y.shape[a + 1:], x.dtype)
+        if inside is not None:
+            y = np.where(inside, y, fill)
     return [np.asarray(y, x.dtype)]
 
 

@@ -13,9 +13,9 @@ default) a few, as it is ten times slower (see ``DYNAMO_FAMILIES``).
 
 Left out: none of the families asked for. LLaMA is exported with eager attention: the TorchScript
 exporter cannot convert PyTorch's scaled_dot_product_attention with grouped key/value heads
-(``enable_gqa``), LLaMA's default. Whisper's encoder reads a fixed number of frames
-(2 x max_source_positions): only its batch is dynamic; so for the ViT-style image models (fixed
-image size: position embeddings) and Swin (windows).
+(``enable_gqa``), LLaMA's default. Only the batch is dynamic where the model fixes the rest:
+Whisper's encoder reads 2 x max_source_positions frames, the ViT-style models' position embeddings
+and Swin's windows are made for one image size.
 
 Tolerance: float32 level, 1e-5 of each output's largest magnitude (popart differs from ONNX
 Runtime by ~3e-7 of it on these models; both sum in other orders than PyTorch).
@@ -47,15 +47,17 @@ tf.logging.set_verbosity_error()
 class Family:
     """A model family: how to build a tiny model, make its inputs at a batch size and length, and
     which of its outputs to compare. ``dynamic``: input -> axis -> name of the axes exported as
-    dynamic; ``vary``: the (batch, length) the dynamic export is run at."""
+    dynamic."""
     build: Callable[[], torch.nn.Module]
     inputs: Callable[[int, int], Dict[str, torch.Tensor]]
     outputs: Sequence[str]
     dynamic: Dict[str, Dict[int, str]] = field(default_factory=dict)
-    vary: Tuple[int, int] = (3, 12)
 
 
-def _text(batch: int, length: int, eos: Optional[int] = None, mask: bool = True) -> Dict[str, torch.Tensor]:
+TRACED, DYNAMIC_RUN = (2, 16), (3, 12)  # (batch, length) exported at, and run at with dynamic axes
+
+
+def _text(batch: int, length: int, eos: Optional[int] = None) -> Dict[str, torch.Tensor]:
     """Token ids (and an attention mask whose last row is padded at the end): ``eos`` ends every
     sequence where it has one."""
     g = torch.Generator().manual_seed(batch * 100 + length)
@@ -66,7 +68,7 @@ def _text(batch: int, length: int, eos: Optional[int] = None, mask: bool = True)
         attention[b, :n] = 1
         if eos is not None:
             ids[b, n - 1] = eos
-    return {"input_ids": ids, "attention_mask": attention} if mask else {"input_ids": ids}
+    return {"input_ids": ids, "attention_mask": attention}
 
 
 def _images(batch: int, size: int) -> Dict[str, torch.Tensor]:
@@ -95,12 +97,13 @@ FAMILIES: Dict[str, Family] = {
     "gpt2": Family(lambda: tf.GPT2Model(tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64,
                                                       bos_token_id=0, eos_token_id=2)),
                    _text, HIDDEN, TEXT_AXES),
-    "t5_encoder": Family(lambda: tf.T5EncoderModel(tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2,
-                                                               num_heads=2, pad_token_id=1, eos_token_id=2,
-                                                               decoder_start_token_id=0)),
+    "t5_encoder": Family(lambda: tf.T5EncoderModel(tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64,
+                                                               num_layers=2, num_heads=2, pad_token_id=1,
+                                                               eos_token_id=2, decoder_start_token_id=0)),
                          _text, HIDDEN, TEXT_AXES),
-    "distilbert": Family(lambda: tf.DistilBertModel(tf.DistilBertConfig(vocab_size=VOCAB, dim=32, hidden_dim=64, n_layers=2,
-                                                                        n_heads=2, max_position_embeddings=64)),
+    "distilbert": Family(lambda: tf.DistilBertModel(tf.DistilBertConfig(vocab_size=VOCAB, dim=32, hidden_dim=64,
+                                                                        n_layers=2, n_heads=2,
+                                                                        max_position_embeddings=64)),
                          _text, HIDDEN, TEXT_AXES),
     "roberta": Family(lambda: tf.RobertaModel(tf.RobertaConfig(**{**BERT_LIKE, "max_position_embeddings": 80},
                                                                pad_token_id=1, bos_token_id=0, eos_token_id=2)),
@@ -111,7 +114,8 @@ FAMILIES: Dict[str, Family] = {
     "bart_encoder": Family(lambda: tf.BartModel(tf.BartConfig(max_position_embeddings=64, **ENCODER)).get_encoder(),
                            _text, HIDDEN, TEXT_AXES),
     "bert": Family(lambda: tf.BertModel(tf.BertConfig(**BERT_LIKE)), _text, POOLED, TEXT_AXES),
-    "electra": Family(lambda: tf.ElectraModel(tf.ElectraConfig(embedding_size=16, **BERT_LIKE)), _text, HIDDEN, TEXT_AXES),
+    "electra": Family(lambda: tf.ElectraModel(tf.ElectraConfig(embedding_size=16, **BERT_LIKE)), _text, HIDDEN,
+                      TEXT_AXES),
     "albert": Family(lambda: tf.AlbertModel(tf.AlbertConfig(embedding_size=16, **BERT_LIKE)), _text, POOLED, TEXT_AXES),
     # the pooled output takes each sequence's first end token (eos 3: not CLIP's legacy id 2)
     "clip_text": Family(lambda: tf.CLIPTextModel(tf.CLIPTextConfig(vocab_size=VOCAB, max_position_embeddings=64,
@@ -119,11 +123,12 @@ FAMILIES: Dict[str, Family] = {
                                                                    **SMALL)),
                         lambda b, s: _text(b, s, eos=3), POOLED, TEXT_AXES),
     "whisper_encoder": Family(lambda: tf.WhisperModel(tf.WhisperConfig(num_mel_bins=16, max_source_positions=16,
-                                                                       max_target_positions=16, **ENCODER)).get_encoder(),
+                                                                       max_target_positions=16,
+                                                                       **ENCODER)).get_encoder(),
                               lambda b, s: _noise("input_features", b, 16, 32), HIDDEN,
                               {"input_features": BATCH_AXIS}),
-    "wav2vec2": Family(lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config(conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
-                                                                  num_conv_pos_embeddings=16,
+    "wav2vec2": Family(lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config(conv_dim=(16, 16), conv_stride=(5, 2),
+                                                                  conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                                                                   num_conv_pos_embedding_groups=2, **SMALL)),
                        lambda b, s: _noise("input_values", b, 25 * s), HIDDEN,
                        {"input_values": {0: "batch", 1: "samples"}}),
@@ -221,11 +226,11 @@ def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 def check_family(name: str, dynamic: bool, dynamo: bool = False) -> None:
     family = FAMILIES[name]
-    traced = family.inputs(2, 16)
+    traced = family.inputs(*TRACED)
     # eval() on the wrapper: the exporter restores the mode of the module it is given, submodules included
     module = Exported(perturbed(family.build()), list(traced), family.outputs).eval()
     model = export(module, traced, family.outputs, family.dynamic if dynamic else None, dynamo=dynamo)
-    inputs = family.inputs(*family.vary) if dynamic else traced
+    inputs = family.inputs(*DYNAMIC_RUN) if dynamic else traced
     feeds = {k: v.numpy() for k, v in inputs.items()}
     got = run_popart(model, feeds, family.outputs, shapes=dynamic)
     with torch.no_grad():
