@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
            "float8_143", "float8_152", "float16", "half", "float32", "float", "float64", "double",
-           "complex64", "complex128", "ml_dtype", "from_numpy"]
+           "complex64", "complex128", "ml_dtype", "from_numpy", "np_dtype_float8_143", "np_dtype_float8_152"]
 
 
 class dtype:
@@ -101,6 +101,11 @@ def _fp8(name: str) -> np.dtype:
     return np.dtype([(name, "u1")])
 
 
+# PopXL's host representation of float8 data: one uint8 field (the raw code) named after the format.
+np_dtype_float8_143 = _fp8("float8_143")
+np_dtype_float8_152 = _fp8("float8_152")
+
+
 # name, numpy dtype, compute dtype, kind, signed, torch name
 _TABLE = [
     ("bool", np.dtype(np.bool_), None, "bool", False, "bool"),
@@ -112,8 +117,8 @@ _TABLE = [
     ("uint16", np.dtype(np.uint16), None, "int", False, None),
     ("uint32", np.dtype(np.uint32), None, "int", False, None),
     ("uint64", np.dtype(np.uint64), None, "int", False, None),
-    ("float8_143", _fp8("float8_143"), np.dtype(ml_dtypes.float8_e4m3fnuz), "float", True, None),
-    ("float8_152", _fp8("float8_152"), np.dtype(ml_dtypes.float8_e5m2fnuz), "float", True, None),
+    ("float8_143", np_dtype_float8_143, np.dtype(ml_dtypes.float8_e4m3fnuz), "float", True, None),
+    ("float8_152", np_dtype_float8_152, np.dtype(ml_dtypes.float8_e5m2fnuz), "float", True, None),
     ("float16", np.dtype(np.float16), None, "float", True, "float16"),
     ("float32", np.dtype(np.float32), None, "float", True, "float32"),
     ("float64", np.dtype(np.float64), None, "float", True, "float64"),
@@ -130,6 +135,24 @@ float = _BY_NAME["float32"]  # noqa: A001  (PopXL's alias)
 double = _BY_NAME["float64"]
 _BY_NUMPY = {d._numpy: d for d in _BY_NAME.values()}
 _BY_NUMPY.update({d._compute: d for d in _BY_NAME.values()})
+
+# PopXL's lookup tables, which client code (popxl-addons) reads: NumPy dtype -> dtype (the host
+# dtypes only, float8 as its structured dtype), and torch dtype -> dtype (``_PT_TO_POPXL``, made on
+# first use by ``__getattr__`` below: importing torch takes seconds, so popxl does not do it itself).
+_NP_TO_POPXL: Dict[np.dtype, dtype] = {d._numpy: d for d in _BY_NAME.values()}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_PT_TO_POPXL":
+        try:
+            import torch
+        except ImportError:
+            table: Dict[Any, dtype] = {}
+        else:
+            table = {getattr(torch, d._torch_name): d for d in _BY_NAME.values() if d._torch_name is not None}
+        globals()[name] = table
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def from_numpy(np_dtype: Any) -> dtype:

@@ -38,8 +38,10 @@ def host_pow2scale_cast_to_fp8(src: np.ndarray, dtype: Optional[dtypes.dtype] = 
     fmt = dtypes.ml_dtype(dt)
     x = src.astype(np.float64) * np.exp2(log2_scale)
     limit = float(ml_dtypes.finfo(fmt).max)
-    over = np.abs(x) > limit
-    x = np.where(over, np.nan if nan_on_overflow else np.sign(x) * limit, x)
+    # The formats have no infinities: an infinite (or NaN) source is NaN; a finite value beyond the
+    # range is NaN or saturates, as asked.
+    over = np.isfinite(x) & (np.abs(x) > limit)
+    x = np.where(over, np.nan if nan_on_overflow else np.sign(x) * limit, np.where(np.isfinite(x), x, np.nan))
     codes = x.astype(fmt)
     return np.ascontiguousarray(codes).view(np.uint8).view(dt.as_numpy()).reshape(src.shape)
 
@@ -60,17 +62,20 @@ def host_pow2scale_cast_from_fp8(src: np.ndarray, dtype: Optional[dtypes.dtype] 
 
 def host_fp8_mse_scale(src: np.ndarray, dtype: Optional[dtypes.dtype] = None) -> Tuple[float, int]:
     """The log2 scale in [-31, 31] minimising the mean squared error of a float8 round trip.
-    Returns ``(mse, scale)``."""
+    Returns ``(mse, scale)``. Scaling by a power of two moves values without changing their
+    relative rounding while they stay normal, so several scales often tie exactly: of those, the
+    middle one is taken (the data sits mid-range, with the most headroom on both sides)."""
     dt = _check(dtype or dtypes.float8_143, _FP8, "host_fp8_mse_scale")
     x = np.asarray(src, dtype=np.float64)
-    best = (np.inf, 0)
+    x = x[np.isfinite(x)]  # no scale helps a NaN or an infinity: choose for the others
+    errors = {}
     for s in range(-31, 32):
         codes = host_pow2scale_cast_to_fp8(x, dt, s, nan_on_overflow=False)
         back = host_pow2scale_cast_from_fp8(codes, dtypes.float64, -s)
-        mse = float(np.mean((back - x) ** 2)) if x.size else 0.0
-        if mse < best[0]:
-            best = (mse, s)
-    return best
+        errors[s] = float(np.mean((back - x) ** 2)) if x.size else 0.0
+    best = min(errors.values())
+    tied = [s for s, e in errors.items() if e == best]
+    return best, tied[len(tied) // 2]
 
 
 def host_fp8_mse_scale_pb(src: np.ndarray, dtype: Optional[dtypes.dtype] = None) -> int:

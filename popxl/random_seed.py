@@ -5,15 +5,16 @@ from typing import Tuple
 
 import numpy as np
 
-__all__ = ["create_seeds", "uint64_to_two_uint32", "two_uint32_to_uint64"]
+__all__ = ["create_seeds", "uint64_to_two_uint32", "two_uint32_to_uint64", "MAX_UINT64"]
 
 _U32 = 2 ** 32
+MAX_UINT64 = 2 ** 64 - 1  # the largest seed a uint32[2] seed tensor holds
 
 
 def uint64_to_two_uint32(num: int) -> Tuple[int, int]:
     """Split a uint64 into (high, low) uint32 words."""
     num = int(num)
-    if not 0 <= num < 2 ** 64:
+    if not 0 <= num <= MAX_UINT64:
         raise ValueError(f"{num} is not in the uint64 range [0, 2**64).")
     return num // _U32, num % _U32
 
@@ -32,7 +33,7 @@ def create_seeds(seed: int, offset: int = 0, batches_per_step: int = 1, gradient
     ``np.random.default_rng(seed + offset)``, as uint32 (high, low) pairs shaped
     ``(bps, gaf, replicas, 2)`` with every size-1 dimension squeezed (default shape ``(2,)``)."""
     n = batches_per_step * gradient_accumulation_factor * replicas
-    draws = np.random.default_rng(seed + offset).integers(0, 2 ** 64 - 1, size=n, dtype=np.uint64, endpoint=True)
+    draws = np.random.default_rng(seed + offset).integers(0, MAX_UINT64, size=n, dtype=np.uint64, endpoint=True)
     pairs = np.stack([(draws >> np.uint64(32)).astype(np.uint32), (draws & np.uint64(_U32 - 1)).astype(np.uint32)], -1)
     shaped = pairs.reshape(batches_per_step, gradient_accumulation_factor, replicas, 2)
     return np.squeeze(shaped, axis=tuple(i for i, d in enumerate(shaped.shape) if d == 1))

@@ -81,11 +81,52 @@ def test_fp8_round_trip_and_overflow():
     assert fp8_utils.host_fp8_mse_scale_pb(data) == scale
 
 
+def test_fp8_infinities_are_nan_even_when_saturating():
+    src = np.array([np.inf, -np.inf, np.nan, 1e6], np.float32)
+    codes = fp8_utils.host_pow2scale_cast_to_fp8(src, popxl.float8_152, nan_on_overflow=False)
+    back = fp8_utils.host_pow2scale_cast_from_fp8(codes)
+    assert np.isnan(back[:3]).all() and back[3] == 57344  # only the finite overflow saturates
+    assert codes.view(np.uint8)[0] == 0x80  # the formats' one NaN code
+
+
+def test_fp8_mse_scale_centres_data_among_equally_good_scales():
+    rng = np.random.default_rng(1)
+    # Values in [2^5, 2^6): every scale from -12 to 1 keeps them normal and below 240 (float8_143),
+    # with identical errors; the middle of that run is chosen, so the scale is negative.
+    big = rng.uniform(2 ** 5, 2 ** 6, 500).astype(np.float32)
+    errs = {s: np.mean((fp8_utils.host_pow2scale_cast_from_fp8(
+        fp8_utils.host_pow2scale_cast_to_fp8(big, popxl.float8_143, s, False), popxl.float64, -s) - big) ** 2)
+        for s in (-12, 1, 2)}
+    assert errs[-12] == errs[1] < errs[2]
+    assert fp8_utils.host_fp8_mse_scale_pb(big, popxl.float8_143) == -5
+    small = rng.uniform(2 ** -6, 2 ** -5, 500).astype(np.float16)
+    assert fp8_utils.host_fp8_mse_scale_pb(small, popxl.float8_143) == 6  # run -1..12
+    # The full ranges need scale 0 exactly (one value at each end of the format).
+    assert fp8_utils.host_fp8_mse_scale(np.array([0.00098, 240], np.float32), popxl.float8_143)[1] == 0
+    assert fp8_utils.host_fp8_mse_scale(np.array([2 ** -17, 57344], np.float32), popxl.float8_152)[1] == 0
+    assert fp8_utils.host_fp8_mse_scale(np.array([np.nan, 2 ** -17, 57344]), popxl.float8_152)[1] == 0
+
+
+def test_float8_host_dtypes_and_lookup_tables():
+    # PopXL's host form of float8 data: a structured dtype with one uint8 field named after the format.
+    assert dtypes.np_dtype_float8_143 == np.dtype([("float8_143", "u1")]) == popxl.float8_143.as_numpy()
+    assert dtypes.np_dtype_float8_152.names == ("float8_152",) and dtypes.np_dtype_float8_152.itemsize == 1
+    assert dtypes._NP_TO_POPXL[dtypes.np_dtype_float8_152] is popxl.float8_152
+    assert dtypes._NP_TO_POPXL[np.dtype(np.int16)] is popxl.int16
+    assert set(dtypes._NP_TO_POPXL.values()) == set(popxl.testing.get_all_dtypes()) | {popxl.bool}
+    torch = pytest.importorskip("torch")
+    assert dtypes._PT_TO_POPXL[torch.float16] is popxl.float16
+    assert dtypes._PT_TO_POPXL[torch.bool] is popxl.bool and torch.uint32 not in dtypes._PT_TO_POPXL
+
+
 def test_random_seed_helpers():
     assert random_seed.uint64_to_two_uint32(2 ** 32 + 5) == (1, 5)
     assert random_seed.two_uint32_to_uint64(1, 5) == 2 ** 32 + 5
     with pytest.raises(ValueError):
         random_seed.uint64_to_two_uint32(2 ** 64)
+    assert random_seed.MAX_UINT64 == 2 ** 64 - 1
+    hi, lo = random_seed.uint64_to_two_uint32(random_seed.MAX_UINT64)
+    assert hi == lo == 2 ** 32 - 1 and random_seed.two_uint32_to_uint64(hi, lo) == random_seed.MAX_UINT64
     s = popxl.create_seeds(42)
     assert s.shape == (2,) and s.dtype == np.uint32
     np.testing.assert_array_equal(s, popxl.create_seeds(42))
