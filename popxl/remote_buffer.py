@@ -183,6 +183,10 @@ def remote_variable(data: HostScalarTensor, remote_buffer: RemoteBuffer, offset:
     offset = _check_buffer(remote_buffer, offset, what)
 
     def check(spec: TensorSpec, rg: "ReplicaGrouping") -> TensorSpec:
+        if rg.num_groups == 1 and spec.shape == (1, *remote_buffer.tensor_shape):
+            # Per-group data written as (num_groups, *shape) for a grouping of one group, as PopXL
+            # programs do: the leading axis is the group axis.
+            spec = TensorSpec(remote_buffer.tensor_shape, spec.dtype)
         try:
             remote_buffer.validate_tensor_matches_buffer(spec)
         except ValueError as e:

@@ -413,7 +413,8 @@ def _create_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype], name
                      nan_on_overflow: Optional[builtins.bool], what: str = "popxl.variable",
                      check: Optional[Any] = None, **extra: Any) -> Variable:
     """Shared by every variable factory. ``check(spec, replica_grouping) -> spec`` runs before the
-    variable exists (so a rejected call leaves the graph untouched) and may add a meta_shape;
+    variable exists (so a rejected call leaves the graph untouched) and may add a meta_shape or
+    drop a leading axis of 1;
     ``extra`` becomes attributes of the new Variable (e.g. its remote buffer slot)."""
     ctx = get_current_context()
     g = ctx.graph
@@ -439,6 +440,8 @@ def _create_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype], name
     spec = TensorSpec(shape, dt)
     if check is not None:
         spec = check(spec, rg)
+        if spec.shape != shape:  # the check dropped a group axis of 1 (remote variables)
+            data = data.reshape(spec.shape)
     return Variable._create(g, name or "v", spec, _host_data_value=data,
                             _replica_grouping=rg, _retrieval_mode=retrieval_mode, **extra)
 

@@ -203,6 +203,22 @@ def test_remote_variable_with_replica_groups(eng):
     np.testing.assert_array_equal(sess.get_tensor_data(rv), values + 1)
 
 
+def test_remote_variable_takes_a_group_axis_of_one(eng):
+    """Data written per group, (num_groups, *shape), for a grouping of one group fits a slot of
+    ``shape``: the leading axis of 1 is the group axis."""
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph, popxl.in_sequence():
+        buf = popxl.remote_buffer((3,), popxl.int32, entries=2)
+        rv = popxl.remote_variable(np.array([[4, 5, 6]], np.int32), buf, 1, replica_grouping=ir.replica_grouping())
+        out = _out(ops.remote_load(buf, 1), "v")
+        with pytest.raises(ValueError, match=r"shape \(2, 3\) != \(3,\)"):
+            popxl.remote_variable(np.zeros((2, 3), np.int32), buf, 0)  # only an axis of 1 is a group axis
+    assert rv.shape == (3,)
+    with _session(ir, eng) as sess:
+        np.testing.assert_array_equal(sess.run()[out], [[4, 5, 6]] * 2)
+        np.testing.assert_array_equal(sess.get_tensor_data(rv), [4, 5, 6])
+
+
 # replica-sharded variables ------------------------------------------------------------------------
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_replica_sharded_variable(eng, replicas):
