@@ -18,7 +18,7 @@ from popxl.logs import get_logger
 from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
-from popxl.tensor import Constant, HostScalarTensor, Variable
+from popxl.tensor import Constant, HostScalarTensor, Tensor, Variable
 from popxl.transforms.fuse_matmul import fuse_matmul
 from popxl.utils import to_numpy
 
@@ -83,6 +83,11 @@ def _serialised(method: _Method) -> _Method:
             return method(self, *args, **kwargs)
     return locked  # type: ignore[return-value]
 
+
+
+def _tensor_words(t: Any) -> str:
+    """How an argument is named in errors that PopXL's own words begin ("Tensor x is not of type ...")."""
+    return f"Tensor {t.id}" if isinstance(t, Tensor) else repr(t)
 
 class Session:
     """Compiles ``ir`` (which it then owns: the Ir cannot be changed afterwards) for a device.
@@ -302,8 +307,8 @@ class Session:
         tensors = list(tensors)
         for t in tensors:
             if not isinstance(t, (Variable, Constant)):
-                raise TypeError(f"Session.get_tensor_data: {t!r} is not a Variable or Constant; only those have "
-                                f"host values (stream other tensors out with ops.host_store).")
+                raise TypeError(f"{_tensor_words(t)} is not of type Constant or Variable: Session.get_tensor_data "
+                                f"reads only those (stream other tensors out with ops.host_store).")
             self._check_own(t, "get_tensor_data")
         if self.is_attached and self._host_stale and any(isinstance(t, Variable) for t in tensors):
             self.weights_to_host()
@@ -333,7 +338,8 @@ class Session:
         checked = {}
         for t, data in tensors.items():
             if not isinstance(t, Variable):
-                raise TypeError(f"Session.write_variable_data: {t!r} is not a Variable.")
+                raise TypeError(f"{_tensor_words(t)} is not of type Variable: Session.write_variable_data writes "
+                                f"only variables.")
             self._check_own(t, "write_variable_data")
             if t.retrieval_mode == "all_replicas" and t.replica_grouping.group_size > 1:
                 raise NotImplementedError(

@@ -196,15 +196,16 @@ class Tensor:
     def in_sync_with_ipu(self) -> builtins.bool:
         return True
 
-    def strides(self, shape: Optional[Iterable[int]] = None) -> List[int]:
-        """Byte strides of a C-contiguous layout of ``shape`` (default: this tensor's shape)."""
+    def strides(self, shape: Optional[Iterable[int]] = None) -> Tuple[int, ...]:
+        """Byte strides of a C-contiguous layout of ``shape`` (default: this tensor's shape), as a
+        tuple like NumPy's ``ndarray.strides``."""
         shape = tuple(self.shape if shape is None else shape)
         item = self.dtype.itemsize
         out, acc = [], item
         for d in reversed(shape):
             out.append(acc)
             acc *= d
-        return list(reversed(out))
+        return tuple(reversed(out))
 
     # views and copies ---------------------------------------------------------------------------
     def transpose(self, permutation: Optional[Iterable[int]] = None) -> "Tensor":

@@ -140,7 +140,7 @@ def test_get_and_write_variable_data_attached_and_detached():
         s.write_variable_data(v, np.array([1, 2], np.int32))
     with pytest.raises(ValueError, match=r"expects shape \(2,\)"):
         s.write_variable_data(v, np.zeros(3, np.float32))
-    with pytest.raises(TypeError, match="not a Variable"):
+    with pytest.raises(TypeError, match="is not of type Variable"):
         s.write_variable_data(popxl.Ir, np.zeros(3, np.float32))
 
 

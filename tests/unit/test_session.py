@@ -224,9 +224,19 @@ def test_read_only_memmap_variable(tmp_path):
 
 def test_get_tensor_data_type_errors():
     ir, _, _, v = _stream_ir()
+    with ir.main_graph:
+        doubled = v + v
+        c = popxl.constant(np.ones((2, 2), np.float32), name="c")
     s = popxl.Session(ir)
-    with pytest.raises(TypeError, match="not a Variable or Constant"):
+    with pytest.raises(TypeError, match="is not of type Constant or Variable"):
         s.get_tensors_data([v, 3])
+    # PopXL's words begin the messages about tensors of the wrong kind (its tests match them).
+    with pytest.raises(TypeError) as e:
+        s.get_tensor_data(doubled)
+    assert str(e.value).startswith(f"Tensor {doubled.id} is not of type Constant or Variable")
+    with pytest.raises(TypeError) as e:
+        s.write_variable_data(c, np.zeros((2, 2), np.float32))
+    assert str(e.value).startswith("Tensor c is not of type Variable")
 
 
 def test_trace_time_errors_name_op_shapes_and_line():
