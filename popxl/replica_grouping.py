@@ -1,9 +1,17 @@
 """Replica groupings: which replicas share a variable's value, and which communicate."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import math
+from typing import Any, Dict, List, Optional, Sequence
 
 __all__ = ["ReplicaGrouping"]
+
+
+def _members_by_group(assignment: Sequence[int]) -> Dict[int, List[int]]:
+    out: Dict[int, List[int]] = {}
+    for r, g in enumerate(assignment):
+        out.setdefault(g, []).append(r)
+    return out
 
 
 class ReplicaGrouping:
@@ -87,15 +95,66 @@ class ReplicaGrouping:
 
     @property
     def const_rg(self) -> "ReplicaGrouping":
-        if not self.is_const:
-            raise NotImplementedError("const_rg of a non-constant replica grouping is not supported.")
-        return self
+        """A constant grouping whose groups each lie within one group of this one: this grouping
+        itself if it is constant. For a non-constant grouping, PopXL's choice: with ``s`` the
+        smallest distance between consecutive members of a group, every group is cut where its
+        members are further apart than ``s``; the result has stride ``s`` and, as group size, the
+        greatest common divisor of the pieces' sizes (each replica alone if that is 1)."""
+        if self.is_const:
+            return self
+        if not hasattr(self, "_const_rg"):
+            self._const_rg = self._refining_const_grouping()
+        return self._const_rg
+
+    def _refining_const_grouping(self) -> "ReplicaGrouping":
+        members = list(self._members().values())
+        gaps = [b - a for group in members for a, b in zip(group, group[1:])]
+        step = min(gaps) if gaps else 1
+        pieces = []
+        for group in members:
+            pieces.append(1)
+            for a, b in zip(group, group[1:]):
+                if b - a > step:
+                    pieces.append(0)
+                pieces[-1] += 1
+        size = math.gcd(*pieces)
+        stride = step if size > 1 else 1
+        R = len(self._assignment)
+        assignment = self._assign(R, stride, size) if R % size == 0 else None
+        if assignment is None or any(len({self._assignment[r] for r in grp}) > 1
+                                     for grp in _members_by_group(assignment).values()):
+            return ReplicaGrouping._make(self._ir, list(range(R)), 1, 1)  # each replica alone always fits
+        return ReplicaGrouping._make(self._ir, assignment, stride, size)
+
+    @property
+    def to_device_map(self) -> Optional[List[int]]:
+        """For each group of ``const_rg``, the group of this grouping it lies in (None when this
+        grouping is constant): how per-group host data expands to ``const_rg``'s groups."""
+        if self.is_const:
+            return None
+        const = self.const_rg._assignment
+        out: Dict[int, int] = {}
+        for r, g in enumerate(const):
+            out.setdefault(g, self._assignment[r])
+        return [out[g] for g in range(len(out))]
+
+    @property
+    def to_host_map(self) -> Optional[List[int]]:
+        """For each group of this grouping, the first group of ``const_rg`` in it (None when this
+        grouping is constant): where a group's value is read back from."""
+        if self.is_const:
+            return None
+        const = self.const_rg._assignment
+        out: Dict[int, int] = {}
+        for r, g in enumerate(self._assignment):
+            out.setdefault(g, const[r])
+        return [out[g] for g in range(len(out))]
 
     @property
     def stride(self) -> int:
         if self._stride is None:
-            raise NotImplementedError("stride of a replica grouping made from irregular assignments is undefined "
-                                      "(non-constant groupings are supported for variables only).")
+            raise NotImplementedError("This ReplicaGrouping has no constant stride (it was made from irregular "
+                                      "assignments); use const_rg for a constant grouping within it.")
         return self._stride
 
     @property
@@ -111,23 +170,14 @@ class ReplicaGrouping:
         """Group index of each replica."""
         return list(self._assignment)
 
-    @property
-    def to_device_map(self) -> List[int]:
-        """For each replica, the group whose value it holds (same as ``assignment``)."""
-        return list(self._assignment)
-
-    @property
-    def to_host_map(self) -> Dict[int, List[int]]:
-        """For each group, the replicas holding its value (the first is read by weights_to_host)."""
-        out: Dict[int, List[int]] = {}
-        for r, g in enumerate(self._assignment):
-            out.setdefault(g, []).append(r)
-        return out
+    def _members(self) -> Dict[int, List[int]]:
+        """For each group, its replicas in order."""
+        return _members_by_group(self._assignment)
 
     def transpose(self) -> "ReplicaGrouping":
         """The grouping whose group j holds the j-th member of every group of this one."""
         new = [0] * len(self._assignment)
-        for members in self.to_host_map.values():
+        for members in self._members().values():
             for j, r in enumerate(members):
                 new[r] = j
         return ReplicaGrouping._from_assignments(self._ir, new)

@@ -27,10 +27,7 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     if type(x).__module__.startswith("torch"):
         x = x.detach().cpu().numpy()
     if isinstance(x, np.memmap):
-        target = dtype.as_numpy() if dtype is not None else (_DOWNCAST.get(x.dtype, x.dtype) if downcast else x.dtype)
-        if not x.flags.c_contiguous or target != x.dtype:
-            raise ValueError("A np.memmap is used in place, so it must be C-contiguous and already have the "
-                             f"target dtype {target} (it is {x.dtype}, contiguous={x.flags.c_contiguous}).")
+        _check_memmap_in_place(x, dtype, downcast)
         return x
     if is_fp8:
         from popxl.fp8_utils import host_pow2scale_cast_to_fp8
@@ -51,6 +48,21 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     if arr.dtype != target:
         arr = arr.astype(target)
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+def _check_memmap_in_place(x: np.memmap, dtype: Optional[dtypes.dtype], downcast: bool) -> None:
+    """A np.memmap becomes a variable's host storage as it is (never copied), so it must need no
+    conversion. The messages begin as PopXL's do (its tests match them)."""
+    if dtype is not None and dtype.as_numpy() != x.dtype:
+        raise ValueError(f"When passing a memory-mapped NumPy array, the `dtype` parameter must be None or the "
+                         f"array's own dtype ({x.dtype}), not {dtype}: the array is used in place, not converted.")
+    if not (x.flags.c_contiguous and x.flags.aligned):
+        raise ValueError("When passing a memory-mapped NumPy array, it must already be in C-ordered and aligned "
+                         "form: the array is used in place, not copied.")
+    if downcast and x.dtype in _DOWNCAST:
+        raise ValueError(f"When passing a memory-mapped NumPy array, the dtype {dtype} is not supported, as it "
+                         f"requires downcasting its {x.dtype} data to {_DOWNCAST[x.dtype]}; pass downcast=False "
+                         f"to keep the 64-bit array in place.")
 
 
 def table_to_string(rows: Sequence[Sequence[Any]], delimiter: str = " | ", header: bool = True) -> str:

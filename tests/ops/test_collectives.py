@@ -114,3 +114,59 @@ def test_all_reduce_across_ipus():
     np.testing.assert_array_equal(res[streams[1]], [11, 22])
     np.testing.assert_array_equal(res[streams[2]], [1, 2])
     np.testing.assert_array_equal(res[streams[3]], [10, 20])
+
+
+IRREGULAR = [0, 0, 1, 1, 0, 0, 1, 1]  # two groups of 4 with no constant stride
+
+
+@pytest.mark.parametrize("eng", ["native", "reference"])
+def test_collectives_over_a_non_constant_grouping(eng):
+    """Every replica collective accepts a grouping made from irregular assignments: members of a
+    group meet in replica order (PopXL takes constant groupings only)."""
+    from engine_harness import engine
+    data = np.arange(8 * 4, dtype=np.float32).reshape(8, 4) * 0.5 - 3
+    ir = popxl.Ir(replication=8)
+    with ir.main_graph:
+        g = ir.replica_grouping_from_assignments(IRREGULAR)
+        assert not g.is_const
+        x = ops.host_load(x_s := popxl.h2d_stream((4,), popxl.float32, "x"))
+        results = {
+            "sum": coll.replicated_all_reduce(x, "add", g),
+            "max": coll.replicated_all_reduce(x, "max", g),
+            "scatter": coll.replicated_reduce_scatter(x, "add", g),
+            "gather": coll.replicated_all_gather(x, 0, g, "new_axis"),
+            "slice": coll.replicated_slice(x, 0, g),
+            "shard": coll.replica_sharded_slice(x, g),
+        }
+        y = x * 1.0
+        coll.replicated_all_reduce_(y, "mul", g)
+        results["prod_"] = y
+        streams = {}
+        for name, t in results.items():
+            streams[name] = popxl.d2h_stream(t.shape, t.dtype, name)
+            ops.host_store(streams[name], t)
+    with engine(eng), popxl.Session(ir, "ipu_model") as s:
+        res = s.run({x_s: data})
+    out = {name: res[st] for name, st in streams.items()}
+    members = {grp: [r for r, a in enumerate(IRREGULAR) if a == grp] for grp in (0, 1)}
+    for r in range(8):
+        mine = members[IRREGULAR[r]]
+        j = mine.index(r)  # place in the group
+        np.testing.assert_allclose(out["sum"][r], data[mine].sum(0))
+        np.testing.assert_allclose(out["max"][r], data[mine].max(0))
+        np.testing.assert_allclose(out["prod_"][r], data[mine].prod(0))
+        np.testing.assert_allclose(out["scatter"][r], data[mine].sum(0)[j:j + 1])
+        np.testing.assert_allclose(out["gather"][r], data[mine])
+        np.testing.assert_allclose(out["slice"][r], data[r, j:j + 1])
+        np.testing.assert_allclose(out["shard"][r], data[r, j:j + 1])
+
+
+def test_collective_group_must_be_a_grouping_of_this_ir():
+    ir = popxl.Ir(replication=4)
+    other = popxl.Ir(replication=2)
+    with ir.main_graph:
+        x = popxl.variable(np.ones(4, np.float32))
+        with pytest.raises(TypeError, match="ReplicaGrouping"):
+            coll.replicated_all_reduce(x, group=[0, 0, 1, 1])
+        with pytest.raises(ValueError, match="groups 2 replicas, but the Ir has 4"):
+            coll.replicated_all_gather(x, group=other.replica_grouping())

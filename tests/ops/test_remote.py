@@ -295,6 +295,44 @@ def test_replica_sharded_variable_groups_and_shard_over(eng):
     np.testing.assert_array_equal(sess.get_tensor_data(svar), single)
 
 
+def test_every_variable_kind_with_a_non_constant_grouping(eng, tmp_path):
+    """On-chip, remote, remote replica-sharded and replica-sharded variables with groups
+    [0, 0, 1, 1, 0, 0, 1, 1]; the sharded ones are sharded over const_rg's groups of 2 (pairs of
+    neighbours), gathered and re-sliced over const_rg. Host data is a np.memmap, kept in place."""
+    ir = popxl.Ir(replication=8)
+    rg = ir.replica_grouping_from_assignments([0, 0, 1, 1, 0, 0, 1, 1])
+    sub = rg.const_rg  # [0, 0, 1, 1, 2, 2, 3, 3]
+    data = {k: np.memmap(tmp_path / f"{k}.bin", np.float32, "w+", shape=(2, 6)) for k in ("on", "rem", "rrts", "rts")}
+    for i, d in enumerate(data.values()):
+        d[:] = np.arange(12, dtype=np.float32).reshape(2, 6) * (i + 1)
+    outs = {}
+    with ir.main_graph, popxl.in_sequence():
+        on = popxl.variable(data["on"], replica_grouping=rg)
+        outs["on"] = _out(on + 1, "on")
+        buf = popxl.remote_buffer((6,), popxl.float32)
+        rem = popxl.remote_variable(data["rem"], buf, replica_grouping=rg)
+        outs["rem"] = _out(ops.remote_load(buf, 0) + 1, "rem")
+        sbuf = popxl.replica_sharded_buffer((2, 6), popxl.float32, replica_grouping=rg, shard_over=sub.group_size)
+        rrts = popxl.remote_replica_sharded_variable(data["rrts"], sbuf, replica_grouping=rg)
+        loaded = ops.remote_load(sbuf, 0)
+        full = ops.collectives.replicated_all_gather(loaded, group=sub)
+        outs["rrts"] = _out(full, "rrts")
+        ops.remote_store(sbuf, 0, ops.collectives.replica_sharded_slice(full + 1, group=sub))
+        rts, shard = popxl.replica_sharded_variable(data["rts"], replica_grouping=rg, shard_over=sub.group_size)
+        ops.var_updates.accumulate_(shard, popxl.constant(np.ones(3, np.float32)))
+        outs["rts"] = _out(ops.collectives.replicated_all_gather(shard, group=sub), "rts")
+    per_replica = {k: v[rg.assignment] for k, v in data.items()}
+    expected = {"on": per_replica["on"] + 1, "rem": per_replica["rem"] + 1, "rrts": per_replica["rrts"],
+                "rts": per_replica["rts"] + 1}
+    with _session(ir, eng) as sess:
+        res = sess.run()
+    for k, stream in outs.items():
+        np.testing.assert_array_equal(res[stream], expected[k], err_msg=k)
+    np.testing.assert_array_equal(sess.get_tensor_data(rrts), np.arange(12).reshape(2, 6) * 3 + 1)
+    assert sess.get_tensor_data(rts) is data["rts"]  # written back into the memmap itself
+    np.testing.assert_array_equal(data["rts"], np.arange(12).reshape(2, 6) * 4 + 1)
+
+
 def test_replica_sharded_buffer_shapes():
     ir = popxl.Ir(replication=8)
     with ir.main_graph:

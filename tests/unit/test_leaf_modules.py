@@ -55,8 +55,17 @@ def test_to_numpy_downcasts_and_keeps_memmaps(tmp_path):
     mm = np.memmap(tmp_path / "m.bin", dtype=np.float32, mode="w+", shape=(4,))
     assert to_numpy(mm) is mm
     mm64 = np.memmap(tmp_path / "m64.bin", dtype=np.float64, mode="w+", shape=(4,))
-    with pytest.raises(ValueError, match="memmap"):
-        to_numpy(mm64)
+    # A memmap is used in place: each conversion it would need is refused, in PopXL's words.
+    for dt in (None, popxl.float64):
+        with pytest.raises(ValueError, match=f"memory-mapped NumPy array, the dtype {dt} is not supported, as it "
+                                             "requires downcasting"):
+            to_numpy(mm64, dt)
+    assert to_numpy(mm64, downcast=False) is mm64  # kept in place when 64-bit data is asked for
+    with pytest.raises(ValueError, match="memory-mapped NumPy array, the `dtype` parameter must be None"):
+        to_numpy(mm, popxl.float16)
+    fortran = np.memmap(tmp_path / "f.bin", dtype=np.float32, mode="w+", shape=(2, 3), order="F")
+    with pytest.raises(ValueError, match="memory-mapped NumPy array, it must already be in C-ordered"):
+        to_numpy(fortran)
     with pytest.raises(RuntimeError, match="float8"):
         to_numpy([1.0], popxl.float32, log2_scale=1)
     with pytest.raises(TypeError, match="float16/32/64"):
@@ -168,6 +177,34 @@ def test_replica_grouping_errors_and_transpose():
     with pytest.raises(TypeError):
         irregular == 1  # noqa: B015
     assert ir.replica_grouping(1, 2).transpose().assignment == [0, 1, 0, 1, 0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("assignment,const_assignment", [
+    ([0, 0, 1, 1, 0, 0, 1, 1], [0, 0, 1, 1, 2, 2, 3, 3]),       # pieces of 2 at stride 1
+    ([0, 1, 1, 0, 0, 1, 1, 0], list(range(8))),                 # pieces of 1 and 2: each replica alone
+    ([0, 1, 2, 3, 1, 2, 3, 0], list(range(8))),
+    ([0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1], list(range(16))),  # pieces of 2 and 3
+])
+def test_non_constant_grouping_const_rg_and_maps(assignment, const_assignment):
+    ir = popxl.Ir(replication=len(assignment))
+    rg = ir.replica_grouping_from_assignments(assignment)
+    assert not rg.is_const and rg.const_rg.is_const
+    const = rg.const_rg.assignment
+    assert const == const_assignment
+    # to_device_map: the group of rg holding each const group; to_host_map: each group's first const group
+    assert rg.to_device_map == [assignment[const.index(c)] for c in range(rg.const_rg.num_groups)]
+    assert rg.to_host_map == [const[assignment.index(g)] for g in range(rg.num_groups)]
+    for r, c in enumerate(const):  # every const group lies within one group of rg
+        assert rg.to_device_map[c] == assignment[r]
+
+
+def test_constant_grouping_is_its_own_const_rg():
+    ir = popxl.Ir(replication=8)
+    rg = ir.replica_grouping(stride=2, group_size=2)
+    assert rg.const_rg is rg and rg.to_device_map is None and rg.to_host_map is None
+    transposed = rg.transpose()  # [0, 0, 1, 1, 0, 0, 1, 1]: PopXL's example of a non-constant transpose
+    assert transposed.assignment == [0, 0, 1, 1, 0, 0, 1, 1] and not transposed.is_const
+    assert transposed.transpose().assignment == rg.assignment and transposed.transpose().is_const
 
 
 def test_table_to_string():

@@ -61,11 +61,18 @@ class CommGroup:
 
 
 def _assignment(group) -> tuple:
+    """The replica -> group assignment of ``group`` (default: all replicas). Any grouping works,
+    constant or not (PopXL's collectives take constant ones only): members of a group meet in
+    replica order."""
+    from popxl.replica_grouping import ReplicaGrouping
     ir = get_current_context().ir
     group = ir.replica_grouping() if group is None else group
-    if not getattr(group, "is_const", True):
-        raise NotImplementedError("collectives over a non-constant replica grouping are not supported "
-                                  "(as in PopXL); use ir.replica_grouping(stride, group_size).")
+    if not isinstance(group, ReplicaGrouping):
+        raise TypeError(f"collectives: group must be a popxl.ReplicaGrouping (ir.replica_grouping(...)), "
+                        f"not {type(group).__name__}.")
+    if len(group.assignment) != ir.replication_factor:
+        raise ValueError(f"collectives: {group!r} groups {len(group.assignment)} replicas, but the Ir has "
+                         f"{ir.replication_factor}.")
     return tuple(int(a) for a in group.assignment)
 
 
