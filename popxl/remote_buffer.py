@@ -56,8 +56,13 @@ def _shape(value: Iterable[int], what: str) -> Tuple[int, ...]:
 
 def _check_entries(entries: Any) -> int:
     if not isinstance(entries, (int, np.integer)) or isinstance(entries, builtins.bool) or entries < 1:
-        raise ValueError(f"RemoteBuffer: entries must be an int >= 1, not {entries!r}.")
+        raise ValueError(f"Entries must be a non-zero, positive integer (RemoteBuffer slots), not {entries!r}.")
     return int(entries)
+
+
+def _read_only(name: str) -> None:
+    # The words of Python's own error for a property without a setter (as PopXL's tests expect them).
+    raise AttributeError(f"can't set attribute '{name}'")
 
 
 class RemoteBuffer:
@@ -83,12 +88,25 @@ class RemoteBuffer:
         return self._remote_buffer_id
 
     @property
+    def _current_ir(self) -> "Ir":
+        """The Ir the buffer belongs to (PopXL's name for it)."""
+        return self._ir
+
+    @property
     def tensor_shape(self) -> Tuple[int, ...]:
         return self._tensor_shape
+
+    @tensor_shape.setter
+    def tensor_shape(self, value: Any) -> None:
+        _read_only("tensor_shape")
 
     @property
     def tensor_dtype(self) -> dtypes.dtype:
         return self._tensor_dtype
+
+    @tensor_dtype.setter
+    def tensor_dtype(self, value: Any) -> None:
+        _read_only("tensor_dtype")
 
     @property
     def entries(self) -> int:
@@ -127,7 +145,7 @@ class RemoteBuffer:
         """ValueError unless ``t`` fits a slot: same dtype and shape. With ``num_shards`` > 1, ``t``
         is a whole tensor to be sharded: its shape must be ``meta_shape`` (when set) and its
         shards (``ceil(nelms / num_shards)`` elements) must be the slot shape."""
-        what = f"tensor {t.id!r}" if isinstance(t, Tensor) else "the tensor"
+        what = f"Tensor {t.id}" if isinstance(t, Tensor) else "The tensor"
         shape, dt = tuple(t.shape), t.dtype
         problems = []
         if dt is not self._tensor_dtype:
@@ -142,7 +160,7 @@ class RemoteBuffer:
             if shard != self._tensor_shape:
                 problems.append(f"its shards over {num_shards} replicas have shape {shard} != {self._tensor_shape}")
         if problems:
-            raise ValueError(f"{what} does not match {self!r}: " + "; ".join(problems) + ".")
+            raise ValueError(f"{what} does not match buffer. {self!r}: " + "; ".join(problems) + ".")
 
     def __hash__(self) -> int:
         return hash((self._ir.id, self._remote_buffer_id))

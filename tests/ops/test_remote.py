@@ -383,6 +383,13 @@ def test_remote_buffer_properties():
     assert b.tensor_shape == (6,) and b.tensor_dtype == popxl.float32 and b.entries == 2
     with ir.main_graph:
         assert popxl.remote_buffer((1,), popxl.int8).remote_buffer_id == 3
+    assert a._current_ir is ir  # PopXL's name for the owning Ir
+    for name, value in (("tensor_shape", (1,)), ("tensor_dtype", popxl.int8)):  # only set_remote_buffer_info
+        with pytest.raises(AttributeError, match=f"can't set attribute '{name}'"):
+            setattr(a, name, value)
+    with pytest.raises(ValueError, match="^Entries must be a non-zero, positive integer"):
+        a.entries = 0
+    assert a.entries == 6 and a.tensor_shape == (2, 3)
     with popxl.Ir().main_graph:
         assert popxl.remote_buffer((1,), popxl.int8).remote_buffer_id == 1  # ids count per Ir
 
@@ -398,7 +405,7 @@ def test_remote_buffer_errors():
         popxl.remote_buffer((2,), popxl.float32)  # no graph context
     ir = popxl.Ir()
     with ir.main_graph:
-        with pytest.raises(ValueError, match="entries"):
+        with pytest.raises(ValueError, match="^Entries must be a non-zero, positive integer"):
             popxl.remote_buffer((2,), popxl.float32, 0)
         with pytest.raises(TypeError, match="dtype"):
             popxl.remote_buffer((2,), np.float32)
@@ -417,9 +424,9 @@ def test_op_trace_time_errors():
         bad_shape = popxl.variable(np.zeros(3, np.float32), name="bad_shape")
         bad_dtype = popxl.variable(np.zeros(2, np.int32), name="bad_dtype")
         for call in (lambda t: ops.remote_store(buf, 0, t), lambda t: ops.remote_load_(buf, 0, t)):
-            with pytest.raises(ValueError, match=r"'bad_shape'.*RemoteBuffer\[id=1 .*shape \(3,\) != \(2,\)"):
+            with pytest.raises(ValueError, match=r"Tensor bad_shape does not match buffer\. RemoteBuffer\[id=1 .*shape \(3,\) != \(2,\)"):
                 call(bad_shape)
-            with pytest.raises(ValueError, match=r"'bad_dtype'.*RemoteBuffer\[id=1 .*dtype int32 != float32"):
+            with pytest.raises(ValueError, match=r"Tensor bad_dtype does not match buffer\. RemoteBuffer\[id=1 .*dtype int32 != float32"):
                 call(bad_dtype)
         with pytest.raises(ValueError, match="offset must be >= 0"):
             ops.remote_load(buf, -1)
