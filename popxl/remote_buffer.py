@@ -9,8 +9,8 @@ NumPy slicing.
 
 Remote variables have no on-chip storage: their value lives in slot ``offset`` of their buffer,
 and the Session moves it between the host and that slot. A replica-sharded (RTS) variable keeps
-one 1-D shard per replica in its slot: the flattened value, zero padded to a multiple of the
-shard count, split into equal chunks. Within each replica group, the members (in replica order)
+one 1-D shard per replica in its slot: the flattened value, zero padded to the shard count times
+the slot size, split into slot-sized chunks (a slot is normally ``ceil(nelms / shards)`` long). Within each replica group, the members (in replica order)
 are split into consecutive sub-groups of ``shards`` replicas; member ``j`` of a sub-group holds
 chunk ``j``, so every sub-group holds a whole copy.
 """
@@ -144,7 +144,7 @@ class RemoteBuffer:
     def validate_tensor_matches_buffer(self, t: Union[Tensor, TensorSpec], num_shards: int = 1) -> None:
         """ValueError unless ``t`` fits a slot: same dtype and shape. With ``num_shards`` > 1, ``t``
         is a whole tensor to be sharded: its shape must be ``meta_shape`` (when set) and its
-        shards (``ceil(nelms / num_shards)`` elements) must be the slot shape."""
+        shards (``ceil(nelms / num_shards)`` elements) must fit the 1-D slots."""
         what = f"Tensor {t.id}" if isinstance(t, Tensor) else "The tensor"
         shape, dt = tuple(t.shape), t.dtype
         problems = []
@@ -156,9 +156,13 @@ class RemoteBuffer:
         else:
             if self._meta_shape and shape != self._meta_shape:
                 problems.append(f"shape {shape} != meta_shape {self._meta_shape}")
-            shard = (math.ceil(math.prod(shape) / num_shards),)
-            if shard != self._tensor_shape:
-                problems.append(f"its shards over {num_shards} replicas have shape {shard} != {self._tensor_shape}")
+            # Each of the num_shards replicas keeps one slot's worth of consecutive elements, so a
+            # 1-D slot of at least ceil(nelms / num_shards) elements holds the value (PopXL programs
+            # sometimes give the whole shape; the rest of the slots is then zero padding).
+            shard = math.ceil(math.prod(shape) / num_shards)
+            if len(self._tensor_shape) != 1 or self._tensor_shape[0] < shard:
+                problems.append(f"its shards over {num_shards} replicas need 1-D slots of at least {shard} elements, "
+                                f"not {self._tensor_shape}")
         if problems:
             raise ValueError(f"{what} does not match buffer. {self!r}: " + "; ".join(problems) + ".")
 

@@ -272,6 +272,28 @@ def test_remote_replica_sharded_variable_gather_update_scatter(eng, replicas):
     np.testing.assert_array_equal(sess.get_tensor_data(remote_x), x + 10)
 
 
+def test_remote_replica_sharded_variable_in_slots_larger_than_a_shard(eng):
+    """A buffer whose slots have the whole value's size (as PopXL programs sometimes make it):
+    each replica keeps a slot's worth of consecutive elements, the rest is zero padding, and the
+    value round-trips between host and device."""
+    ir = popxl.Ir(replication=2)
+    x = np.array([1.5, -2.0, 3.0], np.float32)
+    with ir.main_graph, popxl.in_sequence():
+        buf = popxl.RemoteBuffer((3,), popxl.float32, 1)
+        var = popxl.remote_replica_sharded_variable(x, buf, 0)
+        loaded = ops.remote_load(buf, 0)
+        slot = _out(loaded, "slot")
+        full = _out(ops.collectives.replicated_all_gather(loaded), "full")
+    assert buf.meta_shape == (3,) and loaded.shape == (3,) and loaded.meta_shape == (3,)
+    with _session(ir, eng) as sess:
+        res = sess.run()
+        np.testing.assert_array_equal(res[slot], [x, np.zeros(3)])  # replica 0 holds all three elements
+        np.testing.assert_array_equal(res[full], [x, x])
+        sess.write_variable_data(var, -x)
+        np.testing.assert_array_equal(sess.run()[full], [-x, -x])
+        np.testing.assert_array_equal(sess.get_tensor_data(var), -x)
+
+
 def test_replica_sharded_variable_groups_and_shard_over(eng):
     """4 replicas: two groups of 2 with their own values; and one group sharded over 2 (replicas
     0,1 and 2,3 each hold a whole copy)."""
@@ -478,8 +500,10 @@ def test_factory_errors():
         buf.meta_shape = (8,)
         with pytest.raises(ValueError, match=r"meta_shape \(8,\)"):
             popxl.remote_replica_sharded_variable(np.zeros(7, np.float32), buf)
-        with pytest.raises(ValueError, match=r"shards over 4 replicas have shape \(3,\) != \(2,\)"):
+        with pytest.raises(ValueError, match=r"shards over 4 replicas need 1-D slots of at least 3 elements, not \(2,\)"):
             popxl.remote_replica_sharded_variable(np.zeros(9, np.float32), popxl.remote_buffer((2,), popxl.float32))
+        with pytest.raises(ValueError, match=r"need 1-D slots of at least 1 elements, not \(2, 2\)"):
+            popxl.remote_replica_sharded_variable(np.zeros(4, np.float32), popxl.remote_buffer((2, 2), popxl.float32))
         with pytest.raises(ValueError, match="shard_over"):
             popxl.replica_sharded_buffer((8,), popxl.float32, shard_over=3)
         with pytest.raises(ValueError, match="shard_over"):
