@@ -211,10 +211,6 @@ class Session:
     def is_attached(self) -> bool:
         return self._engine.attached
 
-    @property
-    def device(self) -> str:
-        return self._device
-
     def _require_attached(self, what: str) -> None:
         if not self.is_attached:
             raise ValueError(f"Session.{what}: the session must be attached to a device first; use "

@@ -299,3 +299,15 @@ def test_compile_progress_bar_only_when_slow(capsys, monkeypatch):
     assert frames[0].startswith("popxl: compiling:") and "0/5" in frames[0]
     assert "100%" in frames[-1] and "5/5" in frames[-1]
     assert err.endswith("\n")
+
+
+def test_assigning_a_device_attribute_changes_nothing():
+    """PopXL's Session has no `device` property; its tests assign a PopART device to that name
+    before attaching, which neither fails nor changes where the session runs."""
+    import popart
+    ir, x_s, y_s, v = _stream_ir()
+    s = popxl.Session(ir)
+    s.device = popart.DeviceManager().createCpuDevice()
+    with s:
+        np.testing.assert_array_equal(s.run({x_s: np.ones((2, 2), np.float32)})[y_s], np.ones((2, 2)))
+    np.testing.assert_array_equal(s.get_tensor_data(v), np.ones((2, 2)))
