@@ -16,6 +16,19 @@ __all__ = ["Ir"]
 _IR_IDS = itertools.count()
 
 
+def _popdist_replication() -> int:
+    """The replication factor of ``Ir(replication="popdist")``: this instance's replicas, as the
+    launcher describes them (popdist). Several instances need multi-process replication."""
+    import popdist
+    launch = popdist.launch_environment()
+    if launch.num_instances > 1:
+        raise NotImplementedError(
+            f"Ir(replication='popdist'): the launch has {launch.num_instances} instances "
+            f"({launch.num_total_replicas} replicas, {launch.num_local_replicas} per instance); popxl-cpu runs "
+            f"the replicas of one instance only (multi-process replication is not supported yet).")
+    return launch.num_local_replicas
+
+
 class Ir:
     """A PopXL program. ``replication`` sets ``replication_factor``."""
 
@@ -28,12 +41,8 @@ class Ir:
         self._frozen_by: Optional[str] = None
         self._num_host_transfers = 1
         self._main_graph = Graph._create(self, "", "main")
-        if replication == "popdist":
-            raise NotImplementedError(
-                "Ir(replication='popdist'): multi-process replication through popdist is not supported "
-                "by popxl-cpu yet; set replication_factor to an int.")
         self._replication_factor = 1
-        self.replication_factor = replication
+        self.replication_factor = _popdist_replication() if replication == "popdist" else replication
 
     # identity -------------------------------------------------------------------------------------
     @property
