@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Literal, Optional, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
     from popxl.ir import Ir
     from popxl.op import Op
+    from popxl.tensorlocation import ExecutionContext
 
 __all__ = [
     "Context", "get_current_context", "get_current_graph", "get_main_graph", "get_ir", "gcg", "gmg",
@@ -64,6 +65,7 @@ class Context(OpCreatedHooks):
         self._in_sequence: List[Union[bool, str]] = []
         self._init_hooks()
         self.debug_frame_offset: int = 0
+        self.execution_context: Any = None  # set by _execution_context (Normal or Subgraph)
 
     # graphs -----------------------------------------------------------------------------------
     @property
@@ -173,6 +175,30 @@ def io_tiles() -> Iterator[None]:
         yield
     finally:
         _CONTEXT.io_tile_set = prev
+
+
+@contextlib.contextmanager
+def _execution_context(execution_context: "ExecutionContext") -> Iterator["ExecutionContext"]:
+    """PopXL's (private) switch of the program part that ops created inside belong to. ``Normal``
+    (the program ``Session.run`` runs) and ``Subgraph`` change nothing here. The other parts (ops
+    run while weights go to or come from the device, the optimizer fragment, the outer
+    accumulation loop) are not supported: NotImplementedError names the part at once, before any
+    op is placed wrongly. ``execution_context`` is a ``popxl.ExecutionContext`` or an enum with
+    the same member names (PopART's binding)."""
+    from popxl.tensorlocation import ExecutionContext
+    name = getattr(execution_context, "name", None)
+    if name not in ExecutionContext.__members__:
+        raise TypeError(f"_execution_context: expected a popxl.ExecutionContext, not {execution_context!r}.")
+    mode = ExecutionContext[name]
+    if mode not in (ExecutionContext.Normal, ExecutionContext.Subgraph):
+        raise NotImplementedError(
+            f"_execution_context({mode.name}): ops that run outside the main program (in the {mode.name}) "
+            f"are not supported by popxl-cpu; create them in the main graph's normal program.")
+    prev, _CONTEXT.execution_context = _CONTEXT.execution_context, mode
+    try:
+        yield execution_context
+    finally:
+        _CONTEXT.execution_context = prev
 
 
 def debug_context_frame_offset(i: int) -> Callable:

@@ -368,7 +368,12 @@ class Session:
         return list(self._h2d)
 
     def _host_shape(self, s) -> tuple:
-        return _host_shape(self.ir.num_host_transfers, self.ir.instance_replication_factor, s.shape)
+        return self._full_input_shape(s.shape)
+
+    def _full_input_shape(self, shape: Iterable[int]) -> tuple:
+        """The host buffer shape for per-transfer, per-replica ``shape``: ``(num_host_transfers,)``
+        if > 1, then ``(replicas,)`` if > 1, then ``shape`` (PopXL's name; popxl-addons calls it)."""
+        return _host_shape(self.ir.num_host_transfers, self.ir.instance_replication_factor, shape)
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
         """Empty host buffers for every device-to-host stream, shaped ``(d, r) + shape`` with the

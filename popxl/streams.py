@@ -7,16 +7,18 @@ from popxl import dtypes
 from popxl.context import get_current_context
 from popxl.tensor import TensorSpec
 
-__all__ = ["HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
+__all__ = ["Stream", "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
 
 
-class _Stream:
+class Stream:
+    """A host stream: what the two kinds share (made by ``h2d_stream`` / ``d2h_stream``)."""
+
     def __init__(self) -> None:
         raise NotImplementedError(
             "Streams cannot be constructed directly: use popxl.h2d_stream(...) or popxl.d2h_stream(...).")
 
     @classmethod
-    def _create(cls, ir: Any, name: str, spec: TensorSpec) -> "_Stream":
+    def _create(cls, ir: Any, name: str, spec: TensorSpec) -> "Stream":
         s = object.__new__(cls)
         s._ir = ir
         s._spec = spec
@@ -49,17 +51,17 @@ class _Stream:
         return self._hash
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, _Stream) and other._ir is self._ir and other._id == self._id
+        return isinstance(other, Stream) and other._ir is self._ir and other._id == self._id
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}[{self._id} {self.dtype!r} {self.shape}]"
 
 
-class HostToDeviceStream(_Stream):
+class HostToDeviceStream(Stream):
     """Carries host data to the device; read with ``ops.host_load``."""
 
 
-class DeviceToHostStream(_Stream):
+class DeviceToHostStream(Stream):
     """Carries device data to the host; written with ``ops.host_store``."""
 
 

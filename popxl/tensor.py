@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import builtins
 import operator
+import collections.abc
 from collections.abc import Mapping
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Literal, Optional, Sequence,
                     Tuple, Union)
@@ -25,6 +26,22 @@ __all__ = ["Tensor", "Variable", "Constant", "TensorSpec", "TensorByRef", "varia
 ScalarType = Union[int, float, builtins.bool]
 HostScalarTensor = Union[ScalarType, np.ndarray, Iterable]
 HostTensor = Union[np.ndarray, Iterable]
+
+
+def __getattr__(name: str) -> Any:
+    # PopXL's ``host_tensor_types``: the classes of host tensor data (isinstance checks), torch.Tensor
+    # among them when torch is installed. Made on first use: importing torch takes seconds.
+    if name == "host_tensor_types":
+        types: Tuple[type, ...] = (np.ndarray, collections.abc.Iterable)
+        try:
+            import torch
+        except ImportError:
+            pass
+        else:
+            types += (torch.Tensor,)
+        globals()[name] = types
+        return types
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 TensorLike = Union["Tensor", HostScalarTensor]
 
 

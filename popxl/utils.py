@@ -6,11 +6,14 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from popxl import dtypes
+from popxl.fp8_utils import host_pow2scale_cast_from_fp8, host_pow2scale_cast_to_fp8  # noqa: F401 (PopXL's utils has them too)
 
-__all__ = ["to_numpy", "table_to_string"]
+__all__ = ["to_numpy", "table_to_string", "downcast_np_dtypes"]
 
-_DOWNCAST = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
-             np.dtype(np.float64): np.dtype(np.float32)}
+# 64-bit host data and the 32-bit dtype it becomes when a call downcasts (PopXL's public name).
+downcast_np_dtypes = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
+                      np.dtype(np.float64): np.dtype(np.float32)}
+_DOWNCAST = downcast_np_dtypes
 
 
 def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True, copy: bool = True,
@@ -30,7 +33,6 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
         _check_memmap_in_place(x, dtype, downcast)
         return x
     if is_fp8:
-        from popxl.fp8_utils import host_pow2scale_cast_to_fp8
         arr = np.asarray(x)
         if arr.dtype == dtype.as_numpy():
             return arr.copy(order="C") if copy else np.ascontiguousarray(arr).reshape(arr.shape)

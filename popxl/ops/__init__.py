@@ -6,6 +6,9 @@ from popxl.ops import var_updates
 from popxl.ops import call as _call, elementwise as _elementwise, host_io as _host_io, nn as _nn
 from popxl.ops import misc as _misc, placement as _placement, random as _random, reduce as _reduce, shape as _shape
 from popxl.ops import remote as _remote
+# PopXL's per-op module paths that client code imports from; imported before the op names below are
+# bound, so that ``popxl.ops.conv`` ends up the function, as in PopXL.
+from popxl.ops import conv as _conv_module, negative_log_likelihood as _nll_module  # noqa: F401
 from popxl.ops.call import *  # noqa: F401,F403
 from popxl.ops.elementwise import *  # noqa: F401,F403
 from popxl.ops.host_io import *  # noqa: F401,F403

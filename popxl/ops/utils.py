@@ -9,7 +9,8 @@ from popxl import dtypes
 from popxl.tensor import Tensor, TensorSpec
 
 __all__ = ["check_in_graph", "check_tensor_ipu_and_tile_set", "cast_if_needed", "handle_negative_axis",
-           "broadcast_shapes", "normalize_axes", "same_dtype", "spec", "as_tensor"]
+           "broadcast_shapes", "normalize_axes", "same_dtype", "spec", "as_tensor", "convert_optional_float",
+           "convert_optional_int", "convert_optional_dtype"]
 
 
 def check_in_graph(graph: Any, **tensors: Tensor) -> None:
@@ -84,3 +85,30 @@ def as_tensor(value: Any, dtype: Optional[dtypes.dtype] = None, like: Optional[T
     if dtype is None and like is not None:
         dtype = like.dtype
     return constant(value, dtype=dtype)
+
+
+# Optional op settings. PopXL wraps them in its C++ binding's optional types for PopART's op
+# setters; here the plain Python value (or None) is the optional, checked and converted.
+def convert_optional_float(v: Optional[float]) -> Optional[float]:
+    """``v`` as a float, or None (unset)."""
+    return _optional(v, float, (int, float, np.integer, np.floating), "a float")
+
+
+def convert_optional_int(v: Optional[int]) -> Optional[int]:
+    """``v`` as an int, or None (unset)."""
+    return _optional(v, int, (int, np.integer), "an int")
+
+
+def convert_optional_dtype(dt: Optional[dtypes.dtype]) -> Optional[dtypes.dtype]:
+    """``dt`` (a popxl dtype), or None (unset)."""
+    if dt is not None and not isinstance(dt, dtypes.dtype):
+        raise TypeError(f"convert_optional_dtype: expected a popxl dtype or None, not {dt!r}.")
+    return dt
+
+
+def _optional(v: Any, convert: Any, accepted: tuple, what: str) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, accepted):
+        raise TypeError(f"expected {what} or None, not {v!r}.")
+    return convert(v)

@@ -50,11 +50,11 @@ def typed(t: "Tensor") -> str:
 def format_attr(value: Any) -> str:
     """One attribute value, short enough for a line."""
     from popxl.graph import Graph
-    from popxl.streams import _Stream
+    from popxl.streams import Stream
 
     if isinstance(value, Graph):
         return graph_title(value)
-    if isinstance(value, _Stream):
+    if isinstance(value, Stream):
         return value.tensor_id
     if isinstance(value, float):
         return f"{value:g}"
