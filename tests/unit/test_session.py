@@ -311,3 +311,15 @@ def test_assigning_a_device_attribute_changes_nothing():
     with s:
         np.testing.assert_array_equal(s.run({x_s: np.ones((2, 2), np.float32)})[y_s], np.ones((2, 2)))
     np.testing.assert_array_equal(s.get_tensor_data(v), np.ones((2, 2)))
+
+
+def test_ipu_hw_by_keyword_with_replicas_runs_on_the_cpu(monkeypatch):
+    """popxl-addons' run_module opens ``Session(ir=ir, device_desc="ipu_hw")``: with POPXL_IPU_HW=cpu
+    such a program runs unchanged, replicated programs too."""
+    monkeypatch.setenv("POPXL_IPU_HW", "cpu")
+    ir, x_s, y_s, v = _stream_ir(nht=2, replication=2)
+    x = np.arange(16, dtype=np.float32).reshape(2, 2, 2, 2)
+    with popxl.Session(ir=ir, device_desc="ipu_hw") as s:
+        out = s.run({x_s: x})
+    np.testing.assert_array_equal(out[y_s], np.cumsum(x, axis=0))  # v accumulates the two transfers
+    np.testing.assert_array_equal(s.get_tensor_data(v), x.sum(0)[0])  # replica 0's value
