@@ -151,8 +151,8 @@ def print_tensor(t: Tensor, title: str = None, print_self: bool = True, print_gr
                  summarise_threshold: int = 1000, edge_items: int = 3, max_line_width: int = 75, digits: int = 8,
                  float_format: str = "auto", separator: str = " ", open_bracket: str = "[",
                  close_bracket: str = "]") -> Tensor:
-    """Print ``t`` as ``<title>: <values>`` each time the program runs (title defaults to the
-    tensor's id) and return a copy of it. Tensors with more than ``summarise_threshold`` elements
+    """Print ``t`` as ``<title>: <values>`` each time the program runs (title defaults to
+    ``print_<tensor name>``, as in PopXL) and return a copy of it. Tensors with more than ``summarise_threshold`` elements
     show ``edge_items`` values at each end of every axis; lines wrap at ``max_line_width``.
     Floats use ``float_format`` ("auto": ``digits`` significant digits, "fixed"/"scientific":
     ``digits`` after the point, "none": shortest exact form). ``print_gradient`` asks for the
@@ -162,7 +162,7 @@ def print_tensor(t: Tensor, title: str = None, print_self: bool = True, print_gr
     values = locals()
     fmt = {key: values[key] for key in _FORMAT_KEYS}
     if title is None:
-        title = t.id if isinstance(t, Tensor) else ""
+        title = f"print_{t.name}" if isinstance(t, Tensor) else ""
     title = str(title)
     return create_op("print_tensor", [t], {"title": title, "print_self": builtins.bool(print_self),
                                            "print_gradient": builtins.bool(print_gradient), **fmt})[0]
@@ -170,9 +170,11 @@ def print_tensor(t: Tensor, title: str = None, print_self: bool = True, print_gr
 
 @grad_rule("print_tensor")
 def _print_tensor_grad(ctx):
-    """Identity; with ``print_gradient`` the gradient is printed too, titled ``Gradient___<title>``."""
+    """Identity; with ``print_gradient`` the gradient is printed too, titled as PopART does:
+    ``<title>_gradient``, or ``Gradient___<input id>`` for an empty title."""
     g, a = ctx.grad(0), ctx.attrs
     if not a["print_gradient"]:
         return [g]
     fmt = {key: a[key] for key in _FORMAT_KEYS}
-    return [create_op("print_tensor", [g], {**a, **fmt, "title": "Gradient___" + a["title"], "print_gradient": False})[0]]
+    title = a["title"] + "_gradient" if a["title"] else "Gradient___" + ctx.op.inputs[0].id
+    return [create_op("print_tensor", [g], {**a, **fmt, "title": title, "print_gradient": False})[0]]

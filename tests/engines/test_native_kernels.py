@@ -1490,3 +1490,28 @@ def test_idle_openmp_threads_sleep_unless_the_user_says_otherwise(user_env):
         assert float(burnt) > 0.01  # of the 50 ms pause
     else:
         assert float(burnt) < 0.003
+
+
+def test_print_tensor_titles_as_popxl(capfd):
+    """The default title is ``print_<name>``; the gradient's is ``<title>_gradient``, or
+    ``Gradient___<input id>`` when the title is empty (PopART's rule)."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.array([1.0, 2.0], np.float32), name="x")
+
+        def fwd(t):
+            return ops.print_tensor(t, print_gradient=True) * ops.print_tensor(t, "", print_gradient=True)
+
+        graph = ir.create_graph(fwd, x)
+        grads = popxl.transforms.autodiff(graph)
+        info = ops.call_with_info(graph, x)
+        (dx,) = ops.call(grads.graph, popxl.constant(np.ones(2, np.float32)), inputs_dict=grads.inputs_dict(info))
+        ops.host_store(popxl.d2h_stream(dx.shape, dx.dtype, "dx"), dx)
+    capfd.readouterr()
+    with popxl.Session(ir, "ipu_model") as s:
+        s.run()
+    lines = capfd.readouterr().out.splitlines()
+    inner = graph.inputs[0].id
+    assert sorted(line.split(":")[0] for line in lines) == sorted(
+        ["print_" + graph.inputs[0].name, "", "print_" + graph.inputs[0].name + "_gradient",
+         "Gradient___" + inner])
