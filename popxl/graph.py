@@ -232,6 +232,70 @@ class Graph(OpCreatedHooks):
             raise ValueError(f"Graph.set_input_by_ref: {t.id!r} is not an input of graph {self._id!r}.")
         (self._by_ref_inputs.add if by_ref else self._by_ref_inputs.discard)(t)
 
+    def add_op_copy(self, op: "Op", inputs: Sequence["Tensor"], attrs: Optional[Dict[str, Any]] = None,
+                    output_names: Optional[Sequence[Optional[str]]] = None) -> "Op":
+        """Append an op with ``op``'s definition, name and placement (ipu, tile set) that reads
+        ``inputs``, tensors of this graph; ``attrs`` (default: ``op``'s) and the shape rule give
+        its outputs. How an op is copied into another graph (PopART's ``cloneIntoGraph``)."""
+        from popxl.op import create_op
+        new = create_op(op.type, inputs, dict(op.attrs if attrs is None else attrs), name=op.name,
+                        output_names=output_names, graph=self, return_op=True)
+        new.name, new.location, new.ipu, new.tile_set = op.name, op.location, op.ipu, op.tile_set
+        return new
+
+    def erase_op(self, op: "Op") -> None:
+        """Remove ``op`` alone (PopART's ``eraseOp``). Its outputs that nothing reads are dropped;
+        one that an op still reads, or that is a graph output, stays in the graph without a
+        producer until those readers are erased too (a graph that still reads such a tensor
+        cannot be compiled: ``check`` says which)."""
+        self._ops.remove(op)
+        for t in op.outputs:
+            if t._producer is op:
+                t._producer = None
+            if not self.readers(t) and not any(o is t for o in self._outputs):
+                self._tensors.pop(t.id, None)
+
+    def move_op(self, op: "Op", before: Optional["Op"]) -> None:
+        """Move ``op`` to run just before ``before`` (to the end if None): an ordering constraint
+        (PopART's topological constraints). Refused when an op it passes makes a tensor ``op``
+        reads or reads one ``op`` makes, or when either writes storage the other uses."""
+        ops = self._ops
+        at, to = ops.index(op), (len(ops) if before is None else ops.index(before))
+        passed = ops[at + 1:to] if to > at else ops[to:at]
+        for other in passed:
+            if _ops_depend(op, other):
+                raise ValueError(f"Graph.move_op: {op.type} {op.name!r} cannot run "
+                                 f"{'after' if to > at else 'before'} {other.type} {other.name!r}: they "
+                                 f"share a tensor that one of them makes or writes.")
+        ops.remove(op)
+        ops.insert(to - 1 if to > at else to, op)
+
+    def replace_output(self, index: int, t: "Tensor") -> "Tensor":
+        """Make ``t`` output ``index`` in place of the tensor there (same shape and dtype, so call
+        sites are unchanged); returns the tensor replaced."""
+        old = self._outputs[index]
+        if t.graph is not self or t.spec != old.spec:
+            raise ValueError(f"Graph.replace_output: {t.id!r} must be a tensor of graph {self._id!r} "
+                             f"with the spec of output {index} ({old.spec}).")
+        self._outputs[index] = t
+        return old
+
+    def remove_isolated(self, tensors: Iterable["Tensor"]) -> None:
+        """Drop ``tensors``: each must be isolated (no producer, no reader in this graph, not an
+        input or output of it). PopART's ``removeIsolatedTensors``."""
+        tensors = list(tensors)
+        ends = {id(t) for t in (*self._inputs, *self._outputs)}
+        for t in tensors:
+            if t._producer is not None or id(t) in ends or self.readers(t):
+                raise ValueError(f"Graph.remove_isolated: {t.id!r} is not isolated in graph {self._id!r}.")
+        for t in tensors:
+            self._tensors.pop(t.id, None)
+
+    def _create_tensor_id(self, name: str = "t") -> str:
+        """An id no tensor of this graph has, made from ``name`` (graph prefix and current name
+        scope included), as PopXL's ``Graph._create_tensor_id``; nothing is created."""
+        return self._new_tensor_id(get_current_context().scope_prefix + (name or "t"))
+
     def rename(self, t: "Tensor", name: str) -> None:
         """Give ``t`` a new id made from ``name`` (unique within the graph)."""
         del self._tensors[t._id]
@@ -240,8 +304,9 @@ class Graph(OpCreatedHooks):
 
     def check(self) -> None:
         """Raise if the graph breaks an invariant the compiler relies on: each op reads only inputs,
-        constants, variables or outputs of earlier ops of this graph; each tensor is registered once
-        and produced by the op that lists it; outputs are tensors of the graph."""
+        constants, variables or outputs of earlier ops of this graph (not a tensor whose producer
+        was erased); each tensor is registered once and produced by the op that lists it; outputs
+        are tensors of the graph."""
         known = {id(t) for t in self._inputs}
         registered = {id(t) for t in self._tensors.values()}
         for op in self._ops:
@@ -250,6 +315,9 @@ class Graph(OpCreatedHooks):
                     raise AssertionError(f"graph {self._id!r}: {op.name!r} reads {t.id!r}, not a tensor of the graph.")
                 if id(t) not in known and t.producer is not None:
                     raise AssertionError(f"graph {self._id!r}: {op.name!r} reads {t.id!r} before it is made.")
+                if id(t) not in known and orphaned(t):
+                    raise AssertionError(f"graph {self._id!r}: {op.name!r} reads {t.id!r}, whose producer was "
+                                         f"erased.")
             for t in op.outputs:
                 if t.producer is not op or id(t) not in registered:
                     raise AssertionError(f"graph {self._id!r}: output {t.id!r} of {op.name!r} is not registered "
@@ -299,6 +367,47 @@ class Graph(OpCreatedHooks):
 
     def __exit__(self, *exc: Any) -> None:
         get_current_context().pop_graph()
+
+
+def orphaned(t: "Tensor") -> bool:
+    """A tensor that no op makes and that is not a graph input, variable, constant or remote
+    shard: what is left of an output whose producer was erased."""
+    from popxl.tensor import Constant, Variable
+    return (t.producer is None and not isinstance(t, (Variable, Constant)) and t._remote_slot is None
+            and not any(i is t for i in t.graph._inputs))
+
+
+def storage_root(t: "Tensor") -> "Tensor":
+    """The tensor whose storage ``t`` is a view of (through view and in-place ops)."""
+    while t.producer is not None:
+        d = t.producer.opdef
+        if d.view is not None and not d.copy and t is t.producer.outputs[0]:
+            t = t.producer.inputs[0]
+        elif d.inplace is not None and t is t.producer.outputs[0]:
+            t = t.producer.inputs[d.inplace]
+        else:
+            break
+    return t
+
+
+def written_roots(op: "Op") -> Set[int]:
+    """ids of the storages ``op`` writes: its in-place input, the inputs a call writes back."""
+    if op.opdef.inplace is not None:
+        return {id(storage_root(op.inputs[op.opdef.inplace]))}
+    if "modified" in op.attrs and "input_index" in op.attrs:
+        index = op.attrs["input_index"]
+        return {id(storage_root(op.inputs[index.index(i)])) for i in op.attrs["modified"] if i in index}
+    return set()
+
+
+def _ops_depend(a: "Op", b: "Op") -> bool:
+    """Whether ``a`` and ``b`` must keep their order: one reads what the other makes, or one
+    writes storage the other reads, writes or makes a view of."""
+    if any(o is i for o in a.outputs for i in b.inputs) or any(o is i for o in b.outputs for i in a.inputs):
+        return True
+    used_a = {id(storage_root(t)) for t in (*a.inputs, *a.outputs)}
+    used_b = {id(storage_root(t)) for t in (*b.inputs, *b.outputs)}
+    return bool(written_roots(a) & used_b or written_roots(b) & used_a)
 
 
 def op_called_graphs(op: "Op") -> List[Graph]:

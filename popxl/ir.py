@@ -37,6 +37,7 @@ class Ir:
         self._graphs: Dict[str, Graph] = {}
         self._subgraph_counter = itertools.count()
         self._tensor_counter = itertools.count(1)
+        self._op_ids = itertools.count(100)  # Op.id, as PopART numbers its ops
         self._stream_ids: Set[str] = set()
         self._frozen_by: Optional[str] = None
         self._num_host_transfers = 1

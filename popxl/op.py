@@ -118,11 +118,13 @@ def user_location() -> str:
 
 
 class Op:
-    """One op in a graph: its definition, input and output tensors, attributes and placement."""
+    """One op in a graph: its definition, input and output tensors, attributes and placement.
+    ``id`` is unique in its Ir and counts from 100 (PopART's OpId, which its graph edits take)."""
 
     def __init__(self, opdef: OpDef, graph: "Graph", inputs: Tuple["Tensor", ...],
                  attrs_: Dict[str, Any], name: str, location: str) -> None:
         ctx = get_current_context()
+        self.id: int = next(graph.ir._op_ids)
         self.opdef = opdef
         self.graph = graph
         self.inputs: Tuple["Tensor", ...] = inputs

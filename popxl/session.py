@@ -13,6 +13,7 @@ from popxl.compiler import lower
 from popxl.compiler.executable import transfer_counts
 from popxl.engines import create_engine
 from popxl.errors import popart_exception
+from popxl.graph import orphaned
 from popxl.ir import Ir
 from popxl.logs import get_logger
 from popxl.progress import Progress, RunProgress
@@ -71,6 +72,17 @@ def _physical_memory() -> Optional[int]:
         return None
 
 
+def _check_no_erased_producers(ir: Ir) -> None:
+    """Refuse a program that reads a tensor whose producer was erased (PopART's ``eraseOp``
+    through ``popart._internal.ir`` leaves such tensors until their readers go too)."""
+    for g in ir._all_graphs():
+        for op in g.schedule():
+            lost = [t.id for t in op.inputs if orphaned(t)]
+            if lost:
+                raise popart_exception(f"Session: {op.type} {op.name!r} in graph {g.id!r} reads {lost[0]!r}, whose "
+                                       f"producer was erased; erase or rewire its readers first.")
+
+
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
@@ -105,6 +117,7 @@ class Session:
         self._device = _resolve_device(device_desc, ir)
         if not any(g.schedule() for g in ir._all_graphs()):
             raise popart_exception(f"Session: {ir!r} has no ops; there is nothing to run.")
+        _check_no_erased_producers(ir)
         self.ir_ = ir
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._lock = threading.RLock()

@@ -150,3 +150,60 @@ def test_fusions_compile_to_what_runs_and_match_unfused_results():
             create_op("matmul_bias", [popxl.constant(np.ones((2, 3), np.float32)),
                                       popxl.constant(np.ones((3, 4), np.float32)),
                                       popxl.constant(np.ones((4, 1), np.float32))])
+
+
+def test_move_op_keeps_dependencies_and_add_op_copy_places_a_copy():
+    ir, x, a, b, c, y_s = _chain()
+    g = ir.main_graph
+    with g:
+        x * 5.0  # independent of the chain
+    relu, mul, add, store, mul5 = g.schedule()
+    g.move_op(mul5, relu)
+    assert g.schedule()[0] is mul5
+    g.move_op(mul5, None)
+    assert g.schedule()[-1] is mul5
+    with pytest.raises(ValueError, match="cannot run after"):
+        g.move_op(relu, add)  # mul reads relu's result
+    with pytest.raises(ValueError, match="cannot run before"):
+        g.move_op(add, relu)
+    with g:
+        w = popxl.variable(np.zeros(4, np.float32), name="w")
+        snapshot = w + 0.0
+        ops.var_updates.accumulate_(w, x)
+    with pytest.raises(ValueError, match="share a tensor that one of them makes or writes"):
+        g.move_op(g.schedule()[-1], snapshot.producer)  # the update would come before the read
+    sub = ir.create_empty_graph("sub")
+    with sub:
+        s_in = popxl.graph_input((4,), popxl.float32, "s_in")
+        two = popxl.constant(np.float32(2.0), name="two")
+    copy = sub.add_op_copy(b.producer, [s_in, two], output_names=["doubled"])
+    assert copy.type == "mul" and copy.name == b.producer.name and copy.outputs[0].id == sub.id + "/doubled"
+    assert copy.graph is sub and sub.schedule() == (copy,) and copy.id != b.producer.id
+    with pytest.raises(ValueError, match="belongs to graph"):
+        sub.add_op_copy(b.producer, [a, two])
+
+
+def test_erase_op_replace_output_and_remove_isolated():
+    ir, x, a, b, c, y_s = _chain()
+    g = ir.main_graph
+    g.erase_op(b.producer)  # `add` still reads b: b stays, without a producer
+    assert b.producer is None and b in g.tensors
+    with pytest.raises(AssertionError, match="whose producer was erased"):
+        g.check()
+    with pytest.raises(ValueError, match="is not isolated"):
+        g.remove_isolated([b])
+    for op in reversed(g.schedule()[1:]):
+        g.erase_op(op)
+    g.remove_isolated([b])
+    assert b not in g.tensors and c not in g.tensors and [op.type for op in g.schedule()] == ["relu"]
+    g.check()
+    sub = ir.create_graph(lambda t: (t + 1.0, t * 2.0), x)
+    plus, times = sub.outputs
+    assert sub.replace_output(0, times) is plus and sub.outputs == (times, times)
+    with sub:
+        other = popxl.constant(np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="with the spec of output 0"):
+        sub.replace_output(0, other)
+    assert sub._create_tensor_id("fresh") == sub.id + "/fresh"
+    with popxl.name_scope("scope"):
+        assert sub._create_tensor_id("fresh") == sub.id + "/scope/fresh"
