@@ -41,6 +41,10 @@ class Ir:
         self._stream_ids: Set[str] = set()
         self._frozen_by: Optional[str] = None
         self._num_host_transfers = 1
+        # .dot checkpoints: the checks asked for besides POPART_DOT_CHECKS, and where files go
+        # (the dotChecks / logDir session options; popxl.visualize.dot_checkpoint)
+        self._dot_checks: Set[str] = set()
+        self._dot_save_dir: Optional[Path] = None
         self._main_graph = Graph._create(self, "", "main")
         self._replication_factor = 1
         self.replication_factor = _popdist_replication() if replication == "popdist" else replication

@@ -180,11 +180,11 @@ class Session:
                     f"num_host_transfers times per run. To fix it, {way}.")
 
     def _write_final_dot_checkpoint(self) -> None:
-        """PopART's "FINAL" DOT checkpoint (the program as compiled), when POPART_DOT_CHECKS names it
-        (or ALL). Unset, no file is written: only the user's own checkpoints default to on."""
-        from popxl.visualize.dot import dot_checks, dot_checkpoint
-        checks = dot_checks()
-        if checks is not None and ("ALL" in checks or "FINAL" in checks):
+        """PopART's "FINAL" DOT checkpoint (the program as compiled), when POPART_DOT_CHECKS or the
+        Ir's dotChecks option names it (or ALL); with neither, only once a checkpoint of the user's
+        has turned them all on (see popxl.visualize.dot_checkpoint)."""
+        from popxl.visualize.dot import check_enabled, dot_checkpoint
+        if check_enabled(self.ir, "FINAL"):
             dot_checkpoint(self.ir, "FINAL")
 
     def _check_memory(self) -> None:

@@ -439,34 +439,40 @@ def to_dot(subject: Union["Graph", "Ir"], options: Optional[DrawOptions] = None,
 
 def dot_checks() -> Optional[Set[str]]:
     """The checks ``POPART_DOT_CHECKS`` asks for, upper-cased (``:`` separates them); None when the
-    variable is not set, which PopXL's ``dot_checkpoint`` takes as "ALL"."""
+    variable is not set."""
     value = os.environ.get(DOT_CHECKS_ENV)
     if value is None:
         return None
     return {c.strip().upper() for c in value.split(":") if c.strip()}
 
 
-def check_enabled(check: str) -> bool:
-    checks = dot_checks()
-    return checks is None or "ALL" in checks or check.upper() in checks
+def check_enabled(ir: "Ir", check: str) -> bool:
+    """Whether ``check`` is asked for by ``POPART_DOT_CHECKS`` or by the Ir's own ``dotChecks``
+    option (``ir._pb_ir.getSessionOptions().dotChecks``): by name (case-blind) or by ``ALL``."""
+    checks = {c.upper() for c in ir._dot_checks} | (dot_checks() or set())
+    return "ALL" in checks or check.upper() in checks
 
 
 def dot_checkpoint(ir: "Ir", check: str, save_dir: Optional[Union[Path, str]] = None) -> Optional[Path]:
     """Write the whole program as Graphviz DOT to ``<dir>/<check>_all.dot`` if ``check`` is enabled.
 
-    As in PopXL: with ``POPART_DOT_CHECKS`` unset every checkpoint is written; set, it names the
-    checks to write, ``:``-separated and case-blind, ``ALL`` for all of them (set but empty: none).
-    ``save_dir`` becomes the directory of this Ir's later checkpoints too (default: the working
-    directory). All graphs go into one file (PopART's ``<check>_all.dot``). Returns the path
-    written, or None.
+    As in PopXL: the checks written are those ``POPART_DOT_CHECKS`` names (``:``-separated and
+    case-blind, ``ALL`` for all of them) and those of the Ir's ``dotChecks`` option; when neither
+    names any (the variable unset), the first checkpoint sets ``dotChecks`` to ``ALL``, so this and
+    every later checkpoint, the Session's ``FINAL`` one included, are written. ``save_dir`` (the
+    Ir's ``logDir`` option) becomes the directory of this Ir's later checkpoints too (default: the
+    working directory). All graphs go into one file (PopART's ``<check>_all.dot``). Returns the
+    path written, or None.
     """
     if not isinstance(check, str) or not check:
         raise ValueError(f"dot_checkpoint: check must be a non-empty str, not {check!r}.")
     if save_dir is not None:
         ir._dot_save_dir = Path(save_dir)
-    if not check_enabled(check):
+    if dot_checks() is None and not ir._dot_checks:
+        ir._dot_checks = {"ALL"}
+    if not check_enabled(ir, check):
         return None
-    directory = getattr(ir, "_dot_save_dir", None) or Path(".")
+    directory = ir._dot_save_dir or Path(".")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{check}_all.dot"
     path.write_text(to_dot(ir, DrawOptions(max_nodes=None), title=f"{check}: Ir[id={ir.id}]"))
