@@ -82,6 +82,7 @@ _DEFAULTS: Dict[str, Any] = {
     "activationTensorLocationSettings": None, "weightTensorLocationSettings": None,
     "optimizerStateTensorLocationSettings": None, "accumulatorTensorLocationSettings": None,
     "replicatedCollectivesSettings": None, "developerSettings": None, "enablePrefetchRNGState": True,
+    "throwIfLog2ScaleTensorNotInRange": True,
 }
 _INT_OPTIONS = ("replicatedGraphCount", "accumulationFactor")
 

@@ -101,6 +101,10 @@ class Context(OpCreatedHooks):
     def scope_prefix(self) -> str:
         return "".join(s + "/" for s in self.name_scopes)
 
+    def _add_in_sequence_topocons(self, op: "Op") -> None:
+        """PopXL orders an op after the previous one here when ``in_sequence`` is on. Our schedule
+        is creation order, which already does so: nothing to add (kept for callers of PopXL's)."""
+
 
 _CONTEXT = Context()
 

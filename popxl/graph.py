@@ -31,6 +31,8 @@ class Graph(OpCreatedHooks):
         g._inputs: List["Tensor"] = []
         g._outputs: List["Tensor"] = []
         g._by_ref_inputs: Set["Tensor"] = set()
+        # False: autodiff of a graph calling this one needs its gradient in called_graphs_grad_info
+        g._can_be_recursively_autodiffed = True
         g._init_hooks()
         return g
 
@@ -98,6 +100,18 @@ class Graph(OpCreatedHooks):
             for g in op_called_graphs(op):
                 seen.setdefault(g.id, g)
         return tuple(seen.values())
+
+    # PopART's internal IR as PopXL's own Python reaches it: `popart._internal.ir` is a view of
+    # this Ir (one IR), so code written against PopXL's internals (popxl-addons) runs unchanged.
+    @property
+    def _pb_graph(self) -> Any:
+        from popart._internal.ir import view_of
+        return view_of(self)
+
+    @classmethod
+    def _from_pb(cls, pb_graph: Any) -> "Graph":
+        from popart._internal.ir import popxl_object
+        return popxl_object(pb_graph, cls)
 
     def is_input_by_ref(self, t: "Tensor") -> bool:
         return t in self._by_ref_inputs

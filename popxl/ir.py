@@ -54,6 +54,12 @@ class Ir:
     def id(self) -> int:
         return self._id
 
+    @property
+    def _pb_ir(self) -> Any:
+        """This Ir as PopART's internal IR shows it (popart._internal.ir.Ir, a view)."""
+        from popart._internal.ir import view_of
+        return view_of(self)
+
     def __repr__(self) -> str:
         return f"Ir[id={self._id}]"
 

@@ -143,6 +143,18 @@ class Op:
     def type(self) -> str:
         return self.opdef.name
 
+    def __getattr__(self, name: str) -> Any:
+        # PopXL hands out PopART's ops (a call site's ``_op``, op-created hooks), and code written
+        # for it calls their methods (``getInputIndexMap``, ``outTensor`` ...): those come from
+        # this op's view in popart._internal.ir.
+        if name.startswith("_"):
+            raise AttributeError(f"'Op' object has no attribute {name!r}")
+        from popart._internal.ir import view_of
+        try:
+            return getattr(view_of(self), name)
+        except AttributeError:
+            raise AttributeError(f"'Op' object has no attribute {name!r}") from None
+
     def __repr__(self) -> str:
         ins = ", ".join(t.id for t in self.inputs)
         outs = ", ".join(t.id for t in self.outputs)

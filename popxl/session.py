@@ -224,6 +224,12 @@ class Session:
     def is_attached(self) -> bool:
         return self._engine.attached
 
+    @property
+    def _pb_session(self) -> Any:
+        """This session as PopART's session object shows it (popart._internal.ir.Session, a view)."""
+        from popart._internal.ir import view_of
+        return view_of(self)
+
     def _require_attached(self, what: str) -> None:
         if not self.is_attached:
             raise ValueError(f"Session.{what}: the session must be attached to a device first; use "
@@ -341,6 +347,12 @@ class Session:
     @_serialised
     def write_variables_data(self, tensors: Dict[Variable, np.ndarray]) -> None:
         """Set several variables' host values; if attached, send them to the device once."""
+        self._write_variables_data(tensors, to_device=True)
+
+    @_serialised
+    def _write_variables_data(self, tensors: Dict[Variable, np.ndarray], to_device: bool) -> None:
+        """``write_variables_data``; with ``to_device=False`` only the host values change (PopART's
+        ``writeWeights``: the device gets them at the next ``weights_from_host``)."""
         if not isinstance(tensors, Mapping):
             raise TypeError(f"Session.write_variables_data: expected a dict {{variable: data}}, not "
                             f"{type(tensors).__name__}.")
@@ -372,7 +384,7 @@ class Session:
             self.weights_to_host()  # keep the host values of the other variables complete
         for t, data in checked.items():
             self._host.get(t, t._host_data_value)[...] = data
-        if self.is_attached:
+        if self.is_attached and to_device:
             self._write_device(checked)
 
     # streams --------------------------------------------------------------------------------------

@@ -151,6 +151,18 @@ class Tensor:
         return self._id
 
     @property
+    def _pb_tensor(self) -> Any:
+        """This tensor as PopART's internal IR shows it (popart._internal.ir.Tensor, a view)."""
+        from popart._internal.ir import view_of
+        return view_of(self)
+
+    @classmethod
+    def _from_pb_tensor(cls, pb_tensor: Any) -> "Tensor":
+        """The popxl tensor a `popart._internal.ir.Tensor` shows (the same object every time)."""
+        from popart._internal.ir import popxl_object
+        return popxl_object(pb_tensor, Tensor)
+
+    @property
     def name(self) -> str:
         """The id without the graph's prefix."""
         prefix = self._graph._tensor_prefix

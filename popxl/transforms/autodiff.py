@@ -35,6 +35,15 @@ class ExpectedConnectionType(Enum):
     Fwd = "Fwd"
     FwdGrad = "FwdGrad"
 
+    @classmethod
+    def _from_pb(cls, type_: Any) -> "ExpectedConnectionType":
+        """From `popart._internal.ir.ExpectedConnectionType`."""
+        return cls(type_.name)
+
+    def _to_pb(self) -> Any:
+        from popart._internal.ir import ExpectedConnectionType as PbType
+        return PbType[self.name]
+
 
 class ExpectedConnection:
     """One input or output of a gradient graph: a forward tensor, or the gradient of one."""
@@ -47,6 +56,27 @@ class ExpectedConnection:
         c = object.__new__(cls)
         c._fwd_tensor, c._connection_type = fwd_tensor, connection_type
         return c
+
+    @classmethod
+    def _from_pb(cls, fwd_graph: Any, pb_ec: Any) -> "ExpectedConnection":
+        """From a `popart._internal.ir.ExpectedConnection` (a forward tensor id and a type) of the
+        forward graph ``fwd_graph`` (a popxl.Graph or its ``_pb_graph``)."""
+        from popart._internal.ir import ExpectedConnection as PbConnection, popxl_object
+        graph = popxl_object(fwd_graph, Graph)
+        if not isinstance(pb_ec, PbConnection):
+            raise TypeError(f"ExpectedConnection._from_pb: expected a popart._internal.ir.ExpectedConnection, "
+                            f"not {type(pb_ec).__name__}.")
+        c = cls._create(graph.get_tensor(pb_ec.fwdId), ExpectedConnectionType._from_pb(pb_ec.type))
+        c._pb = pb_ec
+        return c
+
+    @property
+    def _pb_ec(self) -> Any:
+        """This connection as a `popart._internal.ir.ExpectedConnection`."""
+        if getattr(self, "_pb", None) is None:
+            from popart._internal.ir import ExpectedConnection as PbConnection
+            self._pb = PbConnection(self._fwd_tensor.id, self._connection_type._to_pb())
+        return self._pb
 
     @property
     def fwd_tensor(self) -> Tensor:
@@ -74,6 +104,23 @@ class GradGraphInfo:
         info._graph, info._forward_graph = graph, forward_graph
         info._expected_inputs, info._expected_outputs = tuple(expected_inputs), tuple(expected_outputs)
         return info
+
+    @classmethod
+    def _from_pb(cls, ir: Any, fwd_graph: Any, pb_bwd_info: Any) -> "GradGraphInfo":
+        """From a `popart._internal.ir.BwdGraphInfo` (gradient graph id and expected connections)
+        of ``fwd_graph``; ``ir`` and ``fwd_graph`` are popxl objects or their ``_pb_`` views."""
+        from popart._internal.ir import BwdGraphInfo, popxl_object
+        from popxl.ir import Ir
+        if not isinstance(pb_bwd_info, BwdGraphInfo):
+            raise TypeError(f"GradGraphInfo._from_pb: expected a popart._internal.ir.BwdGraphInfo, "
+                            f"not {type(pb_bwd_info).__name__}.")
+        ir, fwd = popxl_object(ir, Ir), popxl_object(fwd_graph, Graph)
+        if fwd.ir is not ir:
+            raise ValueError(f"GradGraphInfo._from_pb: forward graph {fwd.id!r} is not a graph of {ir!r}.")
+        bwd = Graph._from_pb(ir._pb_ir.getGraph(pb_bwd_info.bwdGraphId))
+        return cls._create(bwd, fwd,
+                           [ExpectedConnection._from_pb(fwd, c) for c in pb_bwd_info.expectedInputs],
+                           [ExpectedConnection._from_pb(fwd, c) for c in pb_bwd_info.expectedOutputs])
 
     @property
     def graph(self) -> Graph:
@@ -372,6 +419,11 @@ class _GradBuilder:
     def subgraph_grad(self, graph: Graph, provided: Sequence[Tensor], required: Sequence[Tensor]) -> GradGraphInfo:
         if graph in self.called_info:
             return self.called_info[graph]
+        if not graph._can_be_recursively_autodiffed:
+            raise RuntimeError(
+                f"autodiff of {self.fwd.id!r}: it calls graph {graph.id!r}, which has been marked as unsafe to "
+                f"autodiff (setCanBeRecursivelyAutodiffed(False)); give its gradient graph in "
+                f"called_graphs_grad_info.")
         key = (graph, tuple(provided), tuple(required))
         if key not in self.cache:
             info = _GradBuilder(graph, provided, required, self.called_info, self.all_infos, self.cache,

@@ -1,0 +1,23 @@
+"""``popart._internal.ir``: PopART's internal IR as PopXL's Python reaches it, here a view of
+popxl's own IR (there is one IR, not two).
+
+``ir._pb_ir``, ``graph._pb_graph``, ``tensor._pb_tensor`` and ``session._pb_session`` return views
+(``Ir``, ``Graph``, ``Tensor``, ``Session``) of the popxl objects; ops are viewed as ``Op`` (or
+``op.CallOp``, ``op.LoopOp``, ...). Each popxl object has one view, made on first use, and
+``popxl.Graph._from_pb`` / ``popxl.Tensor._from_pb_tensor`` give back the popxl object. Views
+read the IR and change it only through popxl's graph edit API (popxl/graph.py) and the call-site
+helpers of popxl/ops/call.py. A PopART call that popxl's IR cannot honour raises an error naming
+the call and why; the README's compatibility section lists them.
+"""
+from popart._internal.ir import op, patterns, view
+from popart._internal.ir._views import popxl_object, view_of
+from popart._internal.ir.bwdgraphinfo import BwdGraphInfo, ExpectedConnection, ExpectedConnectionType
+from popart._internal.ir.graph import Graph, GraphId, TopoCons
+from popart._internal.ir.ir import ExecutionContext, Ir, IrSessionOptions
+from popart._internal.ir.op import Op
+from popart._internal.ir.session import Session
+from popart._internal.ir.tensor import Consumers, Tensor, TensorInfo
+
+__all__ = ["op", "patterns", "view", "view_of", "popxl_object", "BwdGraphInfo", "ExpectedConnection",
+           "ExpectedConnectionType", "Graph", "GraphId", "TopoCons", "ExecutionContext", "Ir", "IrSessionOptions",
+           "Op", "Session", "Tensor", "TensorInfo", "Consumers"]
