@@ -3,7 +3,8 @@
 PopXL is built on PopART and logs through the same loggers, so one configuration controls both:
 every logger lives under ``popart`` (``popart.session``, ``popart.devicex``, ..., and
 ``popart.popxl`` for this package), lines have PopART's format, and ``POPART_LOG_LEVEL`` (default
-OFF) / ``POPART_LOG_DEST`` (stdout, stderr (default) or a file path) set them up at import.
+WARN, as PopART's) / ``POPART_LOG_DEST`` (stdout, stderr (default) or a file path) set them up at
+import.
 Handlers added to these loggers work as usual; records do not propagate to the root logger.
 """
 from __future__ import annotations
@@ -38,8 +39,8 @@ class _Formatter(logging.Formatter):
 
 
 def _configure_from_environment() -> None:
-    level = os.environ.get("POPART_LOG_LEVEL", "OFF").upper()
-    ROOT.setLevel(LEVELS.get(level, LEVELS["OFF"]))
+    level = os.environ.get("POPART_LOG_LEVEL", "WARN").upper()  # PopART's default level
+    ROOT.setLevel(LEVELS.get(level, LEVELS["WARN"]))
     dest = os.environ.get("POPART_LOG_DEST", "stderr")
     if dest.lower() == "stdout":
         handler: logging.Handler = logging.StreamHandler(sys.stdout)

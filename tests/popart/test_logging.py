@@ -63,7 +63,17 @@ def test_level_filters_and_stdout(tmp_path):
     assert any(m == "popxl" for m, *_ in records)
 
 
-def test_default_is_off(tmp_path):
+def test_default_is_warn_on_stderr(tmp_path):
+    """As PopART: unset, POPART_LOG_LEVEL is WARN and the lines go to stderr."""
     r = run(tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    records = parsed(r.stderr)
+    assert records and all(lvl in "WEC" for _, _, _, lvl, _ in records)
+    assert any(m == "popxl" and lvl == "W" and "ipu_hw" in msg for m, _, _, lvl, msg in records)
+
+
+def test_off_is_silent(tmp_path):
+    r = run(tmp_path, POPART_LOG_LEVEL="OFF")
     assert r.returncode == 0, r.stderr
     assert r.stdout == "" and r.stderr == ""
