@@ -377,7 +377,8 @@ def _mod(n: Node) -> List[Value]:
     r = ops.fmod(a, b)
     if n.attr("fmod", 0):
         return [r]
-    # Python-style modulo: the result takes the divisor's sign.
+    # Python-style modulo: the result takes the divisor's sign (r + b cannot overflow: r and b have
+    # opposite signs there). A divisor of 0 gives 0, as popxl's fmod does.
     zero = n.scalar(0, r)
     fix = ops.logical_and(ops.logical_not(ops.equal(r, zero)),
                           ops.logical_not(ops.equal(_less(r, zero), _less(b, zero))))
@@ -397,7 +398,9 @@ def _div(a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
     if a.dtype.is_floating_point:
         return ops.div(a, b)
     # ONNX integer division truncates toward zero; popxl's floors. a - fmod(a, b) is a multiple of
-    # b with the truncated quotient, so dividing it is exact whichever way the division rounds.
+    # b with the truncated quotient, so dividing it is exact whichever way the division rounds (and
+    # never overflows: the remainder has a's sign). popxl's rules carry over: b = 0 gives 0, and
+    # INT_MIN / -1 wraps to INT_MIN.
     return ops.div(ops.sub(a, ops.fmod(a, b)), b)
 
 

@@ -110,14 +110,29 @@ globals().update(_public)  # the unary functions: abs, cos, ..., relu_, gelu_, .
 
 
 # binary ---------------------------------------------------------------------------------------------
+# Integer division and remainder are defined for every operand pair, in both engines: a divisor
+# of 0 gives 0 (NumPy's result), and the most negative value divided by -1 wraps to itself (two's
+# complement; its remainder is 0). Spelled out here rather than left to NumPy's handling of those
+# pairs, which has changed between versions.
+def _int_divisor(b: np.ndarray) -> np.ndarray:
+    """``b`` with 0 and (signed) -1 replaced by 1: the divisors the special cases handle."""
+    special = (b == 0) | (b == -1) if b.dtype.kind == "i" else b == 0
+    return np.where(special, np.ones((), b.dtype), b)
+
+
 def _div(a, b):
-    if a.dtype.kind in "iu":
-        with np.errstate(divide="ignore"):
-            return np.floor_divide(a, b)
-    return np.divide(a, b)
+    if a.dtype.kind not in "iu":
+        with np.errstate(divide="ignore", invalid="ignore"):  # IEEE: +-inf or NaN
+            return np.divide(a, b)
+    q = np.floor_divide(a, _int_divisor(b))
+    if a.dtype.kind == "i":
+        q = np.where(b == -1, np.negative(a), q)  # wraps for the most negative value
+    return np.where(b == 0, np.zeros((), a.dtype), q)
 
 
 def _fmod(a, b):
+    if a.dtype.kind in "iu":
+        return np.fmod(a, _int_divisor(b))  # x fmod 1 is 0: the value for divisors 0 and -1
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.fmod(a, b)
 
@@ -240,12 +255,13 @@ def mul(lhs: Tensor, rhs: Tensor) -> Tensor:
 
 
 def div(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """lhs / rhs with broadcasting; integer operands floor-divide (as PopXL documents)."""
+    """lhs / rhs with broadcasting; integer operands floor-divide (as PopXL documents). Integer
+    division by 0 gives 0, and the most negative value divided by -1 wraps to itself."""
     return _binary("div", lhs, rhs)
 
 
 def fmod(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """C fmod: the remainder has the sign of lhs."""
+    """C fmod: the remainder has the sign of lhs. For integers, a divisor of 0 gives 0."""
     return _binary("fmod", lhs, rhs)
 
 

@@ -46,24 +46,16 @@ KernelFactory binary(Op op, Result result, bool ints_too) {
 
 template <class W>
 W floor_div(W a, W b) {
-  if constexpr (std::is_floating_point_v<W>) {
-    return a / b;
-  } else if constexpr (std::is_same_v<W, bool>) {
-    return b ? a : false;
-  } else {
-    if (b == 0) return 0;
-    W q = a / b;
-    if constexpr (std::is_signed_v<W>)
-      if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
-    return q;
-  }
+  if constexpr (std::is_floating_point_v<W>) return a / b;
+  else if constexpr (std::is_same_v<W, bool>) return b ? a : false;
+  else return int_div(a, b, true);
 }
 
 template <class W>
 W c_fmod(W a, W b) {
   if constexpr (std::is_floating_point_v<W>) return std::fmod(a, b);
   else if constexpr (std::is_same_v<W, bool>) return false;
-  else return b == 0 ? W(0) : W(a % b);
+  else return int_rem(a, b);
 }
 
 template <class W>
@@ -75,8 +67,13 @@ W power(W a, W b) {
   } else if constexpr (std::is_same_v<W, bool>) {
     return b ? a : true;
   } else {
+    // by squaring, wrapping as NumPy's integer power does (the same value modulo 2**bits as
+    // repeated products); a negative exponent gives 1, as the reference's max(b, 0)
     W r = 1;
-    for (W e = 0; e < b; ++e) r *= a;
+    for (W e = b; e > W(0); e = static_cast<W>(e >> 1)) {
+      if (e & W(1)) r = wrap_mul(r, a);
+      a = wrap_mul(a, a);
+    }
     return r;
   }
 }
@@ -100,9 +97,9 @@ bool shift_in_range(W b) {
 }
 
 const RegisterKernel binary_ops[] = {
-    {{"add", "add_"}, binary([](auto a, auto b) { return a + b; }, Result::Same, true)},
-    {{"sub"}, binary([](auto a, auto b) { return a - b; }, Result::Same, true)},
-    {{"mul"}, binary([](auto a, auto b) { return a * b; }, Result::Same, true)},
+    {{"add", "add_"}, binary([](auto a, auto b) { return wrap_add(a, b); }, Result::Same, true)},
+    {{"sub"}, binary([](auto a, auto b) { return wrap_sub(a, b); }, Result::Same, true)},
+    {{"mul"}, binary([](auto a, auto b) { return wrap_mul(a, b); }, Result::Same, true)},
     {{"div"}, binary([](auto a, auto b) { return floor_div(a, b); }, Result::Same, true)},
     {{"fmod"}, binary([](auto a, auto b) { return c_fmod(a, b); }, Result::Same, true)},
     {{"pow"}, binary([](auto a, auto b) { return power(a, b); }, Result::Same, true)},

@@ -123,8 +123,8 @@ const RegisterKernel unary_ops[] = {
        using W = decltype(x);
        return W(0.5) * x * (W(1) + std::erf(x * W(kInvSqrt2)));
      })},
-    {{"negate"}, unary([](auto x) { return -x; }, true)},
-    {{"abs"}, unary([](auto x) { return x < 0 ? -x : x; }, true)},
+    {{"negate"}, unary([](auto x) { return wrap_neg(x); }, true)},  // integers wrap: -INT_MIN is INT_MIN
+    {{"abs"}, unary([](auto x) { return wrap_abs(x); }, true)},
     {{"relu", "relu_"}, unary([](auto x) { return x < 0 ? decltype(x)(0) : x; }, true)},  // NaN stays NaN
     {{"sign"}, unary([](auto x) { return decltype(x)((x > 0) - (x < 0)); }, true)},
     {{"bitwise_not"}, unary([](auto x) {  // integers only (the op's dtype check)

@@ -31,6 +31,69 @@ inline const Buffer& out(const OpInstr& i, const std::vector<Buffer>& b) { retur
 template <class T> struct Wide { using type = T; };
 template <> struct Wide<f16> { using type = float; };
 
+// ---- integer arithmetic that wraps -----------------------------------------------------------
+// Integer results wrap modulo 2**bits (two's complement), as NumPy's integer ops give; signed
+// overflow is undefined behaviour in C++ (INT_MIN negated, INT_MAX + 1), so signed values are
+// computed as unsigned ones. The unsigned type is at least unsigned int: narrower ones promote to
+// (signed) int, where uint16 * uint16 can overflow. Floats and bool: the plain operation.
+template <class W>
+constexpr bool is_wrapping_int = std::is_integral_v<W> && !std::is_same_v<W, bool>;
+
+template <class W>
+using WrapUnsigned = std::conditional_t<(sizeof(W) < sizeof(unsigned)), unsigned, std::make_unsigned_t<W>>;
+
+template <class W>
+W wrap_add(W a, W b) {
+  if constexpr (is_wrapping_int<W>) return static_cast<W>(WrapUnsigned<W>(a) + WrapUnsigned<W>(b));
+  else return a + b;
+}
+template <class W>
+W wrap_sub(W a, W b) {
+  if constexpr (is_wrapping_int<W>) return static_cast<W>(WrapUnsigned<W>(a) - WrapUnsigned<W>(b));
+  else return a - b;
+}
+template <class W>
+W wrap_mul(W a, W b) {
+  if constexpr (is_wrapping_int<W>) return static_cast<W>(WrapUnsigned<W>(a) * WrapUnsigned<W>(b));
+  else return a * b;
+}
+template <class W>
+W wrap_neg(W a) {
+  if constexpr (is_wrapping_int<W>) return static_cast<W>(WrapUnsigned<W>(0) - WrapUnsigned<W>(a));
+  else return -a;
+}
+// |a|, the most negative integer staying itself (as np.abs gives); |-0.0| is +0.0.
+template <class W>
+W wrap_abs(W a) {
+  if constexpr (std::is_floating_point_v<W>) return std::fabs(a);
+  else if constexpr (std::is_unsigned_v<W>) return a;
+  else return a < W(0) ? wrap_neg(a) : a;
+}
+
+// Integer division, defined for every operand pair: b == 0 gives 0 (NumPy's result, with the
+// warning it prints), and the most negative value divided by -1 wraps to itself (the one quotient
+// that overflows; the CPU's divide instruction traps on it). `floor`: round toward -infinity
+// (popxl's `div`), else toward zero (C, ONNX's Div).
+template <class W>
+W int_div(W a, W b, bool floor) {
+  if (b == W(0)) return W(0);
+  if constexpr (std::is_signed_v<W>) {
+    if (b == W(-1)) return wrap_neg(a);
+    W q = static_cast<W>(a / b);
+    if (floor && static_cast<W>(a % b) != W(0) && ((a < W(0)) != (b < W(0)))) --q;
+    return q;
+  } else {
+    return static_cast<W>(a / b);
+  }
+}
+// The remainder of int_div toward zero (C's %, the sign of a): 0 when b is 0 or -1.
+template <class W>
+W int_rem(W a, W b) {
+  if constexpr (std::is_signed_v<W>)
+    if (b == W(-1)) return W(0);
+  return b == W(0) ? W(0) : static_cast<W>(a % b);
+}
+
 // Dense float16 <-> float32 rows. GCC 12 converts _Float16 one value at a time; F16C converts
 // eight (rounding to nearest even, as static_cast does).
 inline void f16_to_f32(const f16* x, float* y, int64_t n) {
