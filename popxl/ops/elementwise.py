@@ -10,7 +10,7 @@ import numpy as np
 
 from popxl import dtypes
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
-from popxl.ops.utils import as_tensor, broadcast_shapes, same_dtype, spec
+from popxl.ops.utils import as_tensor, broadcast_shapes, convert, same_dtype, spec
 from popxl.tensor import Tensor, TensorSpec
 
 __all__ = ["abs", "add", "add_", "cast", "ceil", "clamp", "clip", "cos", "detach", "detach_", "div", "equal", "exp", "exp_", "fmod", "gelu", "gelu_", "geluerf", "geluerf_", "greater", "identity", "isfinite", "isinf", "isnan", "log", "logical_and", "logical_not", "logical_or", "maximum", "mul", "negate", "pow", "relu", "relu_", "rename", "scaled_add", "scaled_add_", "sign", "sin", "sqrt", "sub", "swish", "swish_", "tanh", "where"]
@@ -337,12 +337,13 @@ def _cast_infer(specs, data_type):
     return [spec(specs[0].shape, data_type)]
 
 
-register(OpDef("cast", _cast_infer, lambda x, data_type: x.astype(dtypes.ml_dtype(data_type)),
+register(OpDef("cast", _cast_infer, lambda x, data_type: convert(x, dtypes.ml_dtype(data_type)),
                family="elementwise"))
 
 
 def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:
-    """t converted to ``data_type`` (float -> int truncates toward zero)."""
+    """t converted to ``data_type``. Float -> int truncates toward zero and saturates (values
+    beyond the integer range give its limits, NaN gives 0); int -> narrower int wraps."""
     return create_op("cast", [t], {"data_type": data_type})[0]
 
 
@@ -375,8 +376,10 @@ def detach_(t: Tensor) -> Tensor:
 
 
 def _clip_kernel(x, min, max):
-    return np.clip(x, np.asarray(min).astype(x.dtype) if np.isfinite(min) or x.dtype.kind == "f" else None,
-                   np.asarray(max).astype(x.dtype) if np.isfinite(max) or x.dtype.kind == "f" else None)
+    if x.dtype.kind in "iu":  # the integers in [min, max]: bounds rounded inward, within the dtype's range
+        lo, hi = convert(np.ceil(np.float64(min)), x.dtype), convert(np.floor(np.float64(max)), x.dtype)
+        return np.minimum(np.maximum(x, lo), hi)
+    return np.minimum(np.maximum(x, np.asarray(min, x.dtype)), np.asarray(max, x.dtype))
 
 
 def _clip_infer(specs, min, max):
@@ -390,7 +393,7 @@ register(OpDef("clip", _clip_infer, _clip_kernel, family="elementwise", elementw
 
 
 def clip(t: Tensor, min: float = float("-inf"), max: float = float("inf")) -> Tensor:
-    """t limited to [min, max]."""
+    """t limited to [min, max] (an integer t to the integers within it)."""
     return create_op("clip", [t], {"min": float(min), "max": float(max)})[0]
 
 

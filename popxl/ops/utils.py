@@ -13,6 +13,25 @@ __all__ = ["check_in_graph", "check_tensor_ipu_and_tile_set", "cast_if_needed", 
            "convert_optional_int", "convert_optional_dtype"]
 
 
+def convert(x: np.ndarray, dtype: Any) -> np.ndarray:
+    """``x`` as NumPy ``dtype``, as the engines convert values (reference kernels use this where
+    NumPy's ``astype`` is undefined): floats going to an integer dtype are truncated toward zero and
+    saturate at the dtype's limits, NaN giving 0 (NumPy gives whatever the CPU's conversion does).
+    Everything else is ``astype``; integers to narrower integers wrap."""
+    dt = np.dtype(dtype)
+    x = np.asarray(x)
+    if dt.kind not in "iu" or x.dtype.kind in "iub":
+        return x.astype(dt)
+    t = np.trunc(x.astype(np.float64))
+    info = np.iinfo(dt)
+    beyond = 2.0 ** (8 * dt.itemsize - (dt.kind == "i"))  # exact: the first value above info.max
+    with np.errstate(invalid="ignore"):
+        inside = (t >= info.min) & (t < beyond)
+        out = np.where(inside, t, 0).astype(dt)
+        out = np.where(t >= beyond, np.array(info.max, dt), out)
+        return np.where(t < info.min, np.array(info.min, dt), out)
+
+
 def check_in_graph(graph: Any, **tensors: Tensor) -> None:
     """TypeError if a value is not a Tensor, ValueError if it is not in ``graph``."""
     for name, t in tensors.items():

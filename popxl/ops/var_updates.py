@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from popxl.op import Grad, OpDef, create_op, register
-from popxl.ops.utils import normalize_axes, spec
+from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor, TensorSpec, constant
 
 __all__ = ["accumulate_", "accumulate_square_", "accumulate_mean_", "accumulate_moving_average_",
@@ -115,7 +115,7 @@ def _accumulator_kernel(takes_x: bool, param: Optional[str], formula: Callable) 
         args = [a.astype(wide) for a in operands]
         if param is not None:
             args.append(_Scalars(ins[len(operands) - 1:], wide)(attrs[param]))
-        return np.asarray(formula(*args)).astype(t.dtype)
+        return convert(formula(*args), t.dtype)
     return kernel
 
 
@@ -197,7 +197,7 @@ def _sparse_kernel(t, x, indices, *scale, axis, f):
     idx = indices.reshape(-1).astype(np.int64)
     ok = (idx >= 0) & (idx < t.shape[axis])  # out-of-range rows are dropped
     np.add.at(acc, idx[ok], rows[ok])
-    return np.moveaxis(acc, 0, axis).astype(t.dtype)
+    return convert(np.moveaxis(acc, 0, axis), t.dtype)
 
 
 register(OpDef("sparse_accumulate_", _sparse_infer, _sparse_kernel, inplace=0, grad=Grad.STOP,
@@ -347,7 +347,7 @@ def _var_update_kernel(t, x, r1, r2, *scalars, learning_rate, max_weight_norm):
         ratio = np.asarray(1.0, wide)
     else:
         ratio = (np.minimum(np.sqrt(n1), np.float64(mwn)) / np.sqrt(n2)).astype(wide)
-    return (t.astype(wide) - lr * ratio * x.astype(wide)).astype(t.dtype)
+    return convert(t.astype(wide) - lr * ratio * x.astype(wide), t.dtype)
 
 
 register(OpDef("adam_var_update", _var_update_infer, _var_update_kernel, inplace=0, grad=Grad.STOP,

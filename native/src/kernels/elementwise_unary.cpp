@@ -89,16 +89,18 @@ KernelFactory libm_unary(Op op) {
 }
 
 template <class Op>
-KernelFactory predicate(Op op) {  // float -> bool
+KernelFactory predicate(Op op) {  // float -> bool, in the value's own precision (a float64 above
+                                  // float32's range is not infinite)
   return [op](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer x = in(ins, bufs, 0), y = out(ins, bufs);
     unique_ptr<Kernel> k;
     dispatch_float(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
+      using W = typename Wide<T>::type;
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         nd_loop<2>(y.shape, {y.strides, x.strides}, {a + y.offset, a + x.offset},
                    [&](const std::array<uint8_t*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
-                     for (int64_t i = 0; i < n; ++i) at<bool>(p[0], i, s[0]) = op(float(at<T>(p[1], i, s[1])));
+                     for (int64_t i = 0; i < n; ++i) at<bool>(p[0], i, s[0]) = op(W(at<T>(p[1], i, s[1])));
                    }, true, {0, int64_t(sizeof(T))});
       });
     });
@@ -132,20 +134,30 @@ const RegisterKernel unary_ops[] = {
        if constexpr (std::is_integral_v<W> && !std::is_same_v<W, bool>) return W(~x);
        else return x;
      }, true)},
-    {{"isnan"}, predicate([](float x) { return std::isnan(x); })},
-    {{"isinf"}, predicate([](float x) { return std::isinf(x); })},
-    {{"isfinite"}, predicate([](float x) { return std::isfinite(x); })},
+    {{"isnan"}, predicate([](auto x) { return std::isnan(x); })},
+    {{"isinf"}, predicate([](auto x) { return std::isinf(x); })},
+    {{"isfinite"}, predicate([](auto x) { return std::isfinite(x); })},
 };
 
-// clip: a unary op of its bounds (NaN stays NaN: neither comparison holds).
+// clip: a unary op of its bounds (NaN stays NaN: neither comparison holds). Integers are clipped to
+// the integers within [lo, hi] (bounds rounded inward, then limited to the dtype's range), as the
+// reference does.
 const RegisterKernel clip_op{{"clip"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const double lo = ins.attrs.at("min").f(), hi = ins.attrs.at("max").f();
   return unary([lo, hi](auto v) {
     using W = decltype(v);
-    if (v < W(lo)) v = W(lo);
-    if (v > W(hi)) v = W(hi);
+    W l, h;
+    if constexpr (std::is_integral_v<W>) {
+      l = convert<W>(std::ceil(lo));
+      h = convert<W>(std::floor(hi));
+    } else {
+      l = W(lo);
+      h = W(hi);
+    }
+    if (v < l) v = l;
+    if (v > h) v = h;
     return v;
-  })(ins, bufs);
+  }, true)(ins, bufs);
 }};
 
 }  // namespace

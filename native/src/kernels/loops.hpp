@@ -568,8 +568,10 @@ inline f16 f16_of_double(double d) {
   return static_cast<f16>(f);
 }
 
-// Value conversion as NumPy's astype does it for values in range; float -> int truncates toward
-// zero, and NaN or out-of-range values give 0 rather than undefined behaviour.
+// Value conversion as NumPy's astype does it for values in range (integers to narrower integers
+// wrap, as there). Float -> int truncates toward zero and saturates: values beyond the integer
+// type's range give its limits, NaN gives 0 (C++ leaves these undefined, NumPy's results are the
+// CPU's); popxl.ops.utils.convert is the reference's form of this rule.
 template <class To, class From>
 To convert(From v) {
   if constexpr (std::is_same_v<To, f16> && std::is_same_v<From, double>) {
@@ -577,9 +579,13 @@ To convert(From v) {
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From(0);
   } else if constexpr (std::is_integral_v<To> && !std::is_integral_v<From>) {
-    double d = double(v);
-    if (!(d >= double(std::numeric_limits<To>::lowest()) && d <= double(std::numeric_limits<To>::max()))) return To(0);
-    return static_cast<To>(d);
+    const double t = std::trunc(double(v));
+    // [lowest, 2**digits) holds exactly the truncated values To can represent; both bounds are exact
+    const double lowest = double(std::numeric_limits<To>::lowest());
+    const double beyond = 2.0 * double(uint64_t(1) << (std::numeric_limits<To>::digits - 1));
+    if (t >= beyond) return std::numeric_limits<To>::max();
+    if (t < lowest) return std::numeric_limits<To>::lowest();
+    return t == t ? static_cast<To>(t) : To(0);  // NaN fails every comparison
   } else {
     return static_cast<To>(v);
   }

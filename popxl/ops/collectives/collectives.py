@@ -13,7 +13,7 @@ import numpy as np
 
 from popxl.context import get_current_context
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
-from popxl.ops.utils import normalize_axes, spec
+from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor
 
 __all__ = ["CollectiveOps", "to_collective_op", "CommGroupType", "CommGroup", "replicated_all_reduce",
@@ -111,7 +111,7 @@ def _all_reduce_infer(specs, op, groups):
 
 
 def _all_reduce(xs, j, op):
-    return _REDUCERS[op](np.stack(xs)).astype(xs[0].dtype)
+    return convert(_REDUCERS[op](np.stack(xs)), xs[0].dtype)
 
 
 register(OpDef("replicated_all_reduce", _all_reduce_infer, _per_group(_all_reduce), collective=True,
@@ -260,7 +260,7 @@ def _all_reduce_ipus_infer(specs, op, identity, backward):
 def _all_reduce_ipus(*xs, op, identity, backward):
     if identity:
         return tuple(x.copy() for x in xs)
-    r = _REDUCERS[op](np.stack(xs)).astype(xs[0].dtype)
+    r = convert(_REDUCERS[op](np.stack(xs)), xs[0].dtype)
     return tuple(r.copy() for _ in xs)
 
 
