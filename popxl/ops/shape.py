@@ -269,9 +269,9 @@ def concat(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
 # gather --------------------------------------------------------------------------------------------
 def _gather_kernel(x, idx, axis, zero_OOR):
     d = x.shape[axis]
-    idx = idx.astype(np.int64)
-    idx = np.where(idx < 0, idx + d, idx)  # NumPy-style negative indices
-    valid = (idx >= 0) & (idx < d)
+    idx, valid = _wrap(idx, d)  # NumPy-style negative indices
+    if d == 0:  # every index is out of range
+        return np.zeros(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
     out = np.take(x, np.where(valid, idx, 0), axis=axis)
     if not valid.all():  # out of range gives zeros (defined behaviour here)
         mask_shape = [1] * axis + list(idx.shape) + [1] * (x.ndim - axis - 1)
@@ -384,7 +384,11 @@ def _need_int(s, what: str) -> None:
 
 
 def _wrap(idx: np.ndarray, dim: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Indices as int64 with negatives counted from the end, and a mask of those in range."""
+    """Indices as int64 with negatives counted from the end, and a mask of those in range. uint64
+    indices beyond int64's range become its largest value (out of range) rather than wrapping to
+    negative ones."""
+    if idx.dtype == np.uint64:
+        idx = np.minimum(idx, np.uint64(np.iinfo(np.int64).max))
     idx = idx.astype(np.int64)
     idx = np.where(idx < 0, idx + dim, idx)
     return idx, (idx >= 0) & (idx < dim)
@@ -738,7 +742,13 @@ def _onehot_infer(specs, axis, num_classes):
 
 
 def _onehot_kernel(t, _num_classes, values, axis, num_classes):
-    idx, ok = _wrap(np.trunc(t) if t.dtype.kind == "f" else t, num_classes)
+    if t.dtype.kind == "f":  # truncated in float64: NaN, infinite and huge indices are out of range
+        i = np.trunc(t.astype(np.float64))
+        i = np.where(i < 0, i + num_classes, i)
+        ok = (i >= 0) & (i < num_classes)
+        idx = np.where(ok, i, 0).astype(np.int64)
+    else:
+        idx, ok = _wrap(t, num_classes)
     ax = axis % (t.ndim + 1)
     classes = np.arange(num_classes).reshape([num_classes] + [1] * (t.ndim - ax))
     hot = (np.expand_dims(idx, ax) == classes) & np.expand_dims(ok, ax)
@@ -968,9 +978,8 @@ def _gather_grad_infer(specs, axis, size):
 
 def _gather_grad_kernel(g, idx, axis, size):
     """Sum the gathered gradients back into their rows (repeats add; out-of-range rows got 0)."""
-    idx = idx.astype(np.int64)
-    idx = np.where(idx < 0, idx + size, idx)
-    valid = ((idx >= 0) & (idx < size)).reshape(-1)
+    idx, valid = _wrap(idx, size)
+    valid = valid.reshape(-1)
     rows = np.moveaxis(g, list(range(axis, axis + idx.ndim)), list(range(idx.ndim)))
     rows = rows.reshape((-1,) + rows.shape[idx.ndim:])
     wide = np.promote_types(g.dtype, np.float32)

@@ -709,10 +709,21 @@ struct Packed {
   void commit(uint8_t* arena) {  // after write(): move the result into a strided buffer
     if (!buf.contiguous) copy_buffer(arena, buf, scratch.data(), packed_like(buf));
   }
-  // The elements (C order) as int64 (integer index tensors).
+  // The elements (C order) as int64 (integer index tensors). uint64 values beyond int64's range
+  // become its largest value, out of range for any axis, instead of wrapping to negative indices
+  // (which count from the end).
   void read_ints(uint8_t* arena, std::vector<int64_t>& out) {
     out.resize(buf.nelms);
-    load_row<int64_t>(read(arena), static_cast<int64_t>(itemsize(buf.dtype)), buf.dtype, out.data(), buf.nelms);
+    const uint8_t* p = read(arena);
+    if (buf.dtype == DType::U64) {
+      for (int64_t i = 0; i < buf.nelms; ++i) {
+        uint64_t v;
+        std::memcpy(&v, p + i * 8, 8);
+        out[i] = static_cast<int64_t>(std::min<uint64_t>(v, uint64_t(std::numeric_limits<int64_t>::max())));
+      }
+      return;
+    }
+    load_row<int64_t>(p, static_cast<int64_t>(itemsize(buf.dtype)), buf.dtype, out.data(), buf.nelms);
   }
 };
 
