@@ -256,6 +256,8 @@ def _softmax_infer(specs, axis):
 
 
 def _softmax_kernel(x, axis):
+    if x.size == 0:  # nothing to normalise (an empty axis has no maximum)
+        return x.copy()
     w = x.astype(np.float32) if x.dtype.itemsize < 4 else x
     e = np.exp(w - np.max(w, axis=axis, keepdims=True))
     return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype)

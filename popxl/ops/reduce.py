@@ -9,7 +9,7 @@ import numpy as np
 
 from popxl import dtypes
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
-from popxl.ops.utils import normalize_axes, spec
+from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor
 
 __all__ = ["argmax", "argmin", "cumsum", "histogram", "l1", "lamb_square", "l2", "logsum", "logsumexp", "max", "mean", "median", "min", "prod", "sum", "sumsquare", "topk"]
@@ -25,10 +25,21 @@ def _reduce_infer(specs, axis, keepdims):
 
 
 def _wide(fn: Callable) -> Callable:
-    """Reduce in float32 or wider for low-precision floats, return the input dtype."""
+    """Reduce floats in float64, as the native kernels do, and round once to the input dtype: a
+    float32 mean of (max, max) is max, not the inf of a float32 sum."""
     def k(x, axis, keepdims):
-        w = x.astype(np.float32) if x.dtype.kind == "f" and x.dtype.itemsize < 4 else x
-        return np.asarray(fn(w, axis=axis, keepdims=keepdims)).astype(x.dtype)
+        w = x.astype(np.float64) if x.dtype.kind == "f" else x
+        return convert(fn(w, axis=axis, keepdims=keepdims), x.dtype)
+    return k
+
+
+def _extreme(fn: Callable) -> Callable:
+    """max / min: over an empty axis the result is -inf / +inf, or the dtype's limit for integers
+    (ONNX's ReduceMax / ReduceMin of an empty set), where NumPy raises."""
+    def k(x, axis, keepdims):
+        big = np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max
+        small = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        return fn(x, axis=axis, keepdims=keepdims, initial=small if fn is np.max else big)
     return k
 
 
@@ -45,8 +56,8 @@ _REDUCTIONS: Dict[str, tuple] = {
     "sum": (np.sum, "Sum over axes."),
     "mean": (np.mean, "Mean over axes."),
     "prod": (np.prod, "Product over axes."),
-    "max": (np.max, "Maximum over axes."),
-    "min": (np.min, "Minimum over axes."),
+    "max": (_extreme(np.max), "Maximum over axes (-inf, or the dtype's lowest value, over an empty axis)."),
+    "min": (_extreme(np.min), "Minimum over axes (+inf, or the dtype's largest value, over an empty axis)."),
     "median": (np.median, "Median over axes (mean of the two middle values for even counts)."),
     "l1": (lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims), "Sum of |x|."),
     "l2": (lambda x, axis, keepdims: np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims)), "sqrt(sum x^2)."),
@@ -213,9 +224,10 @@ def _histogram_infer(specs, levels, absolute_of_input):
 
 
 def _histogram_kernel(x, levels, absolute_of_input):
-    v = np.abs(x) if absolute_of_input else x
+    v = x.astype(np.float64)
+    v = np.abs(v) if absolute_of_input else v  # after the conversion: |INT_MIN| does not wrap
     # bin 0: v < levels[0]; bin i: levels[i-1] <= v < levels[i]; last bin: v >= levels[-1]
-    bins = np.searchsorted(np.asarray(levels, np.float64), v.astype(np.float64).reshape(-1), side="right")
+    bins = np.searchsorted(np.asarray(levels, np.float64), v.reshape(-1), side="right")
     return np.bincount(bins, minlength=len(levels) + 1).astype(np.uint32)
 
 

@@ -233,8 +233,8 @@ const RegisterKernel topk_op{{"topk"}, [](const OpInstr& ins, const std::vector<
   return k;
 }};
 
-// ---- median over axes: the middle value, or the mean of the two middle values (in float32 for
-// float16/32, float64 otherwise, as np.median), NaN when the slice holds a NaN or is empty ----------
+// ---- median over axes: the middle value, or the mean of the two middle values (in float64, so the
+// median of (max, max) is max), NaN when the slice holds a NaN or is empty -------------------------
 const RegisterKernel median_op{{"median"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
   if (!is_numeric(x.dtype) || x.dtype == DType::Bool) return nullptr;
@@ -270,7 +270,7 @@ const RegisterKernel median_op{{"median"}, [](const OpInstr& ins, const std::vec
         auto mid = s->slice.begin() + (count - 1) / 2;
         std::nth_element(s->slice.begin(), mid, s->slice.end());
         W v = *mid;
-        if (count % 2 == 0) v = (v + *std::min_element(mid + 1, s->slice.end())) / W(2);
+        if (count % 2 == 0) v = W((double(v) + double(*std::min_element(mid + 1, s->slice.end()))) / 2.0);
         s->out[o] = v;
       }
       write_all(a, s->y, s->out);

@@ -1,6 +1,7 @@
 // Reductions over axes. Floats accumulate in double (the reference engine reduces float16 in
 // float32 and float32 with NumPy's pairwise sums; double is at least as exact). Integers
-// accumulate in int64 and wrap into the output type, as NumPy's int64 reduction + cast does.
+// accumulate in int64 (uint64 in uint64) and wrap into the output type, as NumPy's int64
+// reduction + cast does.
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -34,10 +35,12 @@ struct Reduction : Kernel {
     const Extreme<false> min;
     const auto add = [](Acc s, Acc v) { return wrap(s, v, false); };
     const auto mul = [](Acc s, Acc v) { return wrap(s, v, true); };
+    // the starts of max and min, which are also their results over an empty axis: -inf / +inf,
+    // or the element type's limits (ONNX's ReduceMax / ReduceMin of an empty set)
     const Acc lowest = std::numeric_limits<Acc>::has_infinity ? -std::numeric_limits<Acc>::infinity()
-                                                              : std::numeric_limits<Acc>::lowest();
+                                                              : Acc(std::numeric_limits<T>::lowest());
     const Acc highest = std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity()
-                                                               : std::numeric_limits<Acc>::max();
+                                                               : Acc(std::numeric_limits<T>::max());
     if (kind == Red::LogSumExp) {  // pass 1: the max, for stability
       std::fill(mx.begin(), mx.end(), lowest);
       accumulate(a, mx.data(), max, max, lowest);
@@ -51,8 +54,10 @@ struct Reduction : Kernel {
       case Red::Prod: accumulate(a, acc.data(), mul, mul, init); break;
       case Red::Max: accumulate(a, acc.data(), max, max, init); break;
       case Red::Min: accumulate(a, acc.data(), min, min, init); break;
-      case Red::L1: accumulate(a, acc.data(), [](Acc s, Acc v) { return s + (v < 0 ? -v : v); }, add, init); break;
-      case Red::L2: case Red::SumSquare: accumulate(a, acc.data(), [](Acc s, Acc v) { return s + v * v; }, add, init); break;
+      case Red::L1: accumulate(a, acc.data(), [](Acc s, Acc v) { return wrap(s, wrap_abs(v), false); }, add, init); break;
+      case Red::L2: case Red::SumSquare:
+        accumulate(a, acc.data(), [](Acc s, Acc v) { return wrap(s, wrap(v, v, true), false); }, add, init);
+        break;
       case Red::LogSumExp: accumulate_lse(a); break;
     }
     uint8_t* out = a + y.offset;
@@ -323,7 +328,8 @@ KernelFactory reduction(Red kind) {
       if (kind != Red::Sum && kind != Red::Prod && kind != Red::Max && kind != Red::Min) return nullptr;
       dispatch_arith(x.dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
-        k = make_reduction<int64_t, T>(kind, ins, x, y);
+        // uint64 values beyond int64's range must compare as unsigned (max, min)
+        k = make_reduction<std::conditional_t<std::is_same_v<T, uint64_t>, uint64_t, int64_t>, T>(kind, ins, x, y);
       });
       return k;
     }
