@@ -143,10 +143,10 @@ def _check_log2_scale(s) -> None:
         raise ValueError(f"log2_scale must be a scalar, got shape {s.shape}")
 
 
-def _scale_value(s: np.ndarray) -> float:
+def _scale_value(s: np.ndarray, opname: str) -> float:
     v = int(np.asarray(s).reshape(-1)[0])
     if not -32 <= v < 32:
-        raise ValueError(f"log2_scale must be in [-32, 32), got {v}")
+        raise ValueError(f"{opname}: log2_scale must be in [-32, 32), got {v}")
     return float(2.0 ** v)
 
 
@@ -235,7 +235,8 @@ def _matmul_pow2_infer(specs):
 
 
 def _matmul_pow2_kernel(a, b, s):
-    return (np.matmul(a.astype(np.float32), b.astype(np.float32)) * _scale_value(s)).astype(np.float16)
+    scale = _scale_value(s, "matmul_pow2scaled")
+    return (np.matmul(a.astype(np.float32), b.astype(np.float32)) * scale).astype(np.float16)
 
 
 register(OpDef("matmul_pow2scaled", _matmul_pow2_infer, _matmul_pow2_kernel, grad=Grad.RAISE, family="nn"))
@@ -343,7 +344,8 @@ def _conv_kernel(x, w, strides, pads, dilations, groups):
 
 
 def _conv_pow2_kernel(x, w, s, strides, pads, dilations, groups):
-    return (_conv_compute(x, w, strides, pads, dilations, groups) * _scale_value(s)).astype(np.float16)
+    scale = _scale_value(s, "conv_pow2scaled")
+    return (_conv_compute(x, w, strides, pads, dilations, groups) * scale).astype(np.float16)
 
 
 register(OpDef("conv", _conv_infer, _conv_kernel, family="nn"))
@@ -510,8 +512,9 @@ def _conv_transpose_kernel(x, w, strides, pads, dilations, groups, output_paddin
 
 
 def _conv_transpose_pow2_kernel(x, w, s, strides, pads, dilations, groups, output_padding):
+    scale = _scale_value(s, "conv_transpose_pow2scaled")
     res = _conv_transpose_compute(x, w, strides, pads, dilations, groups, output_padding)
-    return (res * _scale_value(s)).astype(np.float16)
+    return (res * scale).astype(np.float16)
 
 
 register(OpDef("conv_transpose", _conv_transpose_infer, _conv_transpose_kernel, grad=Grad.STOP, family="nn"))
@@ -809,13 +812,14 @@ def _nll_infer(specs, ignore_index, reduction, log_prob):
     return [spec(_nll_check(probs, labels, reduction), probs.dtype)]
 
 
-def _nll_items(probs, labels, ignore_index, log_prob):
-    """Per-item losses (float32 or wider), the mask of counted items and the clamped labels."""
+def _nll_items(probs, labels, ignore_index, log_prob, opname):
+    """Per-item losses (float32 or wider), the mask of counted items and the clamped labels;
+    errors name the op ``opname``."""
     c = probs.shape[-1]
     keep = np.ones(labels.shape, bool) if ignore_index is None else labels != ignore_index
     bad = keep & ((labels < 0) | (labels >= c))
     if bad.any():
-        raise ValueError(f"nll_loss: label {labels[bad].reshape(-1)[0]} is out of range for {c} classes")
+        raise ValueError(f"{opname}: label {labels[bad].reshape(-1)[0]} is out of range for {c} classes")
     idx = np.where(keep, labels, 0).astype(np.int64)
     w = _wide(probs.dtype)
     picked = np.take_along_axis(probs.astype(w), idx[..., None], axis=-1)[..., 0]
@@ -835,7 +839,7 @@ def _reduce_loss(item, keep, reduction):
 
 
 def _nll_kernel(probs, labels, ignore_index, reduction, log_prob):
-    item, keep, _ = _nll_items(probs, labels, ignore_index, log_prob)
+    item, keep, _ = _nll_items(probs, labels, ignore_index, log_prob, "nll_loss")
     return np.asarray(_reduce_loss(item, keep, reduction)).astype(probs.dtype)
 
 
@@ -875,7 +879,7 @@ def _nll_softmax_infer(specs, ignore_index, reduction):
 
 
 def _nll_softmax_kernel(probs, labels, loss_grad, ignore_index, reduction):
-    item, keep, idx = _nll_items(probs, labels, ignore_index, False)
+    item, keep, idx = _nll_items(probs, labels, ignore_index, False, "nll_loss_with_softmax_grad")
     w = item.dtype
     grad = probs.astype(w).copy()
     np.put_along_axis(grad, idx[..., None], np.take_along_axis(grad, idx[..., None], -1) - 1, axis=-1)
@@ -1004,7 +1008,7 @@ def _to_fp8_infer(specs, data_type):
 
 def _to_fp8_kernel(x, s, data_type):
     fmt = dtypes.ml_dtype(data_type)
-    v = x.astype(np.float64) * _scale_value(s)
+    v = x.astype(np.float64) * _scale_value(s, "pow2scale_cast_to_fp8")
     limit = float(ml_dtypes.finfo(fmt).max)
     v = np.where(np.abs(v) > limit, np.nan, v)
     return v.astype(fmt)
@@ -1021,7 +1025,7 @@ def _from_fp8_infer(specs, data_type):
 
 
 def _from_fp8_kernel(x, s, data_type):
-    return (x.astype(np.float64) * _scale_value(s)).astype(dtypes.ml_dtype(data_type))
+    return (x.astype(np.float64) * _scale_value(s, "pow2scale_cast_from_fp8")).astype(dtypes.ml_dtype(data_type))
 
 
 register(OpDef("pow2scale_cast_to_fp8", _to_fp8_infer, _to_fp8_kernel, grad=Grad.RAISE, family="nn"))
@@ -1099,7 +1103,7 @@ def _nll_grad_infer(specs, ignore_index, reduction, log_prob):
 
 
 def _nll_grad_kernel(probs, labels, grad, ignore_index, reduction, log_prob):
-    item, keep, idx = _nll_items(probs, labels, ignore_index, log_prob)
+    item, keep, idx = _nll_items(probs, labels, ignore_index, log_prob, "nll_loss_grad")
     w = item.dtype
     scale = np.broadcast_to(grad.astype(w), labels.shape) if reduction == "none" else \
         np.full(labels.shape, grad.astype(w).reshape(-1)[0], w)

@@ -172,7 +172,9 @@ struct DnnlKernel : Kernel {
   dnnl::stream strm{cpu()};
   bool scaled = false;  // pow2scaled ops: staged outputs are multiplied by 2**(scale tensor)
   Buffer scale;
+  std::string op;  // the op's type, for errors
   void run(uint8_t* arena) override {
+    const float scale_value = scaled ? float(pow2_scale(arena, scale, op)) : 1.0f;  // checked before any work
     for (auto& a : args) {
       if (staged(a.buf)) {
         float* f32 = staging(a);
@@ -192,7 +194,7 @@ struct DnnlKernel : Kernel {
     for (auto& a : args) {
       if (!staged(a.buf) || !a.output) continue;
       restage(staging(a), packed_bytes(a, arena, false), a.buf.nelms,
-              scaled ? float(pow2_scale(arena, scale)) : 1.0f);
+              scale_value);
       if (!a.buf.contiguous) copy_buffer(arena, a.buf, scratch.at(a.packed), packed_like(a.buf));
     }
   }
@@ -295,6 +297,7 @@ KernelFactory matmul(MatmulKind kind) {
       if (!staged(y)) return nullptr;
       k->scaled = true;
       k->scale = bufs[ins.inputs[2]];
+      k->op = ins.type;
     }
     // Staged operands are packed float32 in scratch, as A, B and y describe them.
     if (!bias && staged(a) && staged(b) && staged(y))
@@ -893,6 +896,7 @@ KernelFactory convolution(bool transposed, bool pow2 = false) {
       if (pow2) {
         k->scaled = true;
         k->scale = bufs[ins.inputs[2]];
+        k->op = ins.type;
       }
       return k;
     } catch (const dnnl::error&) {

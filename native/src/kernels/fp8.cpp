@@ -18,8 +18,8 @@ KernelFactory fp8_cast(bool to_fp8) {
     const Fp8Format& fmt = fp8_format(f8.dtype);
     auto px = std::make_shared<Packed>(x);
     auto py = std::make_shared<Packed>(y);
-    return std::make_unique<FnKernel>([=, &fmt](uint8_t* a) {
-      const double scale = pow2_scale(a, s);
+    return std::make_unique<FnKernel>([=, &fmt, op = ins.type](uint8_t* a) {
+      const double scale = pow2_scale(a, s, op);
       const uint8_t* in = px->read(a);
       uint8_t* out = py->write(a);
       std::vector<double> v(x.nelms);

@@ -62,11 +62,12 @@ inline const Fp8Format& fp8_format(DType d) {
 
 inline bool is_fp8(DType d) { return d == DType::F8_143 || d == DType::F8_152; }
 
-// The scale 2**log2_scale from a scalar int32 tensor, checked as the reference checks it.
-inline double pow2_scale(const uint8_t* arena, const Buffer& s) {
+// The scale 2**log2_scale from a scalar int32 tensor, checked as the reference checks it; errors
+// name the op (`op`).
+inline double pow2_scale(const uint8_t* arena, const Buffer& s, const std::string& op) {
   const int64_t v = load_scalar<int64_t>(arena, s);
   if (v < -32 || v >= 32)
-    throw std::invalid_argument("log2_scale must be in [-32, 32), got " + std::to_string(v));
+    throw std::invalid_argument(op + ": log2_scale must be in [-32, 32), got " + std::to_string(v));
   return std::ldexp(1.0, static_cast<int>(v));
 }
 

@@ -483,10 +483,12 @@ struct NllSpec {
   enum { None, Sum, Mean } reduction = Mean;
   double eps = 1e-7;
   int64_t rows = 0, C = 0;
+  std::string op;  // the op's type, for errors
 };
 
 NllSpec nll_spec(const OpInstr& ins, const Buffer& probs) {
   NllSpec s;
+  s.op = ins.type;
   const AttrValue& ig = ins.attrs.at("ignore_index");
   s.has_ignore = !ig.is_none();
   if (s.has_ignore) s.ignore = ig.i();
@@ -512,7 +514,7 @@ int64_t kept_rows(const NllSpec& s, std::vector<int64_t>& labels, std::vector<ui
       continue;
     }
     if (labels[i] < 0 || labels[i] >= s.C)
-      throw std::invalid_argument("nll_loss: label " + std::to_string(labels[i]) + " is out of range for " +
+      throw std::invalid_argument(s.op + ": label " + std::to_string(labels[i]) + " is out of range for " +
                                   std::to_string(s.C) + " classes");
     ++count;
   }
