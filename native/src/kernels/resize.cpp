@@ -306,11 +306,12 @@ const RegisterKernel interpolate_grad_op{{"interpolate_grad"}, [](const OpInstr&
 struct RoiSpec {
   int64_t ph, pw, ratio;
   double scale;
+  std::string op;  // roi_align or roi_align_grad, for errors
 };
 
 RoiSpec roi_spec(const OpInstr& ins) {
   const auto size = ins.attrs.at("output_size").ints();
-  return {size.at(0), size.at(1), ins.attrs.at("sampling_ratio").i(), ins.attrs.at("spatial_scale").f()};
+  return {size.at(0), size.at(1), ins.attrs.at("sampling_ratio").i(), ins.attrs.at("spatial_scale").f(), ins.type};
 }
 
 // Bilinear samples along one side of a box: `bins` bins of `per_bin` samples; sample s reads
@@ -325,20 +326,32 @@ struct Side {
 // Python's max(a, 1.0): a unless 1.0 is greater (a NaN stays).
 double at_least_one(double a) { return 1.0 > a ? 1.0 : a; }
 
-// Samples per bin along a side of length `extent` split into `bins` (sampling_ratio, or adaptive).
-int64_t samples_per_bin(int64_t ratio, double extent, int64_t bins, int64_t box) {
+// Samples per bin along a side of length `extent` split into `bins` (sampling_ratio, or adaptive);
+// huge counts are capped at 2**62, which check_sample_count then refuses.
+int64_t samples_per_bin(const std::string& op, int64_t ratio, double extent, int64_t bins, int64_t box) {
   if (ratio > 0) return ratio;
   const double n = std::ceil(extent / double(bins));
   if (std::isnan(n))
-    throw std::invalid_argument("roi_align: box " + std::to_string(box) + " has NaN coordinates; adaptive sampling "
+    throw std::invalid_argument(op + ": box " + std::to_string(box) + " has NaN coordinates; adaptive sampling "
                                 "(sampling_ratio 0) needs finite boxes");
-  if (!(n < 9.2e18))
-    throw std::overflow_error("roi_align: box " + std::to_string(box) + " is infinitely large; adaptive sampling "
-                              "(sampling_ratio 0) needs finite boxes");
-  return static_cast<int64_t>(n);
+  return n < 0x1p62 ? static_cast<int64_t>(n) : int64_t(1) << 62;
 }
 
-Side side_samples(double start, double extent, int64_t bins, int64_t per_bin, int64_t size, int64_t box, const char* axis) {
+// The most bilinear samples one box may take (both sides' samples multiplied): a box of billions of
+// pixels sampled adaptively would otherwise run for hours or exhaust memory.
+constexpr double kMaxRoiSamples = double(int64_t(1) << 26);
+
+void check_sample_count(const RoiSpec& rs, int64_t gh, int64_t gw, int64_t box) {
+  const double n = double(rs.ph) * double(gh) * double(rs.pw) * double(gw);
+  if (n > kMaxRoiSamples)
+    throw std::invalid_argument(rs.op + ": box " + std::to_string(box) + " would take " + std::to_string(gh) + " x " +
+                                std::to_string(gw) + " samples in each of its " + std::to_string(rs.ph) + " x " +
+                                std::to_string(rs.pw) + " bins, more than 2**26 in all; give a smaller "
+                                "sampling_ratio (0 samples adaptively, by the box's size)");
+}
+
+Side side_samples(const std::string& op, double start, double extent, int64_t bins, int64_t per_bin, int64_t size,
+                  int64_t box, const char* axis) {
   Side s;
   s.bins = bins;
   s.per_bin = per_bin;
@@ -351,11 +364,12 @@ Side side_samples(double start, double extent, int64_t bins, int64_t per_bin, in
   for (int64_t b = 0, k = 0; b < bins; ++b)
     for (int64_t j = 0; j < per_bin; ++j, ++k) {
       const double pos = start + (double(b) + (double(j) + 0.5) / double(per_bin)) * step;
-      const double inside = (pos >= -1.0 && pos <= double(size)) ? 1.0 : 0.0;
-      double p = pos < 0.0 ? 0.0 : pos;  // np.clip(pos, 0, None): NaN stays NaN
-      if (size == 0 || !(p < 9.2e18))
-        throw std::out_of_range("roi_align: box " + std::to_string(box) + " samples " + axis + " position " +
+      if (size == 0 || std::isnan(pos))
+        throw std::out_of_range(op + ": box " + std::to_string(box) + " samples " + axis + " position " +
                                 std::to_string(pos) + ", outside the image's " + std::to_string(size) + " pixels");
+      const double inside = (pos >= -1.0 && pos <= double(size)) ? 1.0 : 0.0;
+      // np.clip(pos, 0, size): a sample beyond the image (weight 0) reads the border
+      double p = pos < 0.0 ? 0.0 : pos > double(size) ? double(size) : pos;
       const int64_t lo = std::min(static_cast<int64_t>(std::floor(p)), size - 1);
       if (lo >= size - 1) p = double(lo);
       const double frac = p - double(lo);
@@ -376,15 +390,16 @@ struct Box {
 Box box_samples(const RoiSpec& rs, const double* roi, int64_t image, int64_t r, const std::vector<int64_t>& x_shape) {
   const double x1 = roi[0] * rs.scale, y1 = roi[1] * rs.scale, x2 = roi[2] * rs.scale, y2 = roi[3] * rs.scale;
   const double rh = at_least_one(y2 - y1), rw = at_least_one(x2 - x1);
-  const int64_t gh = samples_per_bin(rs.ratio, rh, rs.ph, r), gw = samples_per_bin(rs.ratio, rw, rs.pw, r);
+  const int64_t gh = samples_per_bin(rs.op, rs.ratio, rh, rs.ph, r), gw = samples_per_bin(rs.op, rs.ratio, rw, rs.pw, r);
+  check_sample_count(rs, gh, gw, r);
   const int64_t N = x_shape[0];
   if (image < -N || image >= N)
-    throw std::out_of_range("roi_align: batch_index[" + std::to_string(r) + "] = " + std::to_string(image) +
+    throw std::out_of_range(rs.op + ": batch_index[" + std::to_string(r) + "] = " + std::to_string(image) +
                             " is out of range for a batch of " + std::to_string(N) + " images");
   Box b;
   b.image = image < 0 ? image + N : image;
-  b.ys = side_samples(y1, rh, rs.ph, gh, x_shape[2], r, "y");
-  b.xs = side_samples(x1, rw, rs.pw, gw, x_shape[3], r, "x");
+  b.ys = side_samples(rs.op, y1, rh, rs.ph, gh, x_shape[2], r, "y");
+  b.xs = side_samples(rs.op, x1, rw, rs.pw, gw, x_shape[3], r, "x");
   return b;
 }
 
