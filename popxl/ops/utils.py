@@ -6,6 +6,7 @@ from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from popxl import dtypes
+from popxl.op import user_location
 from popxl.tensor import Tensor, TensorSpec
 
 __all__ = ["check_in_graph", "check_tensor_ipu_and_tile_set", "cast_if_needed", "handle_negative_axis",
@@ -131,3 +132,40 @@ def _optional(v: Any, convert: Any, accepted: tuple, what: str) -> Any:
     if isinstance(v, bool) or not isinstance(v, accepted):
         raise TypeError(f"expected {what} or None, not {v!r}.")
     return convert(v)
+
+
+# shared by the op families: errors, operand checks, per-dimension attributes ------------------------
+def wide_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype a kernel accumulates in: float32 for float8/float16, else the dtype itself."""
+    return np.dtype(np.float32) if dt.itemsize < 4 or dt.kind != "f" else dt
+
+
+def op_error(opname: str, e: Exception) -> Exception:
+    return type(e)(f"ops.{opname}: {e} (at {user_location()})")
+
+
+def tensor_shape_of(t: Any, what: str, opname: str) -> Tuple[int, ...]:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"ops.{opname}: {what} must be a popxl.Tensor, not {type(t).__name__} ({t!r}) "
+                        f"(at {user_location()})")
+    return t.shape
+
+
+def per_dim_ints(value: Any, n: int, what: str, neutral: int) -> Tuple[int, ...]:
+    """``value`` as ``n`` ints: an int is repeated; None, () or an all-``neutral`` sequence of another
+    length (the 2-D defaults used for a 1-D/3-D op) mean ``neutral`` everywhere."""
+    if value is None:
+        return (neutral,) * n
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (int(value),) * n
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int or a sequence of ints, not {value!r}") from None
+    if any(not isinstance(v, (int, np.integer)) or isinstance(v, bool) for v in items):
+        raise TypeError(f"{what} must contain ints, got {value!r}")
+    if len(items) != n:
+        if all(v == neutral for v in items):
+            return (neutral,) * n
+        raise ValueError(f"{what} needs {n} values for this tensor, got {len(items)}: {tuple(items)}")
+    return tuple(int(v) for v in items)

@@ -83,7 +83,7 @@ def _per_channel(t: Tensor, rank: int) -> Tensor:
 def fold_batch_norm(graph: Graph) -> Graph:
     """Rewrite 1 above, in place. Returns ``graph``."""
     import popxl.ops as ops
-    from popxl.ops.nn import conv_fused
+    from popxl.ops.conv import conv_fused
 
     graph.ir._check_mutable()
     for bn in [op for op in graph.schedule() if op.type == "batch_norm_inference"]:
@@ -132,7 +132,7 @@ def fuse_conv_bias(graph: Graph) -> Graph:
     """Rewrite 1's per-channel bias add, in place; a convolution without one whose result goes on
     to an op that rewrite 2 fuses takes a zero bias. Returns ``graph``."""
     import popxl.ops as ops
-    from popxl.ops.nn import conv_fused
+    from popxl.ops.conv import conv_fused
 
     graph.ir._check_mutable()
     for conv in [op for op in graph.schedule() if op.type == "conv"]:
@@ -156,7 +156,7 @@ def fuse_conv_bias(graph: Graph) -> Graph:
 
 def fuse_conv_post_ops(graph: Graph) -> Graph:
     """Rewrite 2 above, in place. Returns ``graph``."""
-    from popxl.ops.nn import conv_fused, conv_pool_attrs
+    from popxl.ops.conv import conv_fused, conv_pool_attrs
 
     graph.ir._check_mutable()
     for op in [op for op in graph.schedule() if op.type == "conv_fused"]:

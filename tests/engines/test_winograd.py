@@ -14,7 +14,7 @@ import pytest
 import popxl
 import popxl.ops as ops
 from popxl.op import create_op
-from popxl.ops.nn import conv_fused
+from popxl.ops.conv import conv_fused
 from popxl import transforms
 from popxl.transforms import keep_channels_last
 

@@ -10,7 +10,7 @@ import pytest
 
 import popxl
 import popxl.ops as ops
-from popxl.ops.nn import conv_fused
+from popxl.ops.conv import conv_fused
 from popxl.transforms import fuse_conv
 
 from engine_harness import compare_engines

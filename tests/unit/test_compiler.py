@@ -238,7 +238,7 @@ def test_matmul_then_a_row_bias_is_one_instruction():
 def test_a_fused_convolution_writes_over_a_residual_that_dies(residual_read_later):
     """conv_fused's result takes its residual's storage when nothing reads the residual later
     (the kernel adds it in place rather than copying it into the destination first)."""
-    from popxl.ops.nn import conv_fused
+    from popxl.ops.conv import conv_fused
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((2, 3, 6, 6)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     b, r = rng.standard_normal(4).astype(np.float32), rng.standard_normal((2, 4, 6, 6)).astype(np.float32)

@@ -1,0 +1,135 @@
+"""Matrix products: ``matmul`` (NumPy's semantics), ``matmul_pow2scaled`` (float8), and the two
+fused forms that ``popxl.transforms.fuse_matmul`` makes (``matmul_bias``, ``matmul_update_``)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+from popxl import dtypes
+from popxl.op import Grad, OpDef, create_op, grad_rule, register
+from popxl.ops.fp8 import check_fp8_operands, check_log2_scale, scale_value
+from popxl.ops.utils import broadcast_shapes, same_dtype, spec
+from popxl.tensor import Tensor
+
+__all__ = ["matmul", "matmul_pow2scaled"]
+
+
+def _matmul_shape(a, b) -> Tuple[int, ...]:
+    if not a.shape or not b.shape:
+        raise ValueError("matmul operands must have rank >= 1")
+    sa = (1,) + a.shape if len(a.shape) == 1 else a.shape
+    sb = b.shape + (1,) if len(b.shape) == 1 else b.shape
+    if sa[-1] != sb[-2]:
+        raise ValueError(f"contracted dimensions differ: {a.shape} @ {b.shape} ({sa[-1]} != {sb[-2]})")
+    batch = broadcast_shapes(sa[:-2], sb[:-2])
+    shape = batch + sa[-2:-1] + sb[-1:]
+    if len(a.shape) == 1:
+        shape = shape[:-2] + shape[-1:]
+    if len(b.shape) == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def _matmul_infer(specs, output_type, partials_type):
+    dt = same_dtype(specs)
+    if not (dt.is_floating_point or dt.is_int):
+        raise TypeError(f"matmul needs numeric operands, got {dt.name}")
+    return [spec(_matmul_shape(*specs), output_type or dt)]
+
+
+def _matmul_kernel(a, b, output_type, partials_type):
+    out = np.matmul(a, b) if a.dtype.itemsize >= 4 else np.matmul(a.astype(np.float32), b.astype(np.float32))
+    return out.astype(dtypes.ml_dtype(output_type) if output_type is not None else a.dtype)
+
+
+register(OpDef("matmul", _matmul_infer, _matmul_kernel, family="nn"))
+
+
+def _matmul_bias_infer(specs):
+    a, b, bias = specs
+    (out,) = _matmul_infer([a, b], None, None)
+    if bias.dtype != out.dtype or not bias.shape or bias.shape[-1] != out.shape[-1] \
+            or any(d != 1 for d in bias.shape[:-1]) or len(bias.shape) > len(out.shape):
+        raise ValueError(f"matmul_bias: the bias ({bias.dtype.name} {bias.shape}) must be a row of the "
+                         f"product's last dimension ({out.dtype.name} {out.shape})")
+    return [out]
+
+
+# matmul then the addition of a row vector (a Linear layer's bias), as one instruction: lowering
+# makes it of an adjacent matmul and add (popxl/compiler/lower.py); it is not traced by users.
+register(OpDef("matmul_bias", _matmul_bias_infer, lambda a, b, bias: np.matmul(a, b) + bias, grad=Grad.RAISE,
+               family="nn"))
+
+
+def _matmul_update_infer(specs, b):
+    a, w_, t = specs
+    (out,) = _matmul_infer([a, w_], None, None)
+    if t.shape != out.shape or t.dtype != out.dtype:
+        raise ValueError(f"matmul_update_: the updated tensor ({t.dtype.name} {t.shape}) must match the product "
+                         f"({out.dtype.name} {out.shape})")
+    return [t]
+
+
+# t += b * (a @ w), in place on t: lowering makes it of a gradient's matmul and the SGD update
+# scaled_add_(t, gradient, b=...) that consumes it (popxl/compiler/lower.py); not traced by users.
+register(OpDef("matmul_update_", _matmul_update_infer, lambda a, w, t, b: t + np.float32(b) * np.matmul(a, w),
+               inplace=2, grad=Grad.RAISE, family="nn"))
+
+
+def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float] = None,
+           output_type: Optional[dtypes.dtype] = None, partials_type: Optional[dtypes.dtype] = None) -> Tensor:
+    """numpy.matmul semantics: batch dims broadcast, 1-D operands are promoted then squeezed."""
+    if partials_type is not None and partials_type not in (dtypes.float16, dtypes.float32):
+        raise ValueError(f"ops.matmul: partials_type must be float16 or float32, not {partials_type!r}")
+    return create_op("matmul", [lhs, rhs], {"output_type": output_type, "partials_type": partials_type})[0]
+
+
+def _matmul_pow2_infer(specs):
+    a, b, s = specs
+    check_fp8_operands([a, b])
+    check_log2_scale(s)
+    return [spec(_matmul_shape(a, b), dtypes.float16)]
+
+
+def _matmul_pow2_kernel(a, b, s):
+    scale = scale_value(s, "matmul_pow2scaled")
+    return (np.matmul(a.astype(np.float32), b.astype(np.float32)) * scale).astype(np.float16)
+
+
+register(OpDef("matmul_pow2scaled", _matmul_pow2_infer, _matmul_pow2_kernel, grad=Grad.RAISE, family="nn"))
+
+
+def matmul_pow2scaled(lhs: Tensor, rhs: Tensor, log2_scale: Tensor,
+                      available_memory_proportion: Optional[float] = None) -> Tensor:
+    """matmul of two float8 tensors, multiplied by 2**log2_scale, as float16.
+    ``log2_scale`` is a scalar int32 tensor with a value in [-32, 32)."""
+    return create_op("matmul_pow2scaled", [lhs, rhs, log2_scale])[0]
+
+
+@grad_rule("matmul")
+def _matmul_grad(ctx):
+    """dA = g @ B^T and dB = A^T @ g on operands promoted to rank >= 2, summed over broadcast
+    batch dimensions, then back to the operands' shapes."""
+    a_t, b_t = ctx.op.inputs
+    a, b, g = ctx.input(0), ctx.input(1), ctx.grad(0)
+    if ctx.op.outputs[0].dtype is not a_t.dtype:  # output_type given: differentiate in the operands' dtype
+        g = create_op("cast", [g], {"data_type": a_t.dtype})[0]
+    a2 = a.reshape((1, a_t.shape[0])) if a_t.rank == 1 else a
+    b2 = b.reshape((b_t.shape[0], 1)) if b_t.rank == 1 else b
+    out2 = broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1])
+    g2 = g.reshape(out2) if g.shape != out2 else g
+
+    def last2_t(t: Tensor) -> Tensor:
+        perm = tuple(range(t.rank - 2)) + (t.rank - 1, t.rank - 2)
+        return create_op("transpose_", [t], {"permutation": perm})[0]
+
+    def back(d: Tensor, like2: Tuple[int, ...], i: int) -> Tensor:
+        lead = len(d.shape) - len(like2)
+        axes = list(range(lead)) + [lead + k for k, n in enumerate(like2[:-2]) if n == 1 and d.shape[lead + k] != 1]
+        if axes:
+            d = create_op("sum", [d], {"axis": tuple(axes), "keepdims": True})[0]
+        return d.reshape(ctx.op.inputs[i].shape) if d.shape != ctx.op.inputs[i].shape else d
+
+    return [back(matmul(g2, last2_t(b2)), a2.shape, 0) if ctx.needs(0) else None,
+            back(matmul(last2_t(a2), g2), b2.shape, 1) if ctx.needs(1) else None]
