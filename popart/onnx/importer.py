@@ -21,13 +21,14 @@ import popxl
 import popxl.ops
 from popxl import dtypes
 from popart.errors import OnnxImportError
+from popart.onnx.validate import (MIN_OPSET, check_element_type, check_graph, model_opset, newest_opset, tensor_array,
+                                  unsupported_dtype_message)
 
 logger = logging.getLogger("popart.ces")
 
 __all__ = ["load_model", "InputSpec", "GraphImporter", "device_array", "device_dtype", "op_key", "MIN_OPSET",
-           "MAX_OPSET", "GRAPHCORE_DOMAIN", "SubgraphImporter"]
+           "newest_opset", "GRAPHCORE_DOMAIN", "SubgraphImporter"]
 
-MIN_OPSET, MAX_OPSET = 11, 21
 Value = Union[np.ndarray, popxl.Tensor]
 ModelLike = Union[str, bytes, os.PathLike, onnx.ModelProto]
 
@@ -112,13 +113,6 @@ class InputSpec:
         return f"InputSpec({self.name!r}, {self.shape}, {self.dtype})"
 
 
-def _np_dtype(elem_type: int, what: str) -> np.dtype:
-    try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception:
-        raise OnnxImportError(f"{what} has ONNX element type {elem_type}, which has no NumPy equivalent.") from None
-
-
 def _declared_shape(vi: onnx.ValueInfoProto) -> Optional[Tuple[int, ...]]:
     """The fixed shape of a value info, or None if its rank or any dimension is unknown."""
     t = vi.type.tensor_type
@@ -143,7 +137,9 @@ class GraphImporter:
                  input_shapes: Optional[Mapping[str, Tuple[Sequence[int], Any]]] = None) -> None:
         from popart.onnx.ops import OPS  # the table imports this module's helpers
         self._setup(model, self._default_opset(model), OPS)
-        self.initializers: Dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
+        check_graph(self.graph, self._node_opsets)
+        self.initializers: Dict[str, np.ndarray] = {t.name: tensor_array(t, f"initializer {t.name!r}")
+                                                    for t in self.graph.initializer}
         self._check_supported()
         self.inputs = self._resolve_inputs(dict(input_shapes or {}))
 
@@ -175,19 +171,12 @@ class GraphImporter:
     # checks -------------------------------------------------------------------------------------------
     @staticmethod
     def _default_opset(model: onnx.ModelProto) -> int:
-        versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-        if not versions:
-            raise OnnxImportError("the ONNX model imports no version of the default (ai.onnx) operator set.")
-        v = int(versions[0])
-        if v < MIN_OPSET:
-            raise OnnxImportError(f"the ONNX model uses ai.onnx opset {v}; supported opsets are {MIN_OPSET} to "
-                                  f"{MAX_OPSET}. Convert it with onnx.version_converter.convert_version(model, "
-                                  f"{MIN_OPSET}).")
-        if v > MAX_OPSET:
-            # Newer opsets mostly add types and attributes; ops are lowered by their latest rules here.
-            logger.warning("the ONNX model uses ai.onnx opset %d; popart is tested with opsets %d to %d.",
-                           v, MIN_OPSET, MAX_OPSET)
-        return v
+        """The model's ai.onnx opset, once its operator sets and node domains are checked
+        (``validate.model_opset``), and its IR version is one the installed onnx package reads."""
+        if model.ir_version > onnx.IR_VERSION:
+            raise OnnxImportError(f"the ONNX model has IR version {model.ir_version}, newer than the installed onnx "
+                                  f"package ({onnx.__version__}) reads (up to {onnx.IR_VERSION}).")
+        return model_opset(model)
 
     def _check_supported(self) -> None:
         """One error for every node the table cannot lower, grouped by op type."""
@@ -211,11 +200,16 @@ class GraphImporter:
                 shape, dt = given[vi.name]
                 specs.append(InputSpec(vi.name, tuple(int(d) for d in shape), np.dtype(dt)))
                 continue
+            kind = vi.type.WhichOneof("value")
+            if kind not in (None, "tensor_type"):
+                raise OnnxImportError(f"model input {vi.name!r} is declared as a {kind.replace('_type', '')} value; "
+                                      f"popart feeds tensors only.")
             shape = _declared_shape(vi)
             if shape is None:
                 unknown.append((vi.name, vi))
                 continue
-            specs.append(InputSpec(vi.name, shape, _np_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}")))
+            specs.append(InputSpec(vi.name, shape, check_element_type(vi.type.tensor_type.elem_type,
+                                                                      f"model input {vi.name!r}")))
         if unknown:
             desc = ", ".join(f"{n!r} (declared {onnx.helper.printable_type(vi.type) or 'without a type'})"
                              for n, vi in unknown)
@@ -269,7 +263,7 @@ class GraphImporter:
             raise OnnxImportError(f"tensor {name!r} is used before any node produces it (the graph must be "
                                   f"topologically sorted).")
         if name not in self._consts:
-            self._consts[name] = popxl.constant(device_array(v), name=_safe(name))
+            self._consts[name] = popxl.constant(_device_value(name, v), name=_safe(name))
         return self._consts[name]
 
     @property
@@ -429,7 +423,8 @@ class SubgraphImporter(GraphImporter):
         self.initializers = {}
         self._check_supported_subgraph()
         self.inputs = []
-        self._own_initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self._own_initializers = {t.name: tensor_array(t, f"initializer {t.name!r} of subgraph {graph.name!r}")
+                                  for t in graph.initializer}
         self._materialize_weight = parent._materialize_weight
         # The parent's seed is a tensor of the parent graph: a subgraph lowered as a graph of its own
         # has none (its float16 results round to nearest; a random op in it needs a seed attribute).
@@ -488,7 +483,7 @@ class SubgraphImporter(GraphImporter):
         if name in self._consts:
             return self._consts[name]
         if self.parent.is_foldable(name):  # known at import: a constant of this graph
-            self._consts[name] = popxl.constant(device_array(self.parent.static(name)), name=_safe(name))
+            self._consts[name] = popxl.constant(_device_value(name, self.parent.static(name)), name=_safe(name))
             return self._consts[name]
         if not self.parent.has_value(name):
             raise OnnxImportError(f"subgraph {self.graph.name!r} reads tensor {name!r}, which neither it nor "
@@ -498,6 +493,15 @@ class SubgraphImporter(GraphImporter):
         inner = popxl.graph_input(outer.shape, outer.dtype, name=_safe(name))
         self.captured[name] = (outer, inner)
         return inner
+
+
+def _device_value(name: str, value: np.ndarray) -> np.ndarray:
+    """Import-time value ``name`` as the device holds it; an error naming it if its element type
+    (a string, a bfloat16 ... computed at import) cannot be on the device."""
+    problem = unsupported_dtype_message(value.dtype)
+    if problem:
+        raise OnnxImportError(f"tensor {name!r}, computed at import, is needed on the device but {problem}.")
+    return device_array(value)
 
 
 def _safe(name: str) -> str:

@@ -27,6 +27,7 @@ from popxl import dtypes
 from popxl.op import create_op
 from popart.errors import OnnxImportError
 from popart.onnx.importer import GraphImporter, device_array, device_dtype, op_key
+from popart.onnx.validate import element_dtype
 
 __all__ = ["OPS", "Node", "Entry"]
 
@@ -240,7 +241,7 @@ def _axis(axis: int, rank: int, n: Node, what: str = "axis", scalar_axis: bool =
 
 def _popxl_dtype_of_onnx(elem_type: int) -> dtypes.dtype:
     """The popxl dtype that holds values of ONNX element type ``elem_type`` on the device."""
-    return dtypes.from_numpy(device_dtype(onnx.helper.tensor_dtype_to_np_dtype(int(elem_type))))
+    return dtypes.from_numpy(device_dtype(element_dtype(int(elem_type))))
 
 
 # elementwise ------------------------------------------------------------------------------------------
