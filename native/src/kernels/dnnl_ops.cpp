@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <new>
 #include <numeric>
@@ -100,8 +101,18 @@ class SingleThreadScope {
   int saved_;
 };
 
+// oneDNN's dims are 64-bit, but some of its heuristics hold them in 32 bits: a matmul with M or
+// K of 2**32 or more dies of SIGFPE (a division by a size that wrapped to 0) while its primitive
+// is created. Such operands are refused here, as dnnl::error, so the op runs on the fallback.
+void check_dims(const std::vector<int64_t>& dims) {
+  for (int64_t d : dims)
+    if (d > std::numeric_limits<int32_t>::max())
+      throw dnnl::error(dnnl_unimplemented, "a dimension beyond 2**31 - 1");
+}
+
 // A buffer as a oneDNN memory descriptor of `dims`, with `strides` in elements.
 memory::desc md(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, memory::data_type t) {
+  check_dims(dims);
   return memory::desc(memory::dims(dims.begin(), dims.end()), t, memory::dims(strides.begin(), strides.end()));
 }
 
@@ -386,6 +397,7 @@ memory::desc user_desc(const Buffer& b, bool nhwc, memory::data_type t) {
   // With one spatial position the two layouts are the same bytes: say NHWC, what the primitives
   // write, so that no reorder runs (a global pool's result).
   if (b.contiguous && b.shape.size() == 4 && b.shape[2] * b.shape[3] == 1) nhwc = true;
+  check_dims(b.shape);
   return nhwc ? memory::desc(memory::dims(b.shape.begin(), b.shape.end()), t, memory::format_tag::nhwc)
               : md(b.shape, elem_strides(b), t);
 }
