@@ -21,8 +21,8 @@ import popxl
 import popxl.ops
 from popxl import dtypes
 from popart.errors import OnnxImportError
-from popart.onnx.validate import (MIN_OPSET, check_element_type, check_graph, model_opset, newest_opset, tensor_array,
-                                  unsupported_dtype_message)
+from popart.onnx.validate import (MIN_OPSET, check_element_type, check_graph, check_input_size, model_opset,
+                                  newest_opset, tensor_array, unsupported_dtype_message)
 
 logger = logging.getLogger("popart.ces")
 
@@ -216,6 +216,8 @@ class GraphImporter:
             raise OnnxImportError(
                 f"the shape of model input(s) {desc} is not fully known. Give it with inputShapeInfo: "
                 f"info = popart.InputShapeInfo(); info.add({unknown[0][0]!r}, popart.TensorInfo('FLOAT', [...])).")
+        for spec in specs:
+            check_input_size(f"model input {spec.name!r}", spec.shape, spec.device_dtype)
         return specs
 
     def node_opset(self, index: int) -> int:
@@ -310,6 +312,9 @@ class GraphImporter:
                     raise
                 except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
                     raise OnnxImportError(f"{n.describe()}: {e}") from e
+                except MemoryError as e:  # a request for more memory than there is (never allocated)
+                    raise OnnxImportError(f"{n.describe()}: the values it needs at import do not fit in memory "
+                                          f"({e}).") from None
             wanted = [o for o in node.output]
             for k, name in enumerate(wanted):
                 if not name:

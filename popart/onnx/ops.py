@@ -1404,7 +1404,7 @@ def _squeeze(n: Node) -> List[Value]:
     axes = _ints_arg(n, "axes", 13)
     if axes is None:
         axes = [i for i, d in enumerate(x.shape) if d == 1]
-    axes = {_axis(a, x.rank, n, "axes") for a in axes}
+    axes = {_axis(a, x.rank, n, "axes", scalar_axis=False) for a in axes}
     bad = [a for a in axes if x.shape[a] != 1]
     if bad:
         raise n.fail(f"cannot squeeze axes {bad} of shape {x.shape}: their length is not 1")
@@ -2024,7 +2024,7 @@ def _gather_elements_axis(n: Node, data_shape: Tuple[int, ...], idx_shape: Tuple
     along the other axes (the output takes the indices' shape)."""
     if len(idx_shape) != len(data_shape):
         raise n.fail(f"indices rank {len(idx_shape)} differs from data rank {len(data_shape)}")
-    axis = _axis(int(n.attr("axis", 0)), len(data_shape), n)
+    axis = _axis(int(n.attr("axis", 0)), len(data_shape), n, scalar_axis=False)
     if any(i > d for a, (i, d) in enumerate(zip(idx_shape, data_shape)) if a != axis):
         raise n.fail(f"indices {tuple(idx_shape)} may not be longer than data {tuple(data_shape)} in an axis "
                      f"other than {axis}")

@@ -22,17 +22,20 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
+import resource
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, defs, numpy_helper
+from onnx import AttributeProto, TensorProto, defs, numpy_helper
 
 from popart.errors import OnnxImportError
 from popart.losses import GRAPHCORE_DOMAIN
 
 __all__ = ["MIN_OPSET", "newest_opset", "element_dtype", "element_type_name", "check_element_type",
-           "tensor_array", "check_tensor", "model_opset", "check_graph", "unsupported_dtype_message"]
+           "tensor_array", "check_tensor", "model_opset", "check_graph", "unsupported_dtype_message",
+           "check_input_size", "memory_limit"]
 
 MIN_OPSET = 11
 
@@ -153,6 +156,35 @@ def tensor_array(t: TensorProto, what: str) -> np.ndarray:
         return numpy_helper.to_array(t)
     except Exception as e:  # values the checks above cannot see (say, bytes that are no float8 codes)
         raise OnnxImportError(f"{what} could not be read: {e}") from None
+
+
+def memory_limit() -> int:
+    """The bytes this process can hold: the machine's physical memory, or less under an address
+    space limit (``ulimit -v``)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return physical if soft == resource.RLIM_INFINITY else min(physical, soft)
+
+
+def _size(nbytes: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if nbytes < 1024 or unit == "PiB":
+            return f"{nbytes} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return ""
+
+
+def check_input_size(what: str, shape: Sequence[int], dtype: np.dtype) -> None:
+    """A tensor the host feeds (``what``) must have non-negative dims and fit in memory, checked
+    before anything is allocated for it."""
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        raise OnnxImportError(f"{what} has shape {tuple(dims)}: dimensions must not be negative.")
+    nbytes = math.prod(dims) * np.dtype(dtype).itemsize
+    limit = memory_limit()
+    if nbytes > limit:
+        raise OnnxImportError(f"{what} has shape {tuple(dims)} of {np.dtype(dtype)}: {_size(nbytes)}, more than the "
+                              f"{_size(limit)} of memory this process can use.")
 
 
 # operator sets ----------------------------------------------------------------------------------------
@@ -289,6 +321,7 @@ def check_graph(graph: onnx.GraphProto, node_opsets: Sequence[int], outer: Optio
         desc = describe(node, i)
         opset = node_opsets[i]
         _check_op_defined(node, desc, opset, where)
+        _check_against_schema(node, desc, opset, where)
         _check_attributes(node, desc, where)
         for a in node.attribute:
             for k, g in enumerate(([a.g] if a.HasField("g") else []) + list(a.graphs)):
@@ -323,6 +356,52 @@ def _check_op_defined(node: onnx.NodeProto, desc: str, opset: int, where: str) -
     if first is not None and first > opset:
         raise OnnxImportError(f"{where}{desc}: ai.onnx opset {opset} has no {node.op_type} (it was introduced in "
                               f"opset {first}); declare opset {first} or later.")
+
+
+def _attribute_type_name(code: int) -> str:
+    try:
+        return AttributeProto.AttributeType.Name(code)
+    except ValueError:
+        return f"type {code}"
+
+
+def _check_against_schema(node: onnx.NodeProto, desc: str, opset: int, where: str) -> None:
+    """An ai.onnx node against its op's definition at ``opset``: input and output counts, and its
+    attributes (known to the op, each once, of the declared type, the required ones present), so
+    that entries read only what the definition allows."""
+    if _domain(node.domain) != "":
+        return
+    try:
+        schema = defs.get_schema(node.op_type, opset, "")
+    except defs.SchemaError:
+        return  # no such op: reported as unsupported, with the list of those that are
+    op = f"{node.op_type} (ai.onnx opset {opset})"
+
+    def fail(message: str) -> OnnxImportError:
+        return OnnxImportError(f"{where}{desc}: {message}")
+
+    for what, count, low, high in (("input", len(node.input), schema.min_input, schema.max_input),
+                                   ("output", len(node.output), schema.min_output, schema.max_output)):
+        if not low <= count <= high:
+            allowed = f"{low}" if low == high else f"{low} or more" if high >= 2 ** 31 - 1 else f"{low} to {high}"
+            raise fail(f"has {count} {what}(s); {op} takes {allowed}.")
+    seen = set()
+    for a in node.attribute:
+        if a.name in seen:
+            raise fail(f"attribute {a.name!r} is given twice.")
+        seen.add(a.name)
+        spec = schema.attributes.get(a.name)
+        if spec is None:
+            known = ", ".join(sorted(schema.attributes)) or "none"
+            raise fail(f"{op} has no attribute {a.name!r} (its attributes: {known}).")
+        if a.ref_attr_name:
+            continue  # a reference to an attribute of the enclosing function, resolved when it is expanded
+        if int(a.type) != int(spec.type):
+            raise fail(f"attribute {a.name!r} must be of type {_attribute_type_name(int(spec.type))}, not "
+                       f"{_attribute_type_name(a.type)}.")
+    missing = sorted(name for name, spec in schema.attributes.items() if spec.required and name not in seen)
+    if missing:
+        raise fail(f"required attribute(s) {', '.join(map(repr, missing))} of {op} missing.")
 
 
 def _check_attributes(node: onnx.NodeProto, desc: str, where: str) -> None:

@@ -369,7 +369,7 @@ def test_composed_trigonometry_is_accurate_over_its_range(op, fn, lo, hi) -> Non
 
 @pytest.mark.parametrize("nodes,inputs,inits,message", [
     ([N("LpNormalization", ["x"], ["y"], p=3)], {"x": f32(2, 3)}, None, "p must be 1 or 2"),
-    ([N("LRN", ["x"], ["y"])], {"x": f32(2, 3)}, None, "size must be a positive integer"),
+    ([N("LRN", ["x"], ["y"])], {"x": f32(2, 3)}, None, "required attribute\\(s\\) 'size' of LRN"),
     ([N("LpPool", ["x"], ["y"], kernel_shape=[2, 2])], {"x": f32(2, 3, 4)}, None, "needs a rank-4 input"),
     ([N("QuantizeLinear", ["x", "s"], ["y"], axis=1)], {"x": f32(2, 3)}, {"s": np.float32([1, 2])},
      "per-axis scale/zero point must be 1-D of length 3"),

@@ -111,6 +111,42 @@ def test_op_newer_than_the_model_opset():
     np.testing.assert_allclose(y, 0.5 * X * (1 + erf(X / np.sqrt(2))), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("node, expected", [
+    (N("Relu", ["x", "x"], ["y"], name="r"), "node 'r' (Relu): has 2 input(s); Relu (ai.onnx opset 17) takes 1."),
+    (N("Split", ["x"], [], name="s", axis=1), "node 's' (Split): has 0 output(s); Split (ai.onnx opset 17) takes 1 or "
+                                               "more."),
+    (N("Clip", ["x", "", "", ""], ["y"], name="c"), "node 'c' (Clip): has 4 input(s); Clip (ai.onnx opset 17) takes "
+                                                    "1 to 3."),
+    (N("Softmax", ["x"], ["y"], name="s", axes=1), "node 's' (Softmax): Softmax (ai.onnx opset 17) has no attribute "
+                                                   "'axes' (its attributes: axis)."),
+    (N("Softmax", ["x"], ["y"], name="s", axis=1.5), "node 's' (Softmax): attribute 'axis' must be of type INT, not "
+                                                     "FLOAT."),
+    (N("Cast", ["x"], ["y"], name="c"), "node 'c' (Cast): required attribute(s) 'to' of Cast (ai.onnx opset 17) "
+                                        "missing."),
+])
+def test_nodes_are_checked_against_their_op_definition(node, expected):
+    assert _import_error(make_model([node], {"x": X}, ["y"])) == expected
+
+
+def test_attribute_given_twice():
+    node = N("Softmax", ["x"], ["y"], name="s", axis=1)
+    node.attribute.append(helper.make_attribute("axis", 0))
+    assert "node 's' (Softmax): attribute 'axis' is given twice" in _import_error(make_model([node], {"x": X}, ["y"]))
+
+
+def test_subgraph_attribute_of_the_wrong_type():
+    # Found by the fuzz: a Loop whose body attribute was not a graph reached the entry, which
+    # failed with AttributeError.
+    ok = [N("Identity", ["cond"], ["cond_out"]), N("Add", ["acc", "x"], ["acc_out"])]
+    model = _loop_model(ok)
+    body = model.graph.node[2].attribute[0]
+    body.type = onnx.AttributeProto.INT
+    assert "node 'loop' (Loop): attribute 'body' must be of type GRAPH, not INT" in _import_error(model)
+    del model.graph.node[2].attribute[:]
+    assert "node 'loop' (Loop): required attribute(s) 'body' of Loop (ai.onnx opset 17) missing" \
+        in _import_error(model)
+
+
 def test_local_function_opsets_are_checked():
     body = helper.make_function("com.example", "MyRelu", ["a"], ["b"], [N("Relu", ["a"], ["b"])],
                                 [helper.make_opsetid("", 99)])
@@ -129,6 +165,46 @@ def test_ir_version_newer_than_onnx_reads():
     model = _relu_model()
     model.ir_version = onnx.IR_VERSION + 1
     assert f"IR version {onnx.IR_VERSION + 1}, newer than the installed onnx package" in _import_error(model)
+
+
+# sizes -------------------------------------------------------------------------------------------------
+def test_inputs_larger_than_memory_are_refused_before_allocating():
+    model = make_model([N("Relu", ["x"], ["y"])], {"x": X}, ["y"], input_shapes={"x": [2 ** 20, 2 ** 20, 4]})
+    msg = _import_error(model)
+    assert re.fullmatch(r"model input 'x' has shape \(1048576, 1048576, 4\) of float32: 16\.0 TiB, more than the "
+                        r"[0-9.]+ [GMT]iB of memory this process can use\.", msg), msg
+    # int64 inputs are held as int32 on the device: counted at 4 bytes an element
+    model = make_model([N("Neg", ["x"], ["y"])], {"x": np.zeros(2, np.int64)}, ["y"], input_shapes={"x": [2 ** 42]})
+    assert "model input 'x' has shape (4398046511104,) of int32: 16.0 TiB" in _import_error(model)
+
+
+_OUT_OF_MEMORY_SCRIPT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+import numpy as np, popart
+sys.path.insert(0, {tests!r})
+from popart_helpers import make_model
+from onnx import helper
+model = make_model([helper.make_node("Tile", ["x", "reps"], ["y"], name="tile")], {{"x": np.zeros((2, 3), np.float32)}},
+                   ["y"], {{"reps": np.array([1, 2 ** 36], np.int64)}})
+try:
+    popart.InferenceSession(model.SerializeToString(), popart.DataFlow(1, ["y"]), popart.DeviceManager().createCpuDevice())
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_import_that_runs_out_of_memory_names_the_node():
+    # Found by the fuzz: a Tile repeating 2**36 times built its gather indices at import and raised
+    # NumPy's MemoryError. Run under an address-space limit, so that no machine really tries.
+    import os
+    import subprocess
+    import sys
+    script = _OUT_OF_MEMORY_SCRIPT.format(tests=os.path.dirname(__file__))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("OnnxImportError node 'tile' (Tile, opset 17): the values it needs at import do not "
+                                 "fit in memory (Unable to allocate"), out.stdout
 
 
 # single assignment -----------------------------------------------------------------------------------
