@@ -21,8 +21,8 @@ import popxl
 import popxl.ops
 from popxl import dtypes
 from popart.errors import OnnxImportError
-from popart.onnx.validate import (MIN_OPSET, check_element_type, check_graph, check_input_size, model_opset,
-                                  newest_opset, tensor_array, unsupported_dtype_message)
+from popart.onnx.validate import (MIN_OPSET, check_element_type, check_graph, check_tensor_size, check_text,
+                                  model_opset, newest_opset, tensor_array, unsupported_dtype_message)
 
 logger = logging.getLogger("popart.ces")
 
@@ -173,6 +173,7 @@ class GraphImporter:
     def _default_opset(model: onnx.ModelProto) -> int:
         """The model's ai.onnx opset, once its operator sets and node domains are checked
         (``validate.model_opset``), and its IR version is one the installed onnx package reads."""
+        check_text(model)
         if model.ir_version > onnx.IR_VERSION:
             raise OnnxImportError(f"the ONNX model has IR version {model.ir_version}, newer than the installed onnx "
                                   f"package ({onnx.__version__}) reads (up to {onnx.IR_VERSION}).")
@@ -217,7 +218,7 @@ class GraphImporter:
                 f"the shape of model input(s) {desc} is not fully known. Give it with inputShapeInfo: "
                 f"info = popart.InputShapeInfo(); info.add({unknown[0][0]!r}, popart.TensorInfo('FLOAT', [...])).")
         for spec in specs:
-            check_input_size(f"model input {spec.name!r}", spec.shape, spec.device_dtype)
+            check_tensor_size(f"model input {spec.name!r}", spec.shape, spec.device_dtype)
         return specs
 
     def node_opset(self, index: int) -> int:
@@ -321,6 +322,8 @@ class GraphImporter:
                     continue
                 if k >= len(outs) or outs[k] is None:
                     raise OnnxImportError(f"{n.describe()}: output {k} ({name!r}) is not supported.")
+                if isinstance(outs[k], popxl.Tensor):  # before the program that would allocate it exists
+                    check_tensor_size(f"{n.describe()}: output {name!r}", outs[k].shape, outs[k].dtype.as_numpy())
                 self._set(name, outs[k])
 
     def _lower_rounded(self, n: Any) -> List[Value]:

@@ -473,8 +473,8 @@ def _clip(n: Node) -> List[Value]:
             if n.has(2):
                 y = _minimum(y, n.x(2))
             return [y]
-    lo = -math.inf if bounds[0] is None else float(bounds[0])
-    hi = math.inf if bounds[1] is None else float(bounds[1])
+    lo = -math.inf if bounds[0] is None else n.single(bounds[0], "min", float, index=1)
+    hi = math.inf if bounds[1] is None else n.single(bounds[1], "max", float, index=2)
     # ONNX (as NumPy's clip, min(max(x, lo), hi)): with min above max every value becomes max
     return [ops.clip(x, min(lo, hi), hi)]
 
@@ -1352,6 +1352,8 @@ def _reshape(n: Node) -> List[Value]:
     shape = n.static_ints(1, "shape")
     allowzero = n.opset >= 14 and n.attr("allowzero", 0)
     if not allowzero:
+        if any(d == 0 and i >= x.rank for i, d in enumerate(shape)):
+            raise n.fail(f"shape {shape} copies (0) a dimension beyond the input's rank {x.rank}")
         shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
     if shape.count(-1) > 1:
         raise n.fail(f"shape {shape} has more than one -1")
@@ -1421,6 +1423,8 @@ def _transpose(n: Node) -> List[Value]:
 @onnx_op("Concat")
 def _concat(n: Node) -> List[Value]:
     xs = n.xs()
+    if len({x.rank for x in xs}) > 1:
+        raise n.fail(f"inputs must have one rank, got shapes {[tuple(x.shape) for x in xs]}")
     axis = _axis(int(n.attr("axis")), xs[0].rank, n)
     xs = [x for x in xs if x.shape[axis] != 0] or xs[:1]
     return [ops.concat(xs, axis) if len(xs) > 1 else xs[0]]
@@ -1434,6 +1438,8 @@ def _split(n: Node) -> List[Value]:
     split = _ints_arg(n, "split", 13)
     if split is None:
         parts = int(n.attr("num_outputs", n.n_outputs))
+        if parts < 1:
+            raise n.fail(f"num_outputs must be positive, got {parts}")
         if n.opset >= 18 and n.attr("num_outputs") is not None:
             chunk = -(-d // parts)  # ceil: the last part may be smaller
             split = [min(chunk, d - i * chunk) for i in range(parts)]
@@ -1572,6 +1578,8 @@ def _pad_args(n: Node, rank: int) -> Tuple[List[int], str]:
     axes = n.optional_static_ints(3, "axes") if n.opset >= 18 else None
     if axes is not None:
         axes = [_axis(a, rank, n, "axes") for a in axes]
+        if len(pads) != 2 * len(axes):
+            raise n.fail(f"pads {pads} must have {2 * len(axes)} entries for axes {axes}")
         full = [0] * (2 * rank)
         for k, a in enumerate(axes):
             full[a], full[a + rank] = pads[k], pads[k + len(axes)]
@@ -1631,6 +1639,8 @@ def _resize(n: Node) -> List[Value]:
     sizes = n.optional_static_ints(3, "sizes")
     if scales is not None and scales.size == 0:
         scales = None
+    if scales is not None and not np.all(np.isfinite(scales) & (scales > 0)):
+        raise n.fail(f"scales {scales.tolist()} must be finite and positive")
     if (scales is None) == (sizes is None):
         raise n.fail("exactly one of scales and sizes must be given")
     factor = [1.0] * x.rank

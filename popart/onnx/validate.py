@@ -24,7 +24,7 @@ import functools
 import math
 import os
 import resource
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
@@ -35,7 +35,7 @@ from popart.losses import GRAPHCORE_DOMAIN
 
 __all__ = ["MIN_OPSET", "newest_opset", "element_dtype", "element_type_name", "check_element_type",
            "tensor_array", "check_tensor", "model_opset", "check_graph", "unsupported_dtype_message",
-           "check_input_size", "memory_limit"]
+           "check_tensor_size", "memory_limit", "check_text"]
 
 MIN_OPSET = 11
 
@@ -167,16 +167,19 @@ def memory_limit() -> int:
 
 
 def _size(nbytes: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if nbytes < 1024 or unit == "PiB":
-            return f"{nbytes} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    return ""
+    """``nbytes`` for people: "24.0 GiB"; exact integers throughout (a product of huge dims can be
+    beyond a float's range)."""
+    if nbytes < 1024:
+        return f"{nbytes} bytes"
+    for k, unit in enumerate(("KiB", "MiB", "GiB", "TiB", "PiB"), start=1):
+        if nbytes < 1024 ** (k + 1):
+            return f"{nbytes * 10 // 1024 ** k / 10:.1f} {unit}"
+    return f"about 10**{len(str(nbytes)) - 1} bytes"
 
 
-def check_input_size(what: str, shape: Sequence[int], dtype: np.dtype) -> None:
-    """A tensor the host feeds (``what``) must have non-negative dims and fit in memory, checked
-    before anything is allocated for it."""
+def check_tensor_size(what: str, shape: Sequence[int], dtype: np.dtype) -> None:
+    """A tensor (``what``: a model input, a node's output) must have non-negative dims and fit in
+    memory, checked before anything is allocated for it."""
     dims = [int(d) for d in shape]
     if any(d < 0 for d in dims):
         raise OnnxImportError(f"{what} has shape {tuple(dims)}: dimensions must not be negative.")
@@ -185,6 +188,33 @@ def check_input_size(what: str, shape: Sequence[int], dtype: np.dtype) -> None:
     if nbytes > limit:
         raise OnnxImportError(f"{what} has shape {tuple(dims)} of {np.dtype(dtype)}: {_size(nbytes)}, more than the "
                               f"{_size(limit)} of memory this process can use.")
+
+
+# text ------------------------------------------------------------------------------------------------
+def check_text(message: Any, path: str = "model") -> None:
+    """Every string field of ``message`` (names, op types, domains ...) must be text: protobuf hands
+    a string that is not valid UTF-8 back as bytes, which no name lookup expects."""
+    for descriptor, value in message.ListFields():
+        where = f"{path}.{descriptor.name}"
+        repeated = _is_repeated(descriptor)
+        if descriptor.type == descriptor.TYPE_STRING:
+            for k, v in enumerate(value if repeated else [value]):
+                if not isinstance(v, str):
+                    raise OnnxImportError(f"{where}{f'[{k}]' if repeated else ''} is not valid UTF-8 text: "
+                                          f"{bytes(v)[:60]!r}.")
+        elif descriptor.type == descriptor.TYPE_MESSAGE:
+            if repeated:
+                for k, item in enumerate(value):
+                    check_text(item, f"{where}[{k}]")
+            else:
+                check_text(value, where)
+
+
+def _is_repeated(descriptor: Any) -> bool:
+    # protobuf 5.x+ names it is_repeated; ``label`` is gone from protobuf 7
+    if hasattr(descriptor, "is_repeated"):
+        return bool(descriptor.is_repeated)
+    return descriptor.label == descriptor.LABEL_REPEATED
 
 
 # operator sets ----------------------------------------------------------------------------------------
@@ -406,6 +436,13 @@ def _check_against_schema(node: onnx.NodeProto, desc: str, opset: int, where: st
 
 def _check_attributes(node: onnx.NodeProto, desc: str, where: str) -> None:
     for a in node.attribute:
+        for k, text in enumerate([a.s] + list(a.strings)):
+            try:
+                text.decode()
+            except UnicodeDecodeError:
+                index = f"[{k - 1}]" if k else ""
+                raise OnnxImportError(f"{where}{desc} attribute {a.name!r}{index} is not valid UTF-8 text: "
+                                      f"{text[:60]!r}.") from None
         if a.type == onnx.AttributeProto.TENSOR or a.HasField("t"):
             check_tensor(a.t, f"{where}{desc} attribute {a.name!r}", any_type=True)
         for k, t in enumerate(a.tensors):

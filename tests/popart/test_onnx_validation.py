@@ -161,6 +161,17 @@ def test_local_function_opsets_are_checked():
     _relu_runs(model)
 
 
+def test_names_that_are_not_text():
+    # Found by the fuzz: protobuf hands back a string field that is not valid UTF-8 as bytes, which
+    # reached onnx.defs.get_schema (TypeError: incompatible function arguments).
+    data = make_model([N("Relu", ["x"], ["y"], name="relu")], {"x": X}, ["y"]).SerializeToString()
+    assert data.count(b"Relu") == 1
+    with pytest.raises(popart.OnnxImportError, match=r"model.graph.node\[0\].op_type is not valid UTF-8 text: "
+                                                     r"b'R\\xe9lu'"):
+        popart.InferenceSession(data.replace(b"Relu", b"R\xe9lu"), popart.DataFlow(1, ["y"]),
+                                popart.DeviceManager().createCpuDevice())
+
+
 def test_ir_version_newer_than_onnx_reads():
     model = _relu_model()
     model.ir_version = onnx.IR_VERSION + 1
