@@ -1,0 +1,166 @@
+"""Mutation fuzz of ONNX models (tests/popart/onnx_fuzz.py): every mutated model must give a result
+or a Python exception with a message, never a crash, a hang or an internal error (KeyError,
+IndexError, AttributeError ... : an input popart should have checked).
+
+The default run takes 1000 cases; the slow one 10,000 more (``POPART_ONNX_FUZZ_CASES`` sets its
+count). A failure names each case by its seed and mutations; ``python tests/popart/onnx_fuzz.py
+--seed N`` runs it again in one process, with its traceback.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict
+
+import numpy as np
+import onnx
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+import onnx_fuzz
+import popart
+from popart_helpers import make_model, run_session
+
+DEFAULT_CASES = 1000
+SLOW_CASES = int(os.environ.get("POPART_ONNX_FUZZ_CASES", "10000"))
+SLOW_START = 1_000_000  # seeds of their own, not those of the default run
+
+
+def _feeds(model: onnx.ModelProto) -> Dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for vi in model.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        if dt.kind == "i":  # positive: integer division by zero is not what these check
+            feeds[vi.name] = rng.integers(1, 6, shape).astype(dt)
+        else:
+            feeds[vi.name] = onnx_fuzz._random_feed(shape, dt, rng)
+    return feeds
+
+
+@pytest.mark.parametrize("base", sorted(onnx_fuzz.BASES))
+def test_base_models_match_the_reference(base):
+    # The fuzz starts from models popart gets right.
+    model = onnx.load_from_string(onnx_fuzz.base_bytes(base))
+    feeds = _feeds(model)
+    outputs = [o.name for o in model.graph.output]
+    got = run_session(model, feeds, outputs)
+    want = ReferenceEvaluator(model).run(outputs, feeds)
+    for name, g, w in zip(outputs, got, want):
+        w = np.asarray(w)
+        if name == "y_scan":  # ONNX's reference evaluator concatenates Loop's scan outputs; the spec
+            w = w.reshape(g.shape)  # (and ONNX Runtime, and popart) stack them on a new first axis
+        assert g.shape == w.shape, name
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_cases_are_reproducible_and_varied():
+    a, b = onnx_fuzz.mutate(12345), onnx_fuzz.mutate(12345)
+    assert a.data == b.data and a.describe() == b.describe()
+    cases = [onnx_fuzz.mutate(s) for s in range(200)]
+    assert {c.base for c in cases} == set(onnx_fuzz.BASES)
+    kinds = {m.split(":")[0] for c in cases for m in c.mutations}
+    assert kinds == set(onnx_fuzz.FIELD_MUTATIONS) | {"bytes"}
+    assert len({c.data for c in cases}) > 190
+
+
+def test_pool_reports_crashes_hangs_and_internal_errors():
+    # The harness itself can fail: a worker killed by a signal, one that never answers and an
+    # internal exception are each reported against their case, and the pool goes on.
+    requests = [("selftest", 0, "segv", "segfault"), ("selftest", 1, "ok", "after the crash"),
+                ("selftest", 2, "hang", "hang"), ("selftest", 3, "keyerror", "internal"),
+                ("model", 4, onnx_fuzz.base_bytes("mlp"), "a valid model")]
+    seen = {}
+    with onnx_fuzz.WorkerPool(workers=2, timeout=5.0) as pool:
+        pool.run(requests, lambda request, outcome: seen.__setitem__(request[3], onnx_fuzz.classify(outcome)))
+    assert seen["segfault"][0] == "crash" and "killed by SIGSEGV" in seen["segfault"][1]
+    assert seen["hang"][0] == "hang" and "no outcome within 5 s" in seen["hang"][1]
+    assert seen["internal"][1].startswith("internal error KeyError")
+    assert seen["after the crash"] == ("ok", None) and seen["a valid model"] == ("ok", None)
+
+
+# What the fuzz found, as models of their own --------------------------------------------------------
+@pytest.mark.parametrize("op, inputs, inits, message", [
+    ("Squeeze", ["s", "axes"], {"axes": np.array([0], np.int64)}, "axes 0 is out of range for rank 0"),
+    ("GatherElements", ["s", "i"], {"i": np.array(0, np.int64)}, "axis 0 is out of range for rank 0"),
+])
+def test_axes_of_a_scalar_are_refused(op, inputs, inits, message):
+    # They indexed the scalar's empty shape (IndexError) instead of naming the axis.
+    s = np.float32(1.5)
+    model = make_model([onnx.helper.make_node(op, inputs, ["y"], name="n")], {"s": s}, ["y"], inits)
+    with pytest.raises(popart.OnnxImportError, match=f"node 'n' \\({op}, opset 17\\): {message}"):
+        run_session(model, {"s": s}, ["y"])
+
+
+def test_clip_bounds_must_be_scalars():
+    # They were converted with float(): "only 0-dimensional arrays can be converted to Python scalars".
+    x = np.zeros((2, 3), np.float32)
+    model = make_model([onnx.helper.make_node("Clip", ["x", "lo"], ["y"], name="clip")], {"x": x}, ["y"],
+                       {"lo": np.zeros(2, np.float32)})
+    with pytest.raises(popart.OnnxImportError, match=r"node 'clip' \(Clip, opset 17\): input 1 \(min\) must hold a "
+                                                     r"single value: min must be a floating-point scalar, got float32 "
+                                                     r"of shape \(2,\)"):
+        run_session(model, {"x": x}, ["y"])
+
+
+X3 = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+
+
+@pytest.mark.parametrize("nodes, inits, opset, message", [
+    # Concat of inputs of different ranks: IndexError reading the lower-rank input's axis
+    ([onnx.helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0),
+      onnx.helper.make_node("Concat", ["x", "r"], ["y"], name="n", axis=2)], {}, 17,
+     r"node 'n' \(Concat, opset 17\): inputs must have one rank, got shapes \[\(2, 3, 4\), \(\)\]"),
+    # Pad with axes and too few pads: IndexError
+    ([onnx.helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"], name="n")],
+     {"pads": np.array([1, 1], np.int64), "axes": np.array([0, 2], np.int64)}, 18,
+     r"node 'n' \(Pad, opset 18\): pads \[1, 1\] must have 4 entries for axes \[0, 2\]"),
+    # Resize by an infinite scale: OverflowError converting it to a length
+    ([onnx.helper.make_node("Resize", ["x", "", "scales"], ["y"], name="n")],
+     {"scales": np.array([1, 1, np.inf], np.float32)}, 18,
+     r"node 'n' \(Resize, opset 18\): scales \[1.0, 1.0, inf\] must be finite and positive"),
+    # Resize by 3.4e38: a popxl tensor of 10**40 bytes, found only when the program was laid out
+    # (OverflowError in popxl's lowering); every node's output is checked against memory at import.
+    ([onnx.helper.make_node("Resize", ["x", "", "scales"], ["y"], name="n")],
+     {"scales": np.array([1, 1, 3.4e38], np.float32)}, 18,
+     r"node 'n' \(Resize, opset 18\): output 'y' has shape \(2, 3, 13599\d+\) of float32: about 10\*\*40 bytes, "
+     r"more than the .* of memory this process can use"),
+    # Reshape copying (0) a dimension the input does not have: IndexError
+    ([onnx.helper.make_node("Reshape", ["x", "shape"], ["y"], name="n")], {"shape": np.array([4, 3, 2, 0], np.int64)},
+     17, r"node 'n' \(Reshape, opset 17\): shape \[4, 3, 2, 0\] copies \(0\) a dimension beyond the input's rank 3"),
+    # Split into num_outputs=0: ZeroDivisionError
+    ([onnx.helper.make_node("Split", ["x"], ["y"], name="n", axis=1, num_outputs=0)], {}, 18,
+     r"node 'n' \(Split, opset 18\): num_outputs must be positive, got 0"),
+])
+def test_bad_values_are_named_at_import(nodes, inits, opset, message):
+    model = make_model(nodes, {"x": X3}, ["y"], inits, opset=opset)
+    with pytest.raises(popart.OnnxImportError, match=message):
+        run_session(model, {"x": X3}, ["y"])
+
+
+def test_string_attributes_that_are_not_text():
+    # Node.attr decoded them: UnicodeDecodeError
+    node = onnx.helper.make_node("Pad", ["x", "pads"], ["y"], name="n", mode="constant")
+    node.attribute[0].s = b"\xff\xfe"
+    model = make_model([node], {"x": X3}, ["y"], {"pads": np.zeros(6, np.int64)})
+    with pytest.raises(popart.OnnxImportError, match=r"node 'n' \(Pad\) attribute 'mode' is not valid UTF-8 text: "
+                                                     r"b'\\xff\\xfe'"):
+        run_session(model, {"x": X3}, ["y"])
+
+
+def _check(report: onnx_fuzz.Report) -> None:
+    print(report.summary())
+    assert report.counts["ok"] > report.cases // 10  # mutations that still run: the run stage is reached
+    if report.failures:
+        lines = [f"{desc}\n    {what[:3000]}" for desc, what in report.failures]
+        pytest.fail(f"{len(report.failures)} of {report.cases} mutated models crashed, hung or raised an internal "
+                    f"error (rerun one with: python tests/popart/onnx_fuzz.py --seed N):\n" + "\n".join(lines))
+
+
+def test_fuzz():
+    _check(onnx_fuzz.fuzz(range(DEFAULT_CASES), workers=2))
+
+
+@pytest.mark.slow
+def test_fuzz_many():
+    _check(onnx_fuzz.fuzz(range(SLOW_START, SLOW_START + SLOW_CASES), workers=2))
