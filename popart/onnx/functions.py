@@ -43,6 +43,14 @@ def _value_types(model: onnx.ModelProto) -> Dict[str, onnx.TypeProto]:
     return types
 
 
+def _context_dependent(node: onnx.NodeProto, opset: int) -> bool:
+    """Whether the standard body of ``node`` is generated for its input types."""
+    try:
+        return bool(defs.get_schema(node.op_type, opset, node.domain).has_context_dependent_function)
+    except Exception:
+        return False
+
+
 def _standard_body(node: onnx.NodeProto, opset: int,
                    types: Dict[str, onnx.TypeProto]) -> Optional[onnx.FunctionProto]:
     """The ONNX standard's function body for ``node`` at ``opset``, or None if it has none (or it
@@ -161,7 +169,11 @@ def expand_functions(model: onnx.ModelProto, supported: Collection[str],
         current.CopyFrom(model)
         del current.graph.node[:]
         current.graph.node.extend(nodes)
-        types = _value_types(current) if any((nodes[i].domain, nodes[i].op_type) not in local for i in todo) else {}
+        # Shape inference only for bodies generated from the types (onnx's C++ inference is the
+        # least robust part of the package on malformed models, so it runs only when needed).
+        needs_types = any((nodes[i].domain, nodes[i].op_type) not in local and _context_dependent(nodes[i], node_opsets[i])
+                          for i in todo)
+        types = _value_types(current) if needs_types else {}
         expanded, expanded_opsets, progress = [], [], False
         for i, n in enumerate(nodes):
             f = local.get((n.domain, n.op_type)) if op_key(n) not in supported else None

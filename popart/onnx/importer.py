@@ -20,6 +20,7 @@ from onnx import numpy_helper
 import popxl
 import popxl.ops
 from popxl import dtypes
+from popxl.context import get_current_context
 from popart.errors import OnnxImportError
 from popart.onnx.validate import (MIN_OPSET, check_element_type, check_graph, check_tensor_size, check_text,
                                   model_opset, newest_opset, tensor_array, unsupported_dtype_message)
@@ -136,8 +137,13 @@ class GraphImporter:
     def __init__(self, model: onnx.ModelProto,
                  input_shapes: Optional[Mapping[str, Tuple[Sequence[int], Any]]] = None) -> None:
         from popart.onnx.ops import OPS  # the table imports this module's helpers
-        self._setup(model, self._default_opset(model), OPS)
-        check_graph(self.graph, self._node_opsets)
+        opset = self._default_opset(model)
+        # Checked before function expansion, which may run onnx's shape inference on the model
+        # (whose C++ aborts the process on some malformed nodes), and again once expanded.
+        check_graph(model.graph, [opset] * len(model.graph.node))
+        self._setup(model, opset, OPS)
+        if self.model is not model:
+            check_graph(self.graph, self._node_opsets)
         self.initializers: Dict[str, np.ndarray] = {t.name: tensor_array(t, f"initializer {t.name!r}")
                                                     for t in self.graph.initializer}
         self._check_supported()
@@ -167,6 +173,7 @@ class GraphImporter:
         self.random: Optional[Any] = None
         self.stat_updates: List[Tuple[str, popxl.Tensor]] = []
         self.popxl_graph: Optional[popxl.Graph] = None  # the popxl graph the nodes are lowered into
+        self._lowering: List[str] = []  # the nodes being lowered, innermost last (subgraph walks nest)
 
     # checks -------------------------------------------------------------------------------------------
     @staticmethod
@@ -289,7 +296,20 @@ class GraphImporter:
         for spec in self.inputs:
             self._set(spec.name, inputs[spec.name])
         self._order.extend(n for n in self.initializers)
-        self._walk()
+        context = get_current_context()
+        hook = context.register_op_created_hook(self._check_op_outputs)
+        try:
+            self._walk()
+        finally:
+            context.remove_op_created_hook(hook)
+
+    def _check_op_outputs(self, op: Any) -> None:
+        """Every tensor an entry makes (a node's outputs and the intermediates it composes them
+        from, in any graph) must fit in memory: checked as the op is traced, before the program
+        that would allocate it exists."""
+        for t in op.outputs:
+            check_tensor_size(f"{self._lowering[-1] if self._lowering else 'the model'}: tensor {t.id!r} (of popxl "
+                              f"op {op.type})", t.shape, t.dtype.as_numpy())
 
     def value(self, name: str) -> Value:
         """``name``'s value: a NumPy array if it is known at import (see ``is_foldable``), else a Tensor."""
@@ -307,6 +327,7 @@ class GraphImporter:
             n = Node(self, node, i)
             outs = self._fold(node, n) if all(self.is_foldable(x) for x in present) and n.entry.foldable else None
             if outs is None:
+                self._lowering.append(n.describe())
                 try:
                     outs = self._lower_rounded(n) if self.rounder is not None else list(n.entry(n))
                 except OnnxImportError:
@@ -316,14 +337,14 @@ class GraphImporter:
                 except MemoryError as e:  # a request for more memory than there is (never allocated)
                     raise OnnxImportError(f"{n.describe()}: the values it needs at import do not fit in memory "
                                           f"({e}).") from None
+                finally:
+                    self._lowering.pop()
             wanted = [o for o in node.output]
             for k, name in enumerate(wanted):
                 if not name:
                     continue
                 if k >= len(outs) or outs[k] is None:
                     raise OnnxImportError(f"{n.describe()}: output {k} ({name!r}) is not supported.")
-                if isinstance(outs[k], popxl.Tensor):  # before the program that would allocate it exists
-                    check_tensor_size(f"{n.describe()}: output {name!r}", outs[k].shape, outs[k].dtype.as_numpy())
                 self._set(name, outs[k])
 
     def _lower_rounded(self, n: Any) -> List[Value]:
@@ -431,6 +452,7 @@ class SubgraphImporter(GraphImporter):
         self.initializers = {}
         self._check_supported_subgraph()
         self.inputs = []
+        self._lowering = parent._lowering
         self._own_initializers = {t.name: tensor_array(t, f"initializer {t.name!r} of subgraph {graph.name!r}")
                                   for t in graph.initializer}
         self._materialize_weight = parent._materialize_weight

@@ -102,7 +102,10 @@ class Node:
 
     def static_ints(self, i: int, what: str) -> List[int]:
         """Input ``i``, known at import (a shape, axes, pads), as a flat list of ints."""
-        return [int(v) for v in np.asarray(self.static(i, what)).reshape(-1)]
+        values = [int(v) for v in np.asarray(self.static(i, what)).reshape(-1)]
+        if any(not -2 ** 63 <= v < 2 ** 63 for v in values):  # a uint64 beyond int64 (or a float)
+            raise self.fail(f"input {i} ({what}) holds {values}, beyond 64-bit integers")
+        return values
 
     def optional_static_ints(self, i: int, what: str) -> Optional[List[int]]:
         return self.static_ints(i, what) if self.has(i) else None
@@ -904,7 +907,7 @@ def _softmax_view(n: Node, shape: Tuple[int, ...]) -> Tuple[Tuple[int, ...], int
     from opset 13 the input itself along ``axis`` (default -1); before, the input seen as 2-D,
     [prod(shape[:axis]), prod(shape[axis:])] (default axis 1), along its second axis."""
     if n.opset >= 13:
-        return tuple(shape), _axis(int(n.attr("axis", -1)), len(shape), n)
+        return tuple(shape), _axis(int(n.attr("axis", -1)), len(shape), n, scalar_axis=False)
     axis = _axis(int(n.attr("axis", 1)), len(shape), n)
     return (_prod(shape[:axis]), _prod(shape[axis:])), 1
 
@@ -1198,6 +1201,8 @@ def _per_channel(p: popxl.Tensor, rank: int) -> popxl.Tensor:
 @onnx_op("InstanceNormalization")
 def _instance_norm(n: Node) -> List[Value]:
     x = n.x(0)
+    if x.rank < 2:
+        raise n.fail(f"the input must be (N, C, ...), got shape {x.shape}")
     y, _, _ = _standardise(x, range(2, x.rank), float(n.attr("epsilon", 1e-5)), n)
     return [ops.add(ops.mul(y, _per_channel(n.x(1), x.rank)), _per_channel(n.x(2), x.rank))]
 
@@ -1207,6 +1212,8 @@ def _instance_norm(n: Node) -> List[Value]:
 def _group_norm(n: Node) -> List[Value]:
     x = n.x(0)
     groups = int(n.attr("num_groups"))
+    if x.rank < 2 or groups < 1:
+        raise n.fail(f"the input must be (N, C, ...) and num_groups positive, got shape {x.shape}, {groups} groups")
     c = x.shape[1]
     if c % groups:
         raise n.fail(f"{c} channels do not split into {groups} groups")
@@ -1425,7 +1432,7 @@ def _concat(n: Node) -> List[Value]:
     xs = n.xs()
     if len({x.rank for x in xs}) > 1:
         raise n.fail(f"inputs must have one rank, got shapes {[tuple(x.shape) for x in xs]}")
-    axis = _axis(int(n.attr("axis")), xs[0].rank, n)
+    axis = _axis(int(n.attr("axis")), xs[0].rank, n, scalar_axis=False)
     xs = [x for x in xs if x.shape[axis] != 0] or xs[:1]
     return [ops.concat(xs, axis) if len(xs) > 1 else xs[0]]
 
@@ -1433,13 +1440,11 @@ def _concat(n: Node) -> List[Value]:
 @onnx_op("Split")
 def _split(n: Node) -> List[Value]:
     x = n.x(0)
-    axis = _axis(int(n.attr("axis", 0)), x.rank, n)
+    axis = _axis(int(n.attr("axis", 0)), x.rank, n, scalar_axis=False)
     d = x.shape[axis]
     split = _ints_arg(n, "split", 13)
     if split is None:
         parts = int(n.attr("num_outputs", n.n_outputs))
-        if parts < 1:
-            raise n.fail(f"num_outputs must be positive, got {parts}")
         if n.opset >= 18 and n.attr("num_outputs") is not None:
             chunk = -(-d // parts)  # ceil: the last part may be smaller
             split = [min(chunk, d - i * chunk) for i in range(parts)]
@@ -1909,7 +1914,7 @@ def _scatter_nd(n: Node) -> List[Value]:
 def _scatter_elements(n: Node) -> List[Value]:
     x, upd = n.x(0), n.x(2)
     reduction = _scatter_reduction(n)
-    axis = _axis(int(n.attr("axis", 0)), x.rank, n)
+    axis = _axis(int(n.attr("axis", 0)), x.rank, n, scalar_axis=False)
     ishape = n.shape(1)
     if len(ishape) != x.rank or tuple(upd.shape) != tuple(ishape):
         raise n.fail(f"indices {ishape} and updates {upd.shape} must have one shape, of the rank of data {x.shape}")

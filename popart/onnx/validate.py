@@ -178,11 +178,13 @@ def _size(nbytes: int) -> str:
 
 
 def check_tensor_size(what: str, shape: Sequence[int], dtype: np.dtype) -> None:
-    """A tensor (``what``: a model input, a node's output) must have non-negative dims and fit in
-    memory, checked before anything is allocated for it."""
+    """A tensor (``what``: a model input, a tensor a node makes) must have dims in int64's range
+    and fit in memory, checked before anything is allocated for it."""
     dims = [int(d) for d in shape]
     if any(d < 0 for d in dims):
         raise OnnxImportError(f"{what} has shape {tuple(dims)}: dimensions must not be negative.")
+    if any(d >= 2 ** 63 for d in dims):  # even with no elements (another dim 0): shapes are int64
+        raise OnnxImportError(f"{what} has shape {tuple(dims)}: dimensions must be below 2**63.")
     nbytes = math.prod(dims) * np.dtype(dtype).itemsize
     limit = memory_limit()
     if nbytes > limit:
@@ -432,6 +434,14 @@ def _check_against_schema(node: onnx.NodeProto, desc: str, opset: int, where: st
     missing = sorted(name for name, spec in schema.attributes.items() if spec.required and name not in seen)
     if missing:
         raise fail(f"required attribute(s) {', '.join(map(repr, missing))} of {op} missing.")
+    for a in node.attribute:
+        if _OUTPUT_COUNTS.get(node.op_type) == a.name and a.i != len(node.output):
+            raise fail(f"attribute {a.name!r} is {a.i}, but the node has {len(node.output)} output(s).")
+
+
+# Attributes that give an op's output count. onnx 1.23's shape inference aborts the process on a
+# Split whose num_outputs exceeds its outputs (onnx/onnx#8255), so they are checked first.
+_OUTPUT_COUNTS = {"Split": "num_outputs"}
 
 
 def _check_attributes(node: onnx.NodeProto, desc: str, where: str) -> None:

@@ -480,7 +480,25 @@ def _m_names(model: onnx.ModelProto, rng: random.Random) -> str:
         return f"graph output {k}: {old!r} -> {model.graph.output[k].name!r}"
     old = node.op_type
     node.op_type = _pick(rng, _op_types())
+    if rng.random() < 0.7:  # made to fit the new op's definition, so that its entry is reached
+        fitted = _fit_to_schema(node, model.opset_import[0].version)
+        return f"{_label(node)}: op type {old} -> {node.op_type} ({fitted})"
     return f"{_label(node)}: op type {old} -> {node.op_type}"
+
+
+def _fit_to_schema(node: onnx.NodeProto, opset: int) -> str:
+    """Drop the attributes the node's op does not define and the inputs/outputs beyond its counts."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except Exception:
+        return "no definition at this opset"
+    keep = [a for a in node.attribute if a.name in schema.attributes]
+    dropped = len(node.attribute) - len(keep)
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    del node.input[schema.max_input:]
+    del node.output[schema.max_output:]
+    return f"{dropped} attribute(s) dropped, {len(node.input)} input(s), {len(node.output)} output(s)"
 
 
 @functools.lru_cache(maxsize=None)

@@ -119,23 +119,65 @@ X3 = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     ([onnx.helper.make_node("Resize", ["x", "", "scales"], ["y"], name="n")],
      {"scales": np.array([1, 1, np.inf], np.float32)}, 18,
      r"node 'n' \(Resize, opset 18\): scales \[1.0, 1.0, inf\] must be finite and positive"),
-    # Resize by 3.4e38: a popxl tensor of 10**40 bytes, found only when the program was laid out
-    # (OverflowError in popxl's lowering); every node's output is checked against memory at import.
+    # Resize by huge scales: tensors beyond memory or int64 reached popxl's lowering (OverflowError
+    # there); every tensor an entry makes is now checked as it is traced.
     ([onnx.helper.make_node("Resize", ["x", "", "scales"], ["y"], name="n")],
-     {"scales": np.array([1, 1, 3.4e38], np.float32)}, 18,
-     r"node 'n' \(Resize, opset 18\): output 'y' has shape \(2, 3, 13599\d+\) of float32: about 10\*\*40 bytes, "
+     {"scales": np.array([1, 1, 1e15], np.float32)}, 18,
+     r"node 'n' \(Resize, opset 18\): tensor '.*' \(of popxl op \w+\) has shape \(2, 3, \d{16}\) of float32: 85.2 PiB, "
      r"more than the .* of memory this process can use"),
+    # ... and with no elements at all, a dimension beyond int64 all the same
+    ([onnx.helper.make_node("Resize", ["x", "", "scales"], ["y"], name="n")],
+     {"scales": np.array([1, 1e-3, 3.4e38], np.float32)}, 18,
+     r"node 'n' \(Resize, opset 18\): tensor '.*' \(of popxl op \w+\) has shape \(2, 0, 13599\d+\): dimensions must "
+     r"be below 2\*\*63"),
+    # a uint64 shape beyond int64: OverflowError in popxl's reshape
+    ([onnx.helper.make_node("Reshape", ["x", "shape"], ["y"], name="n")],
+     {"shape": np.array([2 ** 64 - 1], np.uint64)}, 17,
+     r"node 'n' \(Reshape, opset 17\): input 1 \(shape\) holds \[18446744073709551615\], beyond 64-bit integers"),
     # Reshape copying (0) a dimension the input does not have: IndexError
     ([onnx.helper.make_node("Reshape", ["x", "shape"], ["y"], name="n")], {"shape": np.array([4, 3, 2, 0], np.int64)},
      17, r"node 'n' \(Reshape, opset 17\): shape \[4, 3, 2, 0\] copies \(0\) a dimension beyond the input's rank 3"),
-    # Split into num_outputs=0: ZeroDivisionError
+    # Split into num_outputs=0: ZeroDivisionError; into 2**31 outputs: minutes listing them
     ([onnx.helper.make_node("Split", ["x"], ["y"], name="n", axis=1, num_outputs=0)], {}, 18,
-     r"node 'n' \(Split, opset 18\): num_outputs must be positive, got 0"),
+     r"node 'n' \(Split\): attribute 'num_outputs' is 0, but the node has 1 output\(s\)"),
+    ([onnx.helper.make_node("Split", ["x"], ["y"], name="n", axis=1, num_outputs=2 ** 31)], {}, 18,
+     r"node 'n' \(Split\): attribute 'num_outputs' is 2147483648, but the node has 1 output\(s\)"),
 ])
 def test_bad_values_are_named_at_import(nodes, inits, opset, message):
     model = make_model(nodes, {"x": X3}, ["y"], inits, opset=opset)
     with pytest.raises(popart.OnnxImportError, match=message):
         run_session(model, {"x": X3}, ["y"])
+
+
+_SHAPE_INFERENCE_SCRIPT = """
+import sys
+import numpy as np, popart
+from onnx import helper
+sys.path.insert(0, {tests!r})
+from popart_helpers import make_model
+x = np.zeros((2, 3, 4), np.float32)
+nodes = [helper.make_node("Split", ["x"], ["a", "b", "c"], name="split", axis=2, num_outputs=2),
+         helper.make_node("RMSNormalization", ["a", "scale"], ["y"], name="rms", axis=-1)]
+model = make_model(nodes, {{"x": x}}, ["y"], {{"scale": np.ones(2, np.float32)}}, opset=23)
+try:
+    popart.InferenceSession(model.SerializeToString(), popart.DataFlow(1, ["y"]), popart.DeviceManager().createCpuDevice())
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_models_that_crash_onnx_shape_inference_are_refused_before_it_runs():
+    # RMSNormalization's body is generated for its input types, which onnx's shape inference gives;
+    # run on a Split with more outputs than num_outputs, onnx 1.23's C++ inference aborts the
+    # process (onnx/onnx#8255). The model is checked before function expansion.
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _SHAPE_INFERENCE_SCRIPT.format(tests=os.path.dirname(__file__))],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"exit status {out.returncode}\n{out.stderr[-2000:]}"
+    assert out.stdout.strip() == ("OnnxImportError node 'split' (Split): attribute 'num_outputs' is 2, but the node "
+                                  "has 3 output(s).")
 
 
 def test_string_attributes_that_are_not_text():
