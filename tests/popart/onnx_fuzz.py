@@ -509,17 +509,18 @@ def _op_types() -> List[str]:
 
 def _m_structure(model: onnx.ModelProto, rng: random.Random) -> str:
     g = _pick(rng, _graphs(model.graph))
-    how = rng.randrange(10)
-    if how == 0 and len(g.node):
-        k = rng.randrange(len(g.node))
-        label = _label(g.node[k])
-        del g.node[k]
-        return f"dropped {label}"
-    if how == 1 and len(g.node):
-        node = _pick(rng, g.node)
-        g.node.insert(rng.randrange(len(g.node) + 1), node)
-        return f"duplicated {_label(node)}"
-    if how == 2 and len(g.node) > 1:
+    how = rng.randrange(4)
+    if how == 0:  # an entry of one of the graph's lists dropped or repeated
+        field = _pick(rng, [f for f in ("node", "input", "output", "initializer") if len(getattr(g, f))])
+        entries = getattr(g, field)
+        k = rng.randrange(len(entries))
+        label = _label(entries[k]) if field == "node" else repr(entries[k].name)
+        if rng.random() < 0.5:
+            del entries[k]
+            return f"dropped {field} {label}"
+        entries.insert(rng.randrange(len(entries) + 1), entries[k])
+        return f"repeated {field} {label}"
+    if how == 1 and len(g.node) > 1:
         k = rng.randrange(len(g.node) - 1)
         a, b = onnx.NodeProto(), onnx.NodeProto()
         a.CopyFrom(g.node[k])
@@ -527,44 +528,14 @@ def _m_structure(model: onnx.ModelProto, rng: random.Random) -> str:
         g.node[k].CopyFrom(b)
         g.node[k + 1].CopyFrom(a)
         return f"swapped nodes {k} and {k + 1}"
-    if how == 3 and len(g.input):
-        k = rng.randrange(len(g.input))
-        name = g.input[k].name
-        del g.input[k]
-        return f"dropped input {name!r}"
-    if how == 4 and len(g.input):
-        vi = _pick(rng, g.input)
-        g.input.append(vi)
-        return f"duplicated input {vi.name!r}"
-    if how == 5 and len(g.output):
-        k = rng.randrange(len(g.output))
-        name = g.output[k].name
-        del g.output[k]
-        return f"dropped output {name!r}"
-    if how == 6 and len(g.initializer):
-        k = rng.randrange(len(g.initializer))
-        name = g.initializer[k].name
-        del g.initializer[k]
-        return f"dropped initializer {name!r}"
-    if how == 7 and len(g.initializer):
-        t = _pick(rng, g.initializer)
-        g.initializer.append(t)
-        return f"duplicated initializer {t.name!r}"
-    if how == 8 and len(g.node):
-        node = _pick(rng, g.node)
-        if rng.random() < 0.5 and len(node.input):
-            del node.input[-1]
-            return f"{_label(node)}: last input dropped"
-        node.input.append(_pick(rng, _names(model) + [""]))
-        return f"{_label(node)}: input {node.input[-1]!r} appended"
-    if len(g.node):
-        node = _pick(rng, g.node)
-        if rng.random() < 0.5 and len(node.output):
-            del node.output[-1]
-            return f"{_label(node)}: last output dropped"
-        node.output.append(f"extra{rng.randrange(3)}")
-        return f"{_label(node)}: output {node.output[-1]!r} appended"
-    raise Skip()
+    node = _pick(rng, g.node)
+    names = node.input if how == 2 else node.output
+    what = "input" if how == 2 else "output"
+    if rng.random() < 0.5 and len(names):
+        del names[-1]
+        return f"{_label(node)}: last {what} dropped"
+    names.append(_pick(rng, _names(model) + [""]) if how == 2 else f"extra{rng.randrange(3)}")
+    return f"{_label(node)}: {what} {names[-1]!r} appended"
 
 
 FIELD_MUTATIONS: Dict[str, Callable[[onnx.ModelProto, random.Random], str]] = {
