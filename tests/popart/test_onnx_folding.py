@@ -317,7 +317,7 @@ STRESS_CASES: List[Case] = [
     case("isinf_negative_only", "IsInf", np.asarray([np.nan, np.inf, -np.inf, 0], np.float32), detect_positive=0),
     case("bitshift_uint8", "BitShift", np.asarray([1, 2, 128], np.uint8), np.asarray([1, 2, 1], np.uint8),
          direction="LEFT"),
-    case("bitwise_and_int32", "BitwiseAnd", _ints((4,), -99, 99, np.int32), np.asarray(-3, np.int32)),
+    case("bitwise_and_int32", "BitwiseAnd", _ints((4,), -99, 99, np.int32), np.asarray(-3, np.int32), opset=18),
     case("shrink_int", "Shrink", _ints((6,), -9, 9), lambd=1.5, bias=1.0),
     # older opsets' forms (attributes that later became inputs, the 2-D view of the softmaxes)
     case("logsoftmax_opset11_coerced", "LogSoftmax", _floats(2, 3, 4), opset=11, axis=1),
