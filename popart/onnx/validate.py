@@ -417,6 +417,11 @@ def _check_against_schema(node: onnx.NodeProto, desc: str, opset: int, where: st
         if not low <= count <= high:
             allowed = f"{low}" if low == high else f"{low} or more" if high >= 2 ** 31 - 1 else f"{low} to {high}"
             raise fail(f"has {count} {what}(s); {op} takes {allowed}.")
+    formals = list(schema.inputs)
+    for k, name in enumerate(node.input):
+        formal = formals[min(k, len(formals) - 1)] if formals else None
+        if not name and formal is not None and formal.option == defs.OpSchema.FormalParameterOption.Single:
+            raise fail(f"input {k} ({formal.name!r}) is required, but its name is empty (an absent optional input).")
     seen = set()
     for a in node.attribute:
         if a.name in seen:

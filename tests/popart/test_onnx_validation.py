@@ -123,6 +123,9 @@ def test_op_newer_than_the_model_opset():
                                                      "FLOAT."),
     (N("Cast", ["x"], ["y"], name="c"), "node 'c' (Cast): required attribute(s) 'to' of Cast (ai.onnx opset 17) "
                                         "missing."),
+    # found by the fuzz: the import-time Softmax read the absent input as None (AttributeError)
+    (N("Softmax", [""], ["y"], name="s"), "node 's' (Softmax): input 0 ('input') is required, but its name is empty "
+                                          "(an absent optional input)."),
 ])
 def test_nodes_are_checked_against_their_op_definition(node, expected):
     assert _import_error(make_model([node], {"x": X}, ["y"])) == expected
