@@ -139,8 +139,9 @@ def _print_infer(specs, title, print_self, print_gradient, **fmt):
 
 def _print_kernel(x, title, print_self, print_gradient, **fmt):
     if print_self:
-        sys.stdout.write(f"{title}: {format_tensor(x, **fmt)}\n")
-        sys.stdout.flush()
+        sys.stdout.flush()  # what Python printed before comes first
+        sys.stderr.write(f"{title}: {format_tensor(x, **fmt)}\n")  # stderr, as PopXL prints
+        sys.stderr.flush()
     return x.copy()
 
 

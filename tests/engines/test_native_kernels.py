@@ -1345,11 +1345,13 @@ def test_remote_code_load_runs_natively():
 def _printed(build, inputs, engine_name, capfd, replication=1):
     capfd.readouterr()
     outs, eng = run_program(build, inputs, engine_name, replication)
-    return capfd.readouterr().out, outs, eng
+    printed = capfd.readouterr()
+    assert printed.out == "", f"{engine_name} printed to stdout: PopXL's print_tensor writes to stderr"
+    return printed.err, outs, eng
 
 
 def compare_printed(build, inputs, capfd, replication=1):
-    """The text both engines print (to the process's stdout) is identical, and so are the outputs."""
+    """The text both engines print (to the process's stderr) is identical, and so are the outputs."""
     want, want_outs, _ = _printed(build, inputs, "reference", capfd, replication)
     got, got_outs, eng = _printed(build, inputs, "native", capfd, replication)
     assert "print_tensor" not in eng.fallback_ops
@@ -1412,8 +1414,9 @@ def test_print_tensor_without_print_self_prints_nothing(capfd):
 
 
 def test_print_tensor_interleaves_with_python_output():
-    """Text Python holds in sys.stdout's buffer comes out before the engine's print. A script
-    whose output goes to a pipe has a block-buffered sys.stdout (pytest's capture does not)."""
+    """Text Python holds in sys.stdout's buffer comes out before the engine's print (on stderr,
+    here the same pipe). A script whose output goes to a pipe has a block-buffered sys.stdout
+    (pytest's capture does not)."""
     script = textwrap.dedent("""
         import numpy as np, popxl, popxl.ops as ops
         ir = popxl.Ir()
@@ -1430,8 +1433,9 @@ def test_print_tensor_interleaves_with_python_output():
         """)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # which would unbuffer it
     env["POPXL_ENGINE"] = "native"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr
+    out = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout
     assert out.stdout == "before t: [1 2 3]\nbetween\nt: [1 2 3]\nafter\n"
 
 
@@ -1512,7 +1516,7 @@ def test_print_tensor_titles_as_popxl(capfd):
     capfd.readouterr()
     with popxl.Session(ir, "ipu_model") as s:
         s.run()
-    lines = capfd.readouterr().out.splitlines()
+    lines = capfd.readouterr().err.splitlines()
     inner = graph.inputs[0].id
     assert sorted(line.split(":")[0] for line in lines) == sorted(
         ["print_" + graph.inputs[0].name, "", "print_" + graph.inputs[0].name + "_gradient",

@@ -10,7 +10,7 @@
 // the effect of the separator stand-in being whitespace to Python: str.rstrip removes it where a
 // line wraps and between rows.
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>  // first, as Python asks: print_tensor flushes sys.stdout before it writes
+#include <Python.h>  // first, as Python asks: print_tensor flushes sys.stdout/stderr before it writes
 
 #include <charconv>
 #include <cmath>
@@ -285,19 +285,21 @@ std::string format_tensor(const uint8_t* arena, const Buffer& x, const PrintForm
   }
 }
 
-// Writes to the process's standard output after flushing Python's sys.stdout, so the text comes
-// after whatever Python printed before the run (the engine runs with the GIL released).
-void write_stdout(const std::string& text) {
+// Writes to the process's standard error, as PopXL's print_tensor does, after flushing Python's
+// sys.stdout and sys.stderr, so the text comes after whatever Python printed before the run (the
+// engine runs with the GIL released).
+void write_stderr(const std::string& text) {
   const PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* out = PySys_GetObject("stdout");  // borrowed
-  if (out != nullptr && out != Py_None) {
-    PyObject* r = PyObject_CallMethod(out, "flush", nullptr);
-    if (r == nullptr) PyErr_Clear();  // a closed or odd sys.stdout: still print
+  for (const char* name : {"stdout", "stderr"}) {
+    PyObject* stream = PySys_GetObject(name);  // borrowed
+    if (stream == nullptr || stream == Py_None) continue;
+    PyObject* r = PyObject_CallMethod(stream, "flush", nullptr);
+    if (r == nullptr) PyErr_Clear();  // a closed or odd stream: still print
     Py_XDECREF(r);
   }
   PyGILState_Release(gil);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
 }
 
 FloatStyle float_style(const std::string& name) {
@@ -326,7 +328,7 @@ const RegisterKernel print_tensor_op{{"print_tensor"}, [](const OpInstr& ins, co
   const bool print_self = ins.attrs.at("print_self").b();
   const std::string title = ins.attrs.at("title").s();
   return std::make_unique<FnKernel>([=](uint8_t* a) {
-    if (print_self) write_stdout(title + ": " + format_tensor(a, x, f) + "\n");
+    if (print_self) write_stderr(title + ": " + format_tensor(a, x, f) + "\n");
     copy_buffer(a, y, a, x);
   });
 }};
