@@ -563,7 +563,7 @@ class InferenceSession:
         arr = arr.astype(s.device_dtype, copy=False)
         host = dtypes.from_numpy(s.device_dtype).as_numpy()
         if host.names:  # popxl's float8 host form: the raw one-byte codes of the ml_dtypes values
-            return np.ascontiguousarray(arr).view(np.uint8).view(host)
+            return np.ascontiguousarray(arr).view(np.uint8).view(host).reshape(arr.shape)
         return arr
 
     def _device_layout(self, arr: np.ndarray) -> np.ndarray:

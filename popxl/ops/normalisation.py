@@ -16,6 +16,8 @@ def _softmax_infer(specs, axis):
     s = specs[0]
     if not s.dtype.is_floating_point:
         raise TypeError(f"softmax needs a floating point tensor, got {s.dtype.name}")
+    if not s.shape:  # as PopART's Softmax: its axis must lie within the shape
+        raise ValueError("softmax needs a tensor of rank >= 1, got a scalar")
     return [spec(s.shape, s.dtype)]
 
 

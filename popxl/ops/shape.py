@@ -110,7 +110,7 @@ def _transpose_view(x, permutation):
     return x.transpose(permutation)
 
 
-register(OpDef("transpose", _transpose_infer, lambda x, permutation: np.ascontiguousarray(x.transpose(permutation)),
+register(OpDef("transpose", _transpose_infer, lambda x, permutation: x.transpose(permutation).copy(order="C"),
                view=_transpose_view, copy=True, family="shape"))
 register(OpDef("transpose_", _transpose_infer, _transpose_view, view=_transpose_view, grad=Grad.STOP,
                family="shape"))
@@ -877,7 +877,7 @@ def _interpolate_kernel(x, scale_factor, mode, nearest_mode, coordinate_transfor
         if n_out == d and f == 1.0:
             continue  # identity along this axis for every mode
         out = _resize_axis(out, axis, n_out, f, mode, nearest_mode, coordinate_transformation_mode)
-    return np.ascontiguousarray(out).astype(x.dtype)
+    return out.astype(x.dtype, order="C")  # (np.ascontiguousarray makes a scalar 1-d)
 
 
 register(OpDef("interpolate", _interpolate_infer, _interpolate_kernel, family="shape"))

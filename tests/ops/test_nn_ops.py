@@ -243,6 +243,15 @@ def test_layer_norm_2d_and_3d():
     np.testing.assert_allclose(got, norm * w[:3, None] + b[:3, None], rtol=1e-5, atol=1e-5)
 
 
+def test_softmax_of_a_scalar_is_refused_at_trace():
+    """A scalar has no axis to normalise over (the native engine's kernel used to fail at load)."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.float32(2.0), name="s")
+        with pytest.raises(ValueError, match=r"ops.softmax: softmax needs a tensor of rank >= 1"):
+            ops.softmax(x, 0)
+
+
 # losses -------------------------------------------------------------------------------------------
 def softmax64(x):
     e = np.exp(x - x.max(-1, keepdims=True))

@@ -354,6 +354,15 @@ def test_interpolate_default_and_integer_nearest():
     np.testing.assert_array_equal(b, img.repeat(2, 2).repeat(2, 3))
 
 
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_scalars_keep_their_shape_through_interpolate_and_transpose(engine):
+    """np.ascontiguousarray makes a 0-d array 1-d: the reference kernels must not pass that on."""
+    x = np.array(2.5, np.float32)
+    outs = _run(lambda t: [ops.interpolate(t, ()), ops.transpose(t)], [x], engine)
+    for out in outs:
+        assert out.shape == () and out.dtype == np.float32 and out == x
+
+
 def test_interpolate_errors():
     def body(v):
         t = v(IMG)
