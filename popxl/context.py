@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Literal, Optional, TypeVar, Union, cast, overload
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
@@ -21,6 +21,8 @@ __all__ = [
     "gir", "in_sequence", "name_scope", "ipu", "io_tiles", "op_debug_context",
     "debug_context_frame_offset",
 ]
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])  # a decorated function, its type kept
 
 
 class OpCreatedHooks:
@@ -39,11 +41,27 @@ class OpCreatedHooks:
         return ""
 
     def register_op_created_hook(self, fn: Callable[["Op"], None]) -> int:
+        """Call a function with every op created in this graph from now on.
+
+        Args:
+            fn: Called with each new op.
+
+        Returns:
+            A handle for `remove_op_created_hook`.
+        """
         handle = next(self._hook_ids)
         self._hooks[handle] = fn
         return handle
 
     def remove_op_created_hook(self, handle: int) -> None:
+        """Stop calling a hook registered with `register_op_created_hook`.
+
+        Args:
+            handle: The hook's handle.
+
+        Raises:
+            ValueError: If no hook has that handle.
+        """
         if handle not in self._hooks:
             raise ValueError(f"No op-created hook with handle {handle}{self._hooks_owner()}.")
         del self._hooks[handle]
@@ -70,6 +88,11 @@ class Context(OpCreatedHooks):
     # graphs -----------------------------------------------------------------------------------
     @property
     def graph(self) -> "Graph":
+        """The current graph (the top of the graph stack).
+
+        Raises:
+            RuntimeError: If no graph is entered.
+        """
         if not self._graphs:
             raise RuntimeError(
                 "No graph is being traced. Enter one first, e.g. `with ir.main_graph:`.")
@@ -77,13 +100,23 @@ class Context(OpCreatedHooks):
 
     @property
     def main_graph(self) -> "Graph":
+        """The main graph of the current graph's Ir."""
         return self.graph.ir.main_graph
 
     @property
     def ir(self) -> "Ir":
+        """The Ir of the current graph."""
         return self.graph.ir
 
     def push_graph(self, g: "Graph") -> None:
+        """Make a graph the current graph (what ``with graph:`` does).
+
+        Args:
+            g: The graph entered.
+
+        Raises:
+            RuntimeError: If ``g`` belongs to another Ir than the graphs already entered.
+        """
         if self._graphs and self._graphs[-1].ir is not g.ir:
             raise RuntimeError(
                 f"Cannot enter {g!r} of {g.ir!r} while {self._graphs[-1]!r} of "
@@ -91,14 +124,21 @@ class Context(OpCreatedHooks):
         self._graphs.append(g)
 
     def pop_graph(self) -> "Graph":
+        """Leave the current graph.
+
+        Returns:
+            The graph left.
+        """
         return self._graphs.pop()
 
     @property
     def in_sequence(self) -> Optional[Union[bool, str]]:
+        """The innermost ``in_sequence`` mode, or None outside any."""
         return self._in_sequence[-1] if self._in_sequence else None
 
     @property
     def scope_prefix(self) -> str:
+        """The current name scopes joined, each followed by ``/``."""
         return "".join(s + "/" for s in self.name_scopes)
 
     def _add_in_sequence_topocons(self, op: "Op") -> None:
@@ -110,21 +150,47 @@ _CONTEXT = Context()
 
 
 def get_current_context() -> Context:
+    """The global tracing state (graph stack, placement, name scopes, hooks).
+
+    Returns:
+        The `Context`.
+    """
     return _CONTEXT
 
 
 def get_current_graph() -> "Graph":
-    """The graph ops are currently added to (RuntimeError if none is entered)."""
+    """The graph ops are currently added to (``gcg`` is the same function).
+
+    Returns:
+        The innermost entered graph.
+
+    Raises:
+        RuntimeError: If no graph is entered.
+    """
     return _CONTEXT.graph
 
 
 def get_main_graph() -> "Graph":
-    """The main graph of the IR currently being traced."""
+    """The main graph of the Ir being traced (``gmg`` is the same function).
+
+    Returns:
+        The main graph.
+
+    Raises:
+        RuntimeError: If no graph is entered.
+    """
     return _CONTEXT.main_graph
 
 
 def get_ir() -> "Ir":
-    """The IR currently being traced."""
+    """The Ir being traced (``gir`` is the same function).
+
+    Returns:
+        The Ir of the current graph.
+
+    Raises:
+        RuntimeError: If no graph is entered.
+    """
     return _CONTEXT.ir
 
 
@@ -139,6 +205,15 @@ def in_sequence(mode: Union[bool, Literal["pass"]] = True) -> Iterator[None]:
 
     Our scheduler always runs ops in creation order, which satisfies all three modes; the mode
     is still validated and recorded so transforms can see it.
+
+    Args:
+        mode: True (creation order), False (any order) or "pass" (record nothing).
+
+    Returns:
+        A context manager.
+
+    Raises:
+        TypeError: If ``mode`` is not True, False or "pass".
     """
     if mode is None or not (isinstance(mode, bool) or mode == "pass"):
         raise TypeError(f"in_sequence mode must be True, False or 'pass', not {mode!r}.")
@@ -151,7 +226,14 @@ def in_sequence(mode: Union[bool, Literal["pass"]] = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def name_scope(name: str) -> Iterator[None]:
-    """Prefix the names of ops and tensors created inside with ``name/`` (nests)."""
+    """Prefix the names of ops and tensors created inside with ``name/`` (nests).
+
+    Args:
+        name: The scope's name.
+
+    Returns:
+        A context manager.
+    """
     _CONTEXT.name_scopes.append(str(name))
     try:
         yield
@@ -161,7 +243,17 @@ def name_scope(name: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def ipu(ipu: int) -> Iterator[None]:
-    """Place ops created inside on virtual IPU ``ipu``."""
+    """Place ops created inside on virtual IPU ``ipu``.
+
+    Args:
+        ipu: The virtual IPU number.
+
+    Returns:
+        A context manager.
+
+    Raises:
+        ValueError: If ``ipu`` is not a non-negative int.
+    """
     if not isinstance(ipu, int) or ipu < 0:
         raise ValueError(f"ipu must be a non-negative int, not {ipu!r}.")
     prev, _CONTEXT.ipu_id = _CONTEXT.ipu_id, ipu
@@ -173,7 +265,11 @@ def ipu(ipu: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def io_tiles() -> Iterator[None]:
-    """Place ops created inside on the IO tiles."""
+    """Place ops created inside on the IO tiles.
+
+    Returns:
+        A context manager.
+    """
     prev, _CONTEXT.io_tile_set = _CONTEXT.io_tile_set, True
     try:
         yield
@@ -205,10 +301,17 @@ def _execution_context(execution_context: "ExecutionContext") -> Iterator["Execu
         _CONTEXT.execution_context = prev
 
 
-def debug_context_frame_offset(i: int) -> Callable:
-    """Decorator: skip ``i`` more frames when attributing ops to the user's source line."""
+def debug_context_frame_offset(i: int) -> Callable[[_Fn], _Fn]:
+    """Decorator: skip ``i`` more frames when attributing ops to the user's source line.
 
-    def wrap(fn: Callable) -> Callable:
+    Args:
+        i: How many more stack frames to skip.
+
+    Returns:
+        A decorator that keeps the decorated function's signature.
+    """
+
+    def wrap(fn: _Fn) -> _Fn:
         @functools.wraps(fn)
         def inner(*args, **kwargs):
             _CONTEXT.debug_frame_offset += i
@@ -217,18 +320,35 @@ def debug_context_frame_offset(i: int) -> Callable:
             finally:
                 _CONTEXT.debug_frame_offset -= i
 
-        return inner
+        return cast(_Fn, inner)
 
     return wrap
 
 
-def op_debug_context(name_or_fn=None):
+# Bare (``@op_debug_context``) or named (``@op_debug_context("name")``): either way the decorated
+# function keeps its own signature for type checkers.
+@overload
+def op_debug_context(name_or_fn: _Fn) -> _Fn: ...
+
+
+@overload
+def op_debug_context(name_or_fn: Optional[str] = None) -> Callable[[_Fn], _Fn]: ...
+
+
+def op_debug_context(name_or_fn: Union[_Fn, str, None] = None) -> Union[_Fn, Callable[[_Fn], _Fn]]:
     """Decorator for op functions (bare or with a name). Source lines are found from the stack,
-    so this only marks the function; kept for API compatibility with PopXL client code."""
+    so this only marks the function; kept for API compatibility with PopXL client code.
+
+    Args:
+        name_or_fn: The decorated function (bare use), or a name (``@op_debug_context("name")``).
+
+    Returns:
+        The function itself (bare use), or a decorator returning its function unchanged.
+    """
     if callable(name_or_fn):
         return name_or_fn
 
-    def wrap(fn: Callable) -> Callable:
+    def wrap(fn: _Fn) -> _Fn:
         return fn
 
     return wrap

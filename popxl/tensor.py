@@ -67,7 +67,16 @@ def shape_tuple(shape: Iterable[Any], what: str = "shape", min_dim: int = 0) -> 
 
 
 class TensorSpec(Mapping):
-    """Shape, dtype and meta_shape of a tensor: enough to create a graph input or stream."""
+    """Shape, dtype and meta shape of a tensor: enough to make a graph input or a stream.
+
+    A read-only mapping with keys ``shape``, ``dtype`` and ``meta_shape`` (so ``**spec`` works);
+    hashable, and accepted by ``Ir.create_graph`` in place of a tensor.
+
+    Args:
+        shape: The tensor's shape.
+        dtype: The tensor's dtype.
+        meta_shape: The unsharded shape of a replica-sharded tensor; () otherwise.
+    """
 
     __slots__ = ("_shape", "_dtype", "_meta_shape")
 
@@ -83,14 +92,35 @@ class TensorSpec(Mapping):
             raise ValueError(f"shape {self._shape} of {getattr(dtype, 'name', dtype)} holds {n} elements "
                              f"({n * itemsize} bytes): more than int64 can count ({INT64_MAX}).")
 
-    shape = property(lambda self: self._shape)
-    dtype = property(lambda self: self._dtype)
-    meta_shape = property(lambda self: self._meta_shape)
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """The tensor's shape."""
+        return self._shape
+
+    @property
+    def dtype(self) -> dtypes.dtype:
+        """The tensor's dtype."""
+        return self._dtype
+
+    @property
+    def meta_shape(self) -> Tuple[int, ...]:
+        """The unsharded shape of a replica-sharded tensor; () otherwise."""
+        return self._meta_shape
 
     def to_dict(self) -> Dict[str, Any]:
+        """The spec as a plain dict.
+
+        Returns:
+            ``{'shape': ..., 'dtype': ..., 'meta_shape': ...}``.
+        """
         return {"shape": self._shape, "dtype": self._dtype, "meta_shape": self._meta_shape}
 
     def to_tuple(self) -> Tuple[Tuple[int, ...], dtypes.dtype, Tuple[int, ...]]:
+        """The spec as a tuple.
+
+        Returns:
+            ``(shape, dtype, meta_shape)``.
+        """
         return (self._shape, self._dtype, self._meta_shape)
 
     def __getitem__(self, key: str) -> Any:
@@ -117,7 +147,15 @@ def _nelms(shape: Sequence[int]) -> int:
 
 
 class Tensor:
-    """A value in a graph. Made by ops and factories, never constructed directly."""
+    """A value in a graph, made by ops and factories (never constructed directly).
+
+    Operators trace ops: ``+ - * / % @`` and their reflected forms, unary ``-``, ``~``, ``& |``,
+    ``**``, ``+=`` (in place) and ``t[key]``. Python numbers and arrays used as operands become
+    constants of the tensor's dtype. ``==`` and hashing are by identity.
+
+    Raises:
+        RuntimeError: If constructed directly.
+    """
 
     # NumPy must defer to our reflected operators (ndarray + Tensor -> Tensor.__radd__).
     __array_ufunc__ = None
@@ -148,6 +186,7 @@ class Tensor:
     # identity -----------------------------------------------------------------------------------
     @property
     def id(self) -> str:
+        """The tensor's unique name in its Ir (``<graph id>/<name>`` inside a subgraph)."""
         return self._id
 
     @property
@@ -170,64 +209,84 @@ class Tensor:
 
     @property
     def scope(self) -> str:
+        """The name scope part of the tensor's name."""
         return self.name.rpartition("/")[0]
 
     @property
     def graph(self) -> "Graph":
+        """The graph the tensor belongs to."""
         return self._graph
 
     @property
     def ir(self) -> "Ir":
+        """The Ir the tensor belongs to."""
         return self._graph.ir
 
     @property
     def producer(self) -> Optional["Op"]:
+        """The op that made the tensor, or None for inputs, variables and constants."""
         return self._producer
 
     # spec ---------------------------------------------------------------------------------------
     @property
     def dtype(self) -> dtypes.dtype:
+        """The tensor's element type."""
         return self._spec.dtype
 
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The tensor's shape (per replica)."""
         return self._spec.shape
 
     @property
     def meta_shape(self) -> Tuple[int, ...]:
+        """The unsharded shape of a replica-sharded tensor; () otherwise."""
         return self._spec.meta_shape
 
     @property
     def spec(self) -> TensorSpec:
+        """The tensor's `TensorSpec` (shape, dtype, meta shape)."""
         return self._spec
 
     @property
     def rank(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
     def nelms(self) -> int:
+        """The number of elements."""
         return _nelms(self.shape)
 
     @property
     def location_info(self) -> Any:
+        """Where the tensor is stored (PopXL's TensorLocation); None for ordinary on-chip tensors."""
         return getattr(self, "_location", None)
 
     @property
     def ipu(self) -> int:
+        """The virtual IPU of the op that made the tensor (0 for tensors no op made)."""
         return self._producer.ipu if self._producer is not None else 0
 
     @property
     def tile_set(self) -> Literal["compute", "io"]:
+        """The tile set, "compute" or "io", of the op that made the tensor."""
         return self._producer.tile_set if self._producer is not None else "compute"
 
     @property
     def in_sync_with_ipu(self) -> builtins.bool:
+        """Whether the tensor is in sync with the device (always True here)."""
         return True
 
     def strides(self, shape: Optional[Iterable[int]] = None) -> Tuple[int, ...]:
-        """Byte strides of a C-contiguous layout of ``shape`` (default: this tensor's shape), as a
-        tuple like NumPy's ``ndarray.strides``."""
+        """Byte strides of a C-contiguous layout.
+
+        Args:
+            shape: The shape laid out; default this tensor's.
+
+        Returns:
+            One stride per dimension, in bytes.
+        """
         shape = tuple(self.shape if shape is None else shape)
         item = self.dtype.itemsize
         out, acc = [], item
@@ -238,51 +297,137 @@ class Tensor:
 
     # views and copies ---------------------------------------------------------------------------
     def transpose(self, permutation: Optional[Iterable[int]] = None) -> "Tensor":
+        """A copy with its axes permuted (see `popxl.ops.transpose`).
+
+        Args:
+            permutation: The input axis of each output axis; None reverses them.
+
+        Returns:
+            A new tensor.
+
+        Raises:
+            ValueError: If ``permutation`` is not a permutation of the axes.
+        """
         from popxl import ops
         return ops.transpose(self, permutation)
 
     def transpose_(self, permutation: Optional[Iterable[int]] = None) -> "Tensor":
+        """A view with its axes permuted (see `popxl.ops.transpose_`).
+
+        Args:
+            permutation: The input axis of each output axis; None reverses them.
+
+        Returns:
+            An alias of this tensor: writes through it change this tensor. No gradient flows through it.
+
+        Raises:
+            ValueError: If ``permutation`` is not a permutation of the axes.
+        """
         from popxl import ops
         return ops.transpose_(self, permutation)
 
     @property
     def T(self) -> "Tensor":
+        """The tensor with its axes reversed: ``transpose()``."""
         return self.transpose()
 
     @property
     def T_(self) -> "Tensor":
+        """A view with its axes reversed: ``transpose_()``."""
         return self.transpose_()
 
     def reshape(self, shape: Iterable[int]) -> "Tensor":
+        """A copy with a new shape (see `popxl.ops.reshape`).
+
+        Args:
+            shape: The new shape; one entry may be -1.
+
+        Returns:
+            A new tensor.
+
+        Raises:
+            ValueError: If the element counts differ.
+        """
         from popxl import ops
         return ops.reshape(self, shape)
 
     def reshape_(self, shape: Iterable[int]) -> "Tensor":
+        """A view with a new shape (see `popxl.ops.reshape_`).
+
+        Args:
+            shape: The new shape; one entry may be -1.
+
+        Returns:
+            An alias of this tensor: writes through it change this tensor. No gradient flows through it.
+
+        Raises:
+            ValueError: If the element counts differ.
+        """
         from popxl import ops
         return ops.reshape_(self, shape)
 
     def flatten(self) -> "Tensor":
+        """A 1-D copy.
+
+        Returns:
+            A new tensor.
+        """
         from popxl import ops
         return ops.flatten(self)
 
     def flatten_(self) -> "Tensor":
+        """A 1-D view.
+
+        Returns:
+            An alias of this tensor: writes through it change this tensor. No gradient flows through it.
+        """
         from popxl import ops
         return ops.flatten_(self)
 
     def detach(self) -> "Tensor":
+        """A copy through which no gradient flows.
+
+        Returns:
+            A new tensor.
+        """
         from popxl import ops
         return ops.detach(self)
 
     def detach_(self) -> "Tensor":
+        """An alias through which no gradient flows.
+
+        Returns:
+            An alias of this tensor.
+        """
         from popxl import ops
         return ops.detach_(self)
 
     def diag(self) -> "Tensor":
+        """The diagonal of a matrix: ``flatten()[::shape[1] + 1]``.
+
+        Returns:
+            A new 1-D tensor.
+
+        Raises:
+            ValueError: If the tensor is not of rank 2.
+        """
         if self.rank != 2:
             raise ValueError(f"Tensor.diag needs a rank-2 tensor; {self.id!r} has shape {self.shape}.")
         return self.flatten()[:: self.shape[1] + 1]
 
     def copy_to_ipu(self, destination: int, source: Optional[int] = None) -> "Tensor":
+        """A copy of the tensor on another (virtual) IPU (see `popxl.ops.ipu_copy`).
+
+        Args:
+            destination: The IPU the copy lives on.
+            source: The IPU the tensor lives on; default the IPU of its producer.
+
+        Returns:
+            A new tensor.
+
+        Raises:
+            ValueError: If the source IPU is not known.
+        """
         from popxl import ops
         return ops.ipu_copy(self, destination, source)
 
@@ -302,55 +447,55 @@ class Tensor:
         fn = getattr(ops, opname)
         return fn(other, self) if reflected else fn(self, other)
 
-    def __add__(self, o): return self._binary("add", o)
-    def __radd__(self, o): return self._binary("add", o, True)
-    def __sub__(self, o): return self._binary("sub", o)
-    def __rsub__(self, o): return self._binary("sub", o, True)
-    def __mul__(self, o): return self._binary("mul", o)
-    def __rmul__(self, o): return self._binary("mul", o, True)
-    def __truediv__(self, o): return self._binary("div", o)
-    def __rtruediv__(self, o): return self._binary("div", o, True)
-    def __mod__(self, o): return self._binary("fmod", o)
-    def __rmod__(self, o): return self._binary("fmod", o, True)
-    def __matmul__(self, o): return self._binary("matmul", o)
-    def __rmatmul__(self, o): return self._binary("matmul", o, True)
-    def __and__(self, o): return self._binary("logical_and", o)
-    def __rand__(self, o): return self._binary("logical_and", o, True)
-    def __or__(self, o): return self._binary("logical_or", o)
-    def __ror__(self, o): return self._binary("logical_or", o, True)
+    def __add__(self, o: "TensorLike") -> "Tensor": return self._binary("add", o)
+    def __radd__(self, o: "TensorLike") -> "Tensor": return self._binary("add", o, True)
+    def __sub__(self, o: "TensorLike") -> "Tensor": return self._binary("sub", o)
+    def __rsub__(self, o: "TensorLike") -> "Tensor": return self._binary("sub", o, True)
+    def __mul__(self, o: "TensorLike") -> "Tensor": return self._binary("mul", o)
+    def __rmul__(self, o: "TensorLike") -> "Tensor": return self._binary("mul", o, True)
+    def __truediv__(self, o: "TensorLike") -> "Tensor": return self._binary("div", o)
+    def __rtruediv__(self, o: "TensorLike") -> "Tensor": return self._binary("div", o, True)
+    def __mod__(self, o: "TensorLike") -> "Tensor": return self._binary("fmod", o)
+    def __rmod__(self, o: "TensorLike") -> "Tensor": return self._binary("fmod", o, True)
+    def __matmul__(self, o: "TensorLike") -> "Tensor": return self._binary("matmul", o)
+    def __rmatmul__(self, o: "TensorLike") -> "Tensor": return self._binary("matmul", o, True)
+    def __and__(self, o: "TensorLike") -> "Tensor": return self._binary("logical_and", o)
+    def __rand__(self, o: "TensorLike") -> "Tensor": return self._binary("logical_and", o, True)
+    def __or__(self, o: "TensorLike") -> "Tensor": return self._binary("logical_or", o)
+    def __ror__(self, o: "TensorLike") -> "Tensor": return self._binary("logical_or", o, True)
 
     # Comparisons are an extension (PopXL has none): `==` stays identity so tensors stay hashable.
-    def __gt__(self, o): return self._binary("greater", o)
-    def __lt__(self, o): return self._binary("greater", o, True)
+    def __gt__(self, o: "TensorLike") -> "Tensor": return self._binary("greater", o)
+    def __lt__(self, o: "TensorLike") -> "Tensor": return self._binary("greater", o, True)
 
-    def __ge__(self, o):
+    def __ge__(self, o: "TensorLike") -> "Tensor":
         from popxl import ops
         o = self._ensure_tensor(o)
         return ops.logical_or(ops.greater(self, o), ops.equal(self, o))
 
-    def __le__(self, o):
+    def __le__(self, o: "TensorLike") -> "Tensor":
         from popxl import ops
         o = self._ensure_tensor(o)
         return ops.logical_or(ops.greater(o, self), ops.equal(self, o))
 
-    def __iadd__(self, o):
+    def __iadd__(self, o: "TensorLike") -> "Tensor":
         from popxl import ops
         ops.add_(self, self._ensure_tensor(o))
         return self
 
-    def __neg__(self):
+    def __neg__(self) -> "Tensor":
         from popxl import ops
         return ops.negate(self)
 
-    def __invert__(self):
+    def __invert__(self) -> "Tensor":
         from popxl import ops
         return ops.logical_not(self)
 
-    def __pow__(self, e):
+    def __pow__(self, e: Union[float, int, "Tensor"]) -> "Tensor":
         from popxl import ops
         return ops.pow(self, e)
 
-    def __rpow__(self, x):  # the base becomes a constant of this tensor's dtype
+    def __rpow__(self, x: "TensorLike") -> "Tensor":  # the base becomes a constant of this tensor's dtype
         from popxl import ops
         return ops.pow(self._ensure_tensor(x), self)
 
@@ -377,33 +522,58 @@ class Tensor:
 
 
 class Variable(Tensor):
-    """A tensor of the main graph that lives on the device between runs, with a host value."""
+    """A tensor of the main graph that keeps its value on the device between runs, with a host copy.
+
+    Made by `popxl.variable` and the remote / replica-sharded factories.
+    """
 
     @property
     def replica_grouping(self) -> "ReplicaGrouping":
+        """How replicas share the variable's value (one value per group)."""
         return self._replica_grouping
 
     @property
     def retrieval_mode(self) -> Literal["one_per_group", "all_replicas"]:
+        """"one_per_group" or "all_replicas": what ``Session.get_tensor_data`` returns."""
         return self._retrieval_mode
 
     @property
     def shape_on_replica(self) -> Tuple[int, ...]:
+        """The shape on each replica (the shard's shape for a replica-sharded variable)."""
         return self.shape
 
     @property
     def shape_on_host(self) -> Tuple[int, ...]:
+        """The host value's shape: ``shape``, with a leading group axis when there are several groups."""
         groups = self._replica_grouping.num_groups
         return self.shape if groups == 1 else (groups, *self.shape)
 
     def copy_to_ipu(self, dst: int, src: int) -> Tensor:  # type: ignore[override]
+        """A copy of the variable on another (virtual) IPU.
+
+        Args:
+            dst: The IPU the copy lives on.
+            src: The IPU the variable lives on.
+
+        Returns:
+            A new tensor.
+        """
         return super().copy_to_ipu(dst, src)
 
 
 class Constant(Tensor):
-    """A tensor with a value fixed at trace time."""
+    """A tensor whose value is fixed when the program is traced. Made by `popxl.constant`."""
 
     def copy_to_ipu(self, dst: int, src: int) -> Tensor:  # type: ignore[override]
+        """A copy of the constant on another (virtual) IPU.
+
+        Args:
+            dst: The IPU the copy lives on.
+            src: The IPU the constant lives on.
+
+        Returns:
+            A new tensor.
+        """
         return super().copy_to_ipu(dst, src)
 
 
@@ -414,8 +584,17 @@ class _TensorByRefMeta(type):
 
 
 class TensorByRef(Tensor, metaclass=_TensorByRefMeta):
-    """Annotate a traced function's parameter with this to make that graph input by-reference:
-    in-place changes to it inside the graph are seen by the caller's tensor."""
+    """Annotate a traced function's parameter with this to make that graph input by-reference.
+
+    In-place changes to such an input inside the graph are seen by the caller's tensor.
+
+    Args:
+        *args: Not accepted: the class is only an annotation.
+        **kwargs: Not accepted.
+
+    Raises:
+        NotImplementedError: If called.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError("TensorByRef is only an annotation for graph inputs; it cannot be called.")
@@ -432,7 +611,31 @@ def variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None, name:
              downcast: builtins.bool = True, replica_grouping: Optional["ReplicaGrouping"] = None,
              retrieval_mode: Optional[Literal["one_per_group", "all_replicas"]] = None,
              log2_scale: Optional[int] = None, nan_on_overflow: Optional[builtins.bool] = None) -> Variable:
-    """Create a variable in the main graph, initialised from host ``data``."""
+    """Create a variable in the main graph, initialised from host data.
+
+    Without ``dtype`` and with ``downcast``, 64-bit data become 32-bit. A C-contiguous
+    ``np.memmap`` of the right dtype is referenced, not copied.
+
+    Args:
+        data: The initial value (array, number, nested list or torch tensor). With several replica
+            groups, it has a leading axis with one value per group.
+        dtype: The variable's dtype; default inferred from ``data``.
+        name: The variable's name.
+        downcast: Turn 64-bit host data into 32-bit when ``dtype`` is not given.
+        replica_grouping: How replicas share the value; default one value for all.
+        retrieval_mode: "one_per_group" (default) or "all_replicas".
+        log2_scale: For float8 dtypes: the power-of-two scale applied when converting ``data``.
+        nan_on_overflow: For float8 dtypes: turn values too large for the format into NaN.
+
+    Returns:
+        The new `Variable`.
+
+    Raises:
+        ValueError: If called outside the main graph, or the data do not fit the grouping or a memmap
+            cannot be referenced.
+        TypeError: If ``data`` cannot be converted to ``dtype``.
+        RuntimeError: If ``log2_scale`` or ``nan_on_overflow`` is given for a dtype that is not float8.
+    """
     return _create_variable(data, dtype, name, downcast, replica_grouping, retrieval_mode, log2_scale,
                             nan_on_overflow)
 
@@ -479,7 +682,24 @@ def _create_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype], name
 def constant(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
              downcast: builtins.bool = True, log2_scale: Optional[int] = None,
              nan_on_overflow: Optional[builtins.bool] = None) -> Constant:
-    """Create a constant in the current graph."""
+    """Create a constant in the current graph.
+
+    Args:
+        data: The value (array, number, nested list or torch tensor).
+        dtype: The constant's dtype; default inferred from ``data``.
+        name: The constant's name.
+        downcast: Turn 64-bit host data into 32-bit when ``dtype`` is not given.
+        log2_scale: For float8 dtypes: the power-of-two scale applied when converting ``data``.
+        nan_on_overflow: For float8 dtypes: turn values too large for the format into NaN.
+
+    Returns:
+        The new `Constant`.
+
+    Raises:
+        TypeError: If ``data`` cannot be converted, or is float8 data without a ``dtype``.
+        RuntimeError: If there is no current graph, or ``log2_scale`` or ``nan_on_overflow`` is given
+            for a dtype that is not float8.
+    """
     g = get_current_context().graph
     g.ir._check_mutable()
     arr = np.asarray(data) if not isinstance(data, np.ndarray) else data
@@ -492,7 +712,22 @@ def constant(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None, name:
 
 def graph_input(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None,
                 by_ref: builtins.bool = False, meta_shape: Optional[Iterable[int]] = None) -> Tensor:
-    """Append an input to the current graph and return it."""
+    """Append an input to the current graph.
+
+    Args:
+        shape: The input's shape.
+        dtype: The input's dtype.
+        name: The input's name.
+        by_ref: Make the input by-reference: in-place changes inside are seen by the caller.
+        meta_shape: The unsharded shape, for a replica-sharded input.
+
+    Returns:
+        The new input tensor.
+
+    Raises:
+        RuntimeError: If there is no current graph.
+        ValueError: If ``shape`` is not a shape.
+    """
     g = get_current_context().graph
     g.ir._check_mutable()
     if not isinstance(dtype, dtypes.dtype):
@@ -505,7 +740,15 @@ def graph_input(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] =
 
 
 def graph_output(t: Tensor) -> None:
-    """Mark ``t`` as the next output of the current graph."""
+    """Append a tensor to the current graph's outputs.
+
+    Args:
+        t: A tensor of the current graph.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` belongs to another graph.
+    """
     g = get_current_context().graph
     g.ir._check_mutable()
     if not isinstance(t, Tensor):

@@ -15,7 +15,7 @@ with ``get_tensors_data`` / ``write_variables_data`` and measures held-out accur
 from __future__ import annotations
 
 import argparse
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -179,7 +179,7 @@ def build_eval_ir(n: int, hidden: Sequence[int]):
 
 
 def train(epochs: int = 10, batch: int = 32, steps_per_run: int = 10, hidden: Sequence[int] = (32,),
-          optimizer=None, accumulate: int = 1, seed: int = 0) -> Dict[str, object]:
+          optimizer=None, accumulate: int = 1, seed: int = 0) -> Dict[str, Any]:
     """Train, then evaluate on the held-out fifth. Returns the per-step losses and the accuracy."""
     optimizer = optimizer if optimizer is not None else SGD(0.1)
     x_train, y_train, x_test, y_test = load_digits_split(seed)
@@ -209,7 +209,7 @@ def train(epochs: int = 10, batch: int = 32, steps_per_run: int = 10, hidden: Se
     return {"losses": losses, "accuracy": accuracy}
 
 
-def report(result: Dict[str, object]) -> None:
+def report(result: Dict[str, Any]) -> None:
     losses = result["losses"]
     k = max(1, len(losses) // 10)
     print(f"loss: first {np.mean(losses[:k]):.4f} -> last {np.mean(losses[-k:]):.4f} over {len(losses)} steps")

@@ -15,7 +15,7 @@ import argparse
 try:
     from digits_mlp import SGD, report, train
 except ImportError:  # imported as tutorials.digits_mlp_accumulate
-    from tutorials.digits_mlp import SGD, report, train
+    from tutorials.digits_mlp import SGD, report, train  # type: ignore[no-redef]
 
 
 def main() -> None:

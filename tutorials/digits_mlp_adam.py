@@ -21,7 +21,7 @@ from popxl.ops import var_updates
 try:
     from digits_mlp import report, train
 except ImportError:  # imported as tutorials.digits_mlp_adam
-    from tutorials.digits_mlp import report, train
+    from tutorials.digits_mlp import report, train  # type: ignore[no-redef]
 
 
 class Adam(popxl.Module):

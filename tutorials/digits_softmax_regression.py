@@ -11,7 +11,7 @@ Ir evaluates the trained weights on held-out digits.
 from __future__ import annotations
 
 import argparse
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 import numpy as np
 
@@ -69,7 +69,7 @@ def build_eval_ir(n: int, features: int = 64, classes: int = 10):
 
 
 def train(epochs: int = 10, batch: int = 32, steps_per_run: int = 10, lr: float = 0.5,
-          seed: int = 0) -> Dict[str, object]:
+          seed: int = 0) -> Dict[str, Any]:
     x_train, y_train, x_test, y_test = load_digits_split(seed)
     ir, (W, b), (x_stream, y_stream), loss_stream = build_training_ir(batch, steps_per_run, lr)
     per_run = batch * steps_per_run

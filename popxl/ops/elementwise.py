@@ -63,50 +63,468 @@ def _sign(x):
     return np.nan_to_num(np.sign(x), nan=0.0) if x.dtype.kind == "f" else np.sign(x)
 
 
-def _make_fn(opname: str, doc: str) -> Callable[[Tensor], Tensor]:
-    def fn(t: Tensor) -> Tensor:
-        return create_op(opname, [t])[0]
-    fn.__name__ = fn.__qualname__ = opname
-    fn.__doc__ = doc
-    return fn
-
-
-# name: (kernel, dtype kind, output dtype, has in-place variant, grad decision, doc)
+# name: (kernel, dtype kind, output dtype, has in-place variant, grad decision)
 _UNARY: Dict[str, tuple] = {
-    "abs": (np.abs, _SIGNED, None, False, None, "Elementwise |t|."),
-    "cos": (_in_float(np.cos), _FLOAT, None, False, None, "Elementwise cosine."),
-    "sin": (_in_float(np.sin), _FLOAT, None, False, None, "Elementwise sine."),
-    "tanh": (_in_float(np.tanh), _FLOAT, None, False, None, "Elementwise hyperbolic tangent."),
-    "exp": (_in_float(np.exp), _FLOAT, None, True, None, "Elementwise e**t."),
-    "log": (_in_float(np.log), _FLOAT, None, False, None, "Elementwise natural logarithm."),
-    "log2": (_in_float(np.log2), _FLOAT, None, False, None, "Elementwise base-2 logarithm."),
-    "sqrt": (_in_float(np.sqrt), _FLOAT, None, False, None, "Elementwise square root (NaN below 0)."),
-    "negate": (np.negative, _SIGNED, None, False, None, "Elementwise -t."),
-    "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), _SIGNED, None, True, None, "max(t, 0)."),
-    "gelu": (_in_float(_gelu_tanh), _FLOAT, None, True, None, "GELU, tanh approximation."),
-    "geluerf": (_in_float(_gelu_erf), _FLOAT, None, True, None, "GELU, exact erf form."),
-    "swish": (_in_float(lambda x: x / (1.0 + np.exp(-x))), _FLOAT, None, True, None, "t * sigmoid(t)."),
-    "sigmoid": (_in_float(lambda x: 1.0 / (1.0 + np.exp(-x))), _FLOAT, None, False, None, "1/(1+e**-t)."),
-    "floor": (np.floor, _FLOAT, None, False, Grad.ZERO, "Round down (NaN stays NaN)."),
-    "ceil": (np.ceil, _FLOAT, None, False, Grad.ZERO, "Round up (NaN stays NaN)."),
-    "sign": (_sign, _SIGNED, None, False, Grad.ZERO, "-1, 0 or 1 (NaN gives 0)."),
-    "isnan": (np.isnan, _ANY, dtypes.bool, False, Grad.STOP, "True where t is NaN."),
-    "isinf": (np.isinf, _ANY, dtypes.bool, False, Grad.STOP, "True where t is +-inf."),
-    "isfinite": (np.isfinite, _ANY, dtypes.bool, False, Grad.RAISE, "True where t is neither NaN nor inf."),
-    "logical_not": (lambda x: np.logical_not(x.astype(bool)), _ANY, dtypes.bool, False, Grad.RAISE,
-                    "Logical not (input read as bool)."),
+    "abs": (np.abs, _SIGNED, None, False, None),
+    "cos": (_in_float(np.cos), _FLOAT, None, False, None),
+    "sin": (_in_float(np.sin), _FLOAT, None, False, None),
+    "tanh": (_in_float(np.tanh), _FLOAT, None, False, None),
+    "exp": (_in_float(np.exp), _FLOAT, None, True, None),
+    "log": (_in_float(np.log), _FLOAT, None, False, None),
+    "log2": (_in_float(np.log2), _FLOAT, None, False, None),
+    "sqrt": (_in_float(np.sqrt), _FLOAT, None, False, None),
+    "negate": (np.negative, _SIGNED, None, False, None),
+    "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), _SIGNED, None, True, None),
+    "gelu": (_in_float(_gelu_tanh), _FLOAT, None, True, None),
+    "geluerf": (_in_float(_gelu_erf), _FLOAT, None, True, None),
+    "swish": (_in_float(lambda x: x / (1.0 + np.exp(-x))), _FLOAT, None, True, None),
+    "sigmoid": (_in_float(lambda x: 1.0 / (1.0 + np.exp(-x))), _FLOAT, None, False, None),
+    "floor": (np.floor, _FLOAT, None, False, Grad.ZERO),
+    "ceil": (np.ceil, _FLOAT, None, False, Grad.ZERO),
+    "sign": (_sign, _SIGNED, None, False, Grad.ZERO),
+    "isnan": (np.isnan, _ANY, dtypes.bool, False, Grad.STOP),
+    "isinf": (np.isinf, _ANY, dtypes.bool, False, Grad.STOP),
+    "isfinite": (np.isfinite, _ANY, dtypes.bool, False, Grad.RAISE),
+    "logical_not": (lambda x: np.logical_not(x.astype(bool)), _ANY, dtypes.bool, False, Grad.RAISE),
 }
 
-_public: Dict[str, Callable] = {}
-for _name, (_kernel, _kind, _out, _has_inplace, _grad, _doc) in _UNARY.items():
+for _name, (_kernel, _kind, _out, _has_inplace, _grad) in _UNARY.items():
     register(OpDef(_name, _unary_infer(_kind, _out), _kernel, grad=_grad, family="elementwise", elementwise=True))
-    _public[_name] = _make_fn(_name, _doc)
     if _has_inplace:
         register(OpDef(_name + "_", _unary_infer(_kind, _out), _kernel, inplace=0, grad=Grad.STOP,
                        family="elementwise"))
-        _public[_name + "_"] = _make_fn(_name + "_", _doc + " In place: modifies and aliases t.")
 
-globals().update(_public)  # the unary functions: abs, cos, ..., relu_, gelu_, ...
+
+def _unary(opname: str, t: Tensor) -> Tensor:
+    return create_op(opname, [t])[0]
+
+
+def abs(t: Tensor) -> Tensor:
+    """Elementwise absolute value.
+
+    Args:
+        t: A signed integer or floating point tensor.
+
+    Returns:
+        A tensor of ``t``'s shape and dtype holding ``|t|``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is unsigned, bool or complex.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("abs", t)
+
+
+def cos(t: Tensor) -> Tensor:
+    """Elementwise cosine (radians).
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``cos(t)``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("cos", t)
+
+
+def sin(t: Tensor) -> Tensor:
+    """Elementwise sine (radians).
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``sin(t)``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("sin", t)
+
+
+def tanh(t: Tensor) -> Tensor:
+    """Elementwise hyperbolic tangent.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``tanh(t)``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("tanh", t)
+
+
+def exp(t: Tensor) -> Tensor:
+    """Elementwise natural exponential.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``e ** t``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("exp", t)
+
+
+def exp_(t: Tensor) -> Tensor:
+    """Elementwise natural exponential, in place.
+
+    In place: ``t`` itself is overwritten, and the result aliases it. No gradient flows through it.
+
+    Args:
+        t: A floating point tensor, overwritten.
+
+    Returns:
+        An alias of ``t``, now holding ``e ** t``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("exp_", t)
+
+
+def log(t: Tensor) -> Tensor:
+    """Elementwise natural logarithm.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``ln(t)``, same shape and dtype (NaN below 0, -inf at 0).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("log", t)
+
+
+def log2(t: Tensor) -> Tensor:
+    """Elementwise base-2 logarithm.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``log2(t)``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("log2", t)
+
+
+def sqrt(t: Tensor) -> Tensor:
+    """Elementwise square root.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        The square root of ``t`` (NaN where ``t`` is negative), same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("sqrt", t)
+
+
+def negate(t: Tensor) -> Tensor:
+    """Elementwise negation.
+
+    Args:
+        t: A signed integer or floating point tensor.
+
+    Returns:
+        ``-t``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is unsigned, bool or complex.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("negate", t)
+
+
+def relu(t: Tensor) -> Tensor:
+    """Rectified linear unit: ``max(t, 0)`` elementwise.
+
+    Args:
+        t: A signed integer or floating point tensor.
+
+    Returns:
+        ``max(t, 0)``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is unsigned, bool or complex.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("relu", t)
+
+
+def relu_(t: Tensor) -> Tensor:
+    """Rectified linear unit, in place.
+
+    In place: ``t`` itself is overwritten, and the result aliases it. No gradient flows through it.
+
+    Args:
+        t: A signed integer or floating point tensor, overwritten.
+
+    Returns:
+        An alias of ``t``, now holding ``max(t, 0)``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is unsigned, bool or complex.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("relu_", t)
+
+
+def gelu(t: Tensor) -> Tensor:
+    """Gaussian error linear unit, tanh approximation.
+
+    The exact (erf) form is `geluerf`.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``0.5 t (1 + tanh(sqrt(2/pi) (t + 0.044715 t^3)))``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("gelu", t)
+
+
+def gelu_(t: Tensor) -> Tensor:
+    """Gaussian error linear unit (tanh approximation), in place.
+
+    In place: ``t`` itself is overwritten, and the result aliases it. No gradient flows through it.
+
+    Args:
+        t: A floating point tensor, overwritten.
+
+    Returns:
+        An alias of ``t``, now holding ``gelu(t)``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("gelu_", t)
+
+
+def geluerf(t: Tensor) -> Tensor:
+    """Gaussian error linear unit, exact form ``0.5 t (1 + erf(t / sqrt(2)))``.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``geluerf(t)``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("geluerf", t)
+
+
+def geluerf_(t: Tensor) -> Tensor:
+    """Gaussian error linear unit (exact erf form), in place.
+
+    In place: ``t`` itself is overwritten, and the result aliases it. No gradient flows through it.
+
+    Args:
+        t: A floating point tensor, overwritten.
+
+    Returns:
+        An alias of ``t``, now holding ``geluerf(t)``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("geluerf_", t)
+
+
+def swish(t: Tensor) -> Tensor:
+    """Swish (SiLU): ``t * sigmoid(t)`` elementwise.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``t / (1 + e ** -t)``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("swish", t)
+
+
+def swish_(t: Tensor) -> Tensor:
+    """Swish (SiLU), in place.
+
+    In place: ``t`` itself is overwritten, and the result aliases it. No gradient flows through it.
+
+    Args:
+        t: A floating point tensor, overwritten.
+
+    Returns:
+        An alias of ``t``, now holding ``swish(t)``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("swish_", t)
+
+
+def sigmoid(t: Tensor) -> Tensor:
+    """Logistic sigmoid ``1 / (1 + e ** -t)`` elementwise (an extension: PopXL has no such op).
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``sigmoid(t)``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("sigmoid", t)
+
+
+def floor(t: Tensor) -> Tensor:
+    """Round down to an integral value, elementwise.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        The largest integral values not above ``t`` (NaN stays NaN), same shape and dtype. Its gradient is zero.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("floor", t)
+
+
+def ceil(t: Tensor) -> Tensor:
+    """Round up to an integral value, elementwise.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        The smallest integral values not below ``t`` (NaN stays NaN), same shape and dtype. Its gradient is zero.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("ceil", t)
+
+
+def sign(t: Tensor) -> Tensor:
+    """Elementwise sign.
+
+    Args:
+        t: A signed integer or floating point tensor.
+
+    Returns:
+        -1, 0 or 1 in ``t``'s dtype (NaN gives 0). Its gradient is zero.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is unsigned, bool or complex.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("sign", t)
+
+
+def isnan(t: Tensor) -> Tensor:
+    """Elementwise test for NaN.
+
+    Args:
+        t: A tensor of any dtype.
+
+    Returns:
+        A bool tensor of ``t``'s shape, True where ``t`` is NaN.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("isnan", t)
+
+
+def isinf(t: Tensor) -> Tensor:
+    """Elementwise test for positive or negative infinity.
+
+    Args:
+        t: A tensor of any dtype.
+
+    Returns:
+        A bool tensor of ``t``'s shape, True where ``t`` is infinite.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("isinf", t)
+
+
+def isfinite(t: Tensor) -> Tensor:
+    """Elementwise test for finite values.
+
+    Args:
+        t: A tensor of any dtype.
+
+    Returns:
+        A bool tensor of ``t``'s shape, True where ``t`` is neither NaN nor infinite. Not differentiable.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("isfinite", t)
+
+
+def logical_not(t: Tensor) -> Tensor:
+    """Elementwise logical not.
+
+    Args:
+        t: A tensor of any dtype, read as bool (non-zero is True).
+
+    Returns:
+        A bool tensor of ``t``'s shape. Not differentiable.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("logical_not", t)
 
 
 # binary ---------------------------------------------------------------------------------------------
@@ -235,59 +653,214 @@ def _binary(opname: str, lhs: Tensor, rhs: Tensor) -> Tensor:
 
 
 def add(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """lhs + rhs with NumPy broadcasting (same dtypes)."""
+    """Elementwise sum ``lhs + rhs``.
+
+    Shapes broadcast as in NumPy; both operands must have the same dtype.
+
+    Args:
+        lhs: The first operand.
+        rhs: The second operand, broadcast against ``lhs``.
+
+    Returns:
+        A new tensor of the broadcast shape and the operands' dtype.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or the dtypes differ or the op does not take them.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("add", lhs, rhs)
 
 
 def add_(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """lhs += rhs in place; rhs broadcasts to lhs. Returns an alias of lhs."""
+    """Elementwise sum, in place: ``lhs += rhs``.
+
+    ``rhs`` broadcasts to ``lhs``'s shape (``lhs`` cannot grow). No gradient flows through it.
+
+    Args:
+        lhs: The first operand.
+        rhs: The operand added, broadcast to ``lhs``'s shape.
+
+    Returns:
+        An alias of ``lhs``, now holding the sum.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or the dtypes differ or the op does not take them.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("add_", lhs, rhs)
 
 
 def sub(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """lhs - rhs with broadcasting."""
+    """Elementwise difference ``lhs - rhs``.
+
+    Shapes broadcast as in NumPy; both operands must have the same dtype.
+
+    Args:
+        lhs: The first operand.
+        rhs: The second operand, broadcast against ``lhs``.
+
+    Returns:
+        A new tensor of the broadcast shape and the operands' dtype.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or the dtypes differ or the op does not take them.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("sub", lhs, rhs)
 
 
 def mul(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """lhs * rhs with broadcasting."""
+    """Elementwise product ``lhs * rhs``.
+
+    Shapes broadcast as in NumPy; both operands must have the same dtype.
+
+    Args:
+        lhs: The first operand.
+        rhs: The second operand, broadcast against ``lhs``.
+
+    Returns:
+        A new tensor of the broadcast shape and the operands' dtype.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or the dtypes differ or the op does not take them.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("mul", lhs, rhs)
 
 
 def div(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """lhs / rhs with broadcasting; integer operands floor-divide (as PopXL documents). Integer
-    division by 0 gives 0, and the most negative value divided by -1 wraps to itself."""
+    """Elementwise quotient ``lhs / rhs``.
+
+    Shapes broadcast as in NumPy; both operands must have the same dtype.
+    Integer operands floor-divide; an integer division by 0 gives 0, and the most negative
+    value divided by -1 wraps to itself.
+
+    Args:
+        lhs: The first operand.
+        rhs: The second operand, broadcast against ``lhs``.
+
+    Returns:
+        A new tensor of the broadcast shape and the operands' dtype.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or the dtypes differ or the op does not take them.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("div", lhs, rhs)
 
 
 def fmod(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """C fmod: the remainder has the sign of lhs. For integers, a divisor of 0 gives 0."""
+    """Elementwise remainder with the sign of ``lhs`` (C's ``fmod``).
+
+    Shapes broadcast as in NumPy; both operands must have the same dtype.
+    For integers a divisor of 0 gives 0. The gradient flows to ``lhs`` only.
+
+    Args:
+        lhs: The first operand.
+        rhs: The second operand, broadcast against ``lhs``.
+
+    Returns:
+        A new tensor of the broadcast shape and the operands' dtype.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or the dtypes differ or the op does not take them.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("fmod", lhs, rhs)
 
 
 def pow(t: Tensor, e: Union[float, int, "Tensor"]) -> Tensor:
-    """t ** e with broadcasting. A Python number ``e`` becomes a constant of t's dtype
-    (PopXL would infer int32/float32 and then reject a mismatch; we convert instead)."""
+    """Elementwise power ``t ** e``.
+
+    A Python number ``e`` becomes a constant of ``t``'s dtype; a tensor ``e`` must have ``t``'s dtype.
+
+    Args:
+        t: The base.
+        e: The exponent: a tensor, or a Python number.
+
+    Returns:
+        A new tensor of the broadcast shape and ``t``'s dtype.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or a tensor ``e`` has another dtype.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("pow", t, as_tensor(e, like=t))
 
 
 def equal(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """lhs == rhs elementwise -> bool."""
+    """Elementwise equality test ``lhs == rhs``.
+
+    Shapes broadcast as in NumPy.
+
+    Args:
+        lhs: The first operand.
+        rhs: The second operand, broadcast against ``lhs``.
+
+    Returns:
+        A bool tensor of the broadcast shape. Not differentiable.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or the dtypes cannot be compared.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("equal", lhs, rhs)
 
 
 def greater(input: Tensor, other: Tensor) -> Tensor:
-    """input > other elementwise -> bool."""
+    """Elementwise comparison ``input > other``.
+
+    Shapes broadcast as in NumPy.
+
+    Args:
+        input: The left-hand side.
+        other: The right-hand side, broadcast against ``input``.
+
+    Returns:
+        A bool tensor of the broadcast shape. Not differentiable.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or the dtypes cannot be compared.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("greater", input, other)
 
 
 def logical_and(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """Logical and (inputs read as bool)."""
+    """Elementwise logical and.
+
+    Both operands are read as bool (non-zero is True); shapes broadcast as in NumPy.
+
+    Args:
+        lhs: The first operand.
+        rhs: The second operand, broadcast against ``lhs``.
+
+    Returns:
+        A bool tensor of the broadcast shape. Not differentiable.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or an operand cannot be read as bool.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("logical_and", lhs, rhs)
 
 
 def logical_or(lhs: Tensor, rhs: Tensor) -> Tensor:
-    """Logical or (inputs read as bool)."""
+    """Elementwise logical or.
+
+    Both operands are read as bool (non-zero is True); shapes broadcast as in NumPy.
+
+    Args:
+        lhs: The first operand.
+        rhs: The second operand, broadcast against ``lhs``.
+
+    Returns:
+        A bool tensor of the broadcast shape. Not differentiable.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or an operand cannot be read as bool.
+        ValueError: If an operand is not a tensor of the current graph, or the shapes do not broadcast.
+    """
     return _binary("logical_or", lhs, rhs)
 
 
@@ -302,7 +875,22 @@ register(OpDef("maximum", _maximum_infer, lambda *xs: np.maximum.reduce(np.broad
 
 
 def maximum(*ts: Tensor) -> Tensor:
-    """Elementwise maximum of any number of tensors (broadcast)."""
+    """Elementwise maximum of any number of tensors.
+
+    Shapes broadcast as in NumPy; every tensor must have the same dtype. In the gradient, every
+    input equal to the maximum receives the full incoming gradient.
+
+    Args:
+        *ts: The tensors compared (at least one).
+
+    Returns:
+        A new tensor of the broadcast shape and the inputs' dtype.
+
+    Raises:
+        TypeError: If an input is not a Tensor, or the dtypes differ.
+        ValueError: If no tensor is given, an input is not in the current graph, or the shapes do
+            not broadcast.
+    """
     return create_op("maximum", list(ts))[0]
 
 
@@ -322,7 +910,23 @@ register(OpDef("where", _where_infer, lambda c, a, b: np.where(c.astype(bool), a
 
 
 def where(condition: Tensor, lhs: Tensor, rhs: Tensor) -> Tensor:
-    """lhs where condition (read as bool) else rhs, broadcasting all three."""
+    """Elementwise choice: ``lhs`` where ``condition`` holds, ``rhs`` elsewhere.
+
+    The three shapes broadcast together. A Python number or array for ``lhs`` or ``rhs`` becomes a
+    constant of the other operand's dtype.
+
+    Args:
+        condition: The selector, read as bool (non-zero is True).
+        lhs: The values taken where ``condition`` is True.
+        rhs: The values taken where ``condition`` is False.
+
+    Returns:
+        A new tensor of the broadcast shape and the dtype of ``lhs`` and ``rhs``.
+
+    Raises:
+        TypeError: If ``condition`` is not a Tensor, or ``lhs`` and ``rhs`` have different dtypes.
+        ValueError: If a tensor is not in the current graph, or the shapes do not broadcast.
+    """
     lhs = as_tensor(lhs, like=rhs if isinstance(rhs, Tensor) else None)
     rhs = as_tensor(rhs, like=lhs)
     return create_op("where", [condition, lhs, rhs])[0]
@@ -342,8 +946,23 @@ register(OpDef("cast", _cast_infer, lambda x, data_type: convert(x, dtypes.ml_dt
 
 
 def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:
-    """t converted to ``data_type``. Float -> int truncates toward zero and saturates (values
-    beyond the integer range give its limits, NaN gives 0); int -> narrower int wraps."""
+    """Convert a tensor to another dtype.
+
+    Floats convert to integers by truncation toward zero, saturating at the integer type's limits
+    (NaN gives 0); integers convert to narrower integers by wrapping.
+
+    Args:
+        t: The tensor converted.
+        data_type: The target dtype (not a float8 type: see `pow2scale_cast_to_fp8`).
+
+    Returns:
+        A new tensor of ``t``'s shape in ``data_type``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, ``data_type`` is not a popxl dtype, or it is a float8
+            type.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
     return create_op("cast", [t], {"data_type": data_type})[0]
 
 
@@ -358,7 +977,19 @@ register(OpDef("detach_", _same_infer, lambda x: x, view=lambda x: x, grad=Grad.
 
 
 def identity(t: Tensor, output_name: Optional[str] = None) -> Tensor:
-    """A copy of t, optionally named ``output_name`` (default ``identity_<name>``)."""
+    """A copy of a tensor (``rename`` is the same function).
+
+    Args:
+        t: The tensor copied.
+        output_name: The name of the result; ``identity_<name of t>`` when None.
+
+    Returns:
+        A new tensor equal to ``t``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
     return create_op("identity", [t], name="identity", output_names=[output_name or f"identity_{t.name}"])[0]
 
 
@@ -366,12 +997,34 @@ rename = identity
 
 
 def detach(t: Tensor) -> Tensor:
-    """A copy of t through which no gradient flows."""
+    """A copy of a tensor through which no gradient flows.
+
+    Args:
+        t: The tensor copied.
+
+    Returns:
+        A new tensor equal to ``t``; autodiff treats it as a constant.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
     return create_op("detach", [t])[0]
 
 
 def detach_(t: Tensor) -> Tensor:
-    """An alias of t through which no gradient flows."""
+    """An alias of a tensor through which no gradient flows.
+
+    Args:
+        t: The tensor aliased.
+
+    Returns:
+        A tensor sharing ``t``'s storage; autodiff treats it as a constant.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
     return create_op("detach_", [t])[0]
 
 
@@ -393,7 +1046,23 @@ register(OpDef("clip", _clip_infer, _clip_kernel, family="elementwise", elementw
 
 
 def clip(t: Tensor, min: float = float("-inf"), max: float = float("inf")) -> Tensor:
-    """t limited to [min, max] (an integer t to the integers within it)."""
+    """Limit the values of a tensor to ``[min, max]`` (``clamp`` is the same function).
+
+    An integer tensor is limited to the integers within the interval. The gradient flows where
+    ``min <= t <= max``.
+
+    Args:
+        t: A numeric tensor.
+        min: The lower bound.
+        max: The upper bound.
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If ``min`` is greater than ``max``, or ``t`` is not in the current graph.
+    """
     return create_op("clip", [t], {"min": float(min), "max": float(max)})[0]
 
 
@@ -431,12 +1100,46 @@ def _scaled_add(opname: str, X: Tensor, Y: Tensor, a, b) -> Tensor:
 
 
 def scaled_add(X: Tensor, Y: Tensor, a: Union[float, Tensor] = 1.0, b: Union[float, Tensor] = 1.0) -> Tensor:
-    """a*X + b*Y (same shapes; output dtype is X's)."""
+    """Weighted sum ``a * X + b * Y`` of two tensors of one shape.
+
+    No broadcasting; the dtypes may differ (the result has ``X``'s). No gradient flows through it.
+
+    Args:
+        X: The first tensor.
+        Y: The second tensor, of ``X``'s shape.
+        a: The weight of ``X``: a Python number or a scalar tensor.
+        b: The weight of ``Y``: a Python number or a scalar tensor.
+
+    Returns:
+        A new tensor of ``X``'s shape and dtype.
+
+    Raises:
+        TypeError: If ``X`` or ``Y`` is not a Tensor.
+        ValueError: If the shapes differ, a weight tensor is not a scalar, or a tensor is not in
+            the current graph.
+    """
     return _scaled_add("scaled_add", X, Y, a, b)
 
 
 def scaled_add_(X: Tensor, Y: Tensor, a: Union[float, Tensor] = 1.0, b: Union[float, Tensor] = 1.0) -> Tensor:
-    """X = a*X + b*Y in place; returns an alias of X."""
+    """Weighted sum in place: ``X = a * X + b * Y``.
+
+    No broadcasting; the dtypes may differ. No gradient flows through it.
+
+    Args:
+        X: The tensor updated in place.
+        Y: The second tensor, of ``X``'s shape.
+        a: The weight of ``X``: a Python number or a scalar tensor.
+        b: The weight of ``Y``: a Python number or a scalar tensor.
+
+    Returns:
+        An alias of ``X``, now holding the sum.
+
+    Raises:
+        TypeError: If ``X`` or ``Y`` is not a Tensor.
+        ValueError: If the shapes differ, a weight tensor is not a scalar, or a tensor is not in
+            the current graph.
+    """
     return _scaled_add("scaled_add_", X, Y, a, b)
 
 

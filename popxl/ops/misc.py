@@ -40,8 +40,22 @@ register(OpDef("init", _init_infer, _init_kernel, grad=Grad.STOP, family="misc")
 
 def init(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None, init_type: str = "zero",
          meta_shape: Optional[Iterable[int]] = None) -> Tensor:
-    """A new tensor of ``shape`` and ``dtype`` made in the current graph: zeros
-    (``init_type="zero"``) or with unspecified contents (``"undef"``; here also zeros)."""
+    """A new tensor of zeros (or of unspecified contents) made in the current graph.
+
+    Args:
+        shape: The tensor's shape.
+        dtype: The tensor's dtype.
+        name: The tensor's name; default "init".
+        init_type: "zero" for zeros, or "undef" for unspecified contents (zeros here too).
+        meta_shape: The unsharded shape when the tensor is a replica shard.
+
+    Returns:
+        A new tensor.
+
+    Raises:
+        ValueError: If ``init_type`` is neither "zero" nor "undef", or ``shape`` is not a shape.
+        TypeError: If ``dtype`` is not a popxl dtype.
+    """
     attrs = {"shape": shape_tuple(shape, "ops.init: shape"), "dtype": dtype, "init_type": init_type,
              "meta_shape": shape_tuple(meta_shape, "ops.init: meta_shape") if meta_shape is not None else ()}
     return create_op("init", [], attrs, output_names=[name] if name else None)[0]
@@ -84,12 +98,38 @@ def _increment_mod(opname: str, t: Tensor, increment: float, modulus: float) -> 
 
 
 def increment_mod(t: Tensor, increment: float, modulus: float) -> Tensor:
-    """``(t + increment) % modulus`` elementwise (C remainder: the sign follows the dividend)."""
+    """``(t + increment) % modulus`` elementwise (C remainder: the sign follows the dividend). Not differentiable.
+
+    Args:
+        t: A numeric tensor.
+        increment: The value added.
+        modulus: The divisor of the remainder.
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If ``modulus`` is 0, or ``t`` is not in the current graph.
+    """
     return _increment_mod("increment_mod", t, increment, modulus)
 
 
 def increment_mod_(t: Tensor, increment: float, modulus: float) -> Tensor:
-    """`increment_mod` in place: updates ``t`` and returns an alias of it."""
+    """`increment_mod` in place: ``t`` is overwritten with ``(t + increment) % modulus``.
+
+    Args:
+        t: A numeric tensor, overwritten.
+        increment: The value added.
+        modulus: The divisor of the remainder.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If ``modulus`` is 0, or ``t`` is not in the current graph.
+    """
     return _increment_mod("increment_mod_", t, increment, modulus)
 
 
@@ -148,16 +188,38 @@ def _print_kernel(x, title, print_self, print_gradient, **fmt):
 register(OpDef("print_tensor", _print_infer, _print_kernel, side_effect=True, family="misc"))
 
 
-def print_tensor(t: Tensor, title: str = None, print_self: bool = True, print_gradient: bool = False,
+def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True, print_gradient: bool = False,
                  summarise_threshold: int = 1000, edge_items: int = 3, max_line_width: int = 75, digits: int = 8,
                  float_format: str = "auto", separator: str = " ", open_bracket: str = "[",
                  close_bracket: str = "]") -> Tensor:
-    """Print ``t`` as ``<title>: <values>`` each time the program runs (title defaults to
-    ``print_<tensor name>``, as in PopXL) and return a copy of it. Tensors with more than ``summarise_threshold`` elements
-    show ``edge_items`` values at each end of every axis; lines wrap at ``max_line_width``.
-    Floats use ``float_format`` ("auto": ``digits`` significant digits, "fixed"/"scientific":
-    ``digits`` after the point, "none": shortest exact form). ``print_gradient`` asks for the
-    gradient to be printed too when the graph is differentiated."""
+    """Print a tensor each time the program runs, as ``<title>: <values>``, and pass it on.
+
+    Tensors with more than ``summarise_threshold`` elements show ``edge_items`` values at each end of
+    every axis.
+
+    Args:
+        t: The tensor printed.
+        title: The label; default ``print_<tensor name>``.
+        print_self: Print the value in the forward pass.
+        print_gradient: Also print the gradient when the graph is differentiated.
+        summarise_threshold: The element count above which the output is summarised.
+        edge_items: How many values to show at each end of a summarised axis.
+        max_line_width: The width lines wrap at.
+        digits: Significant digits ("auto"), or digits after the point ("fixed", "scientific").
+        float_format: "auto", "fixed", "scientific" or "none" (shortest exact form).
+        separator: The one-character separator between values.
+        open_bracket: The one-character opening bracket.
+        close_bracket: The one-character closing bracket.
+
+    Returns:
+        A new tensor equal to ``t``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``separator`` or a bracket is not one character, or ``t`` is not in the current
+            graph.
+        KeyError: If ``float_format`` is unknown.
+    """
     if float_format not in _FLOAT_FORMATS:
         raise KeyError(f"ops.print_tensor: float_format must be one of {list(_FLOAT_FORMATS)}, got {float_format!r}")
     values = locals()

@@ -52,36 +52,248 @@ def _logsumexp(x, axis, keepdims):
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
-_REDUCTIONS: Dict[str, tuple] = {
-    "sum": (np.sum, "Sum over axes."),
-    "mean": (np.mean, "Mean over axes."),
-    "prod": (np.prod, "Product over axes."),
-    "max": (_extreme(np.max), "Maximum over axes (-inf, or the dtype's lowest value, over an empty axis)."),
-    "min": (_extreme(np.min), "Minimum over axes (+inf, or the dtype's largest value, over an empty axis)."),
-    "median": (np.median, "Median over axes (mean of the two middle values for even counts)."),
-    "l1": (lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims), "Sum of |x|."),
-    "l2": (lambda x, axis, keepdims: np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims)), "sqrt(sum x^2)."),
-    "logsum": (lambda x, axis, keepdims: np.log(np.sum(x, axis=axis, keepdims=keepdims)), "log(sum x)."),
-    "logsumexp": (_logsumexp, "log(sum exp x), computed stably."),
-    "sumsquare": (lambda x, axis, keepdims: np.sum(x * x, axis=axis, keepdims=keepdims), "Sum of x^2."),
+_REDUCTIONS: Dict[str, Callable] = {
+    "sum": np.sum,
+    "mean": np.mean,
+    "prod": np.prod,
+    "max": _extreme(np.max),
+    "min": _extreme(np.min),
+    "median": np.median,
+    "l1": lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
+    "l2": lambda x, axis, keepdims: np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims)),
+    "logsum": lambda x, axis, keepdims: np.log(np.sum(x, axis=axis, keepdims=keepdims)),
+    "logsumexp": _logsumexp,
+    "sumsquare": lambda x, axis, keepdims: np.sum(x * x, axis=axis, keepdims=keepdims),
 }
 
 
-def _make(opname: str, doc: str) -> Callable:
-    def fn(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
-        try:
-            axes = normalize_axes(t.rank, axis) if t.rank else ()
-        except (ValueError, TypeError) as e:
-            raise type(e)(f"ops.{opname}: {e} (tensor {t.id!r} of shape {t.shape})") from None
-        return create_op(opname, [t], {"axis": axes, "keepdims": bool(keepdims)})[0]
-    fn.__name__ = fn.__qualname__ = opname
-    fn.__doc__ = doc + " ``axis`` None reduces all axes; negative axes count from the end."
-    return fn
+def _reduce(opname: str, t: Tensor, axis: Optional[Union[int, Iterable[int]]], keepdims: bool) -> Tensor:
+    try:
+        axes = normalize_axes(t.rank, axis) if t.rank else ()
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"ops.{opname}: {e} (tensor {t.id!r} of shape {t.shape})") from None
+    return create_op(opname, [t], {"axis": axes, "keepdims": builtins.bool(keepdims)})[0]
 
 
-for _name, (_fn, _doc) in _REDUCTIONS.items():
+for _name, _fn in _REDUCTIONS.items():
     register(OpDef(_name, _reduce_infer, _wide(_fn), family="reduce"))
-    globals()[_name] = _make(_name, _doc)
+
+
+def sum(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """Sum over axes.
+
+    Floats are summed in float64 and rounded once; integer sums wrap.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("sum", t, axis, keepdims)
+
+
+def mean(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """Arithmetic mean over axes.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("mean", t, axis, keepdims)
+
+
+def prod(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """Product over axes.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("prod", t, axis, keepdims)
+
+
+def max(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """Maximum over axes.
+
+    Over an empty axis the result is -inf, or the integer dtype's lowest value.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("max", t, axis, keepdims)
+
+
+def min(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """Minimum over axes.
+
+    Over an empty axis the result is +inf, or the integer dtype's largest value.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("min", t, axis, keepdims)
+
+
+def median(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """Median over axes.
+
+    With an even count, the mean of the two middle values.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("median", t, axis, keepdims)
+
+
+def l1(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """L1 norm over axes: the sum of absolute values.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("l1", t, axis, keepdims)
+
+
+def l2(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """L2 norm over axes: the square root of the sum of squares.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("l2", t, axis, keepdims)
+
+
+def logsum(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """Natural logarithm of the sum over axes.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("logsum", t, axis, keepdims)
+
+
+def logsumexp(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """``log(sum(exp(t)))`` over axes, computed without overflow.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("logsumexp", t, axis, keepdims)
+
+
+def sumsquare(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
+    """Sum of squares over axes.
+
+    Args:
+        t: A numeric tensor.
+        axis: The axis or axes reduced (negative ones count from the end); None reduces all.
+        keepdims: Keep each reduced axis as a dimension of size 1.
+
+    Returns:
+        A new tensor of ``t``'s dtype, with the reduced axes removed (or kept as size 1).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, its dtype is bool or complex, or ``axis`` is not an
+            int or ints.
+        ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
+    """
+    return _reduce("sumsquare", t, axis, keepdims)
 
 
 # Index, running and statistical reductions ----------------------------------------------------------
@@ -134,14 +346,38 @@ register(OpDef("argmin", _arg_infer, _arg_kernel(np.argmin), grad=Grad.STOP, fam
 
 
 def argmax(t: Tensor, dim: Optional[int] = 0, keepdim: Optional[bool] = False) -> Tensor:
-    """Index (int32) of the largest value along ``dim``; the first one wins on ties.
-    ``dim=None`` looks at the flattened tensor."""
+    """Index of the largest value along an axis (the first one on ties).
+
+    Args:
+        t: A numeric tensor with at least one element.
+        dim: The axis searched (negative counts from the end); None searches the flattened tensor.
+        keepdim: Keep the searched axis as a dimension of size 1.
+
+    Returns:
+        An int32 tensor of indices. Not differentiable.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If ``t`` is empty, ``dim`` is out of range, or ``t`` is not in the current graph.
+    """
     return create_op("argmax", [t], {"dim": _one_axis("argmax", t, dim), "keepdim": builtins.bool(keepdim)})[0]
 
 
 def argmin(t: Tensor, dim: Optional[int] = 0, keepdim: Optional[bool] = False) -> Tensor:
-    """Index (int32) of the smallest value along ``dim``; the first one wins on ties.
-    ``dim=None`` looks at the flattened tensor."""
+    """Index of the smallest value along an axis (the first one on ties).
+
+    Args:
+        t: A numeric tensor with at least one element.
+        dim: The axis searched (negative counts from the end); None searches the flattened tensor.
+        keepdim: Keep the searched axis as a dimension of size 1.
+
+    Returns:
+        An int32 tensor of indices. Not differentiable.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If ``t`` is empty, ``dim`` is out of range, or ``t`` is not in the current graph.
+    """
     return create_op("argmin", [t], {"dim": _one_axis("argmin", t, dim), "keepdim": builtins.bool(keepdim)})[0]
 
 
@@ -167,8 +403,21 @@ register(OpDef("cumsum", _cumsum_infer, _cumsum_kernel, family="reduce"))
 
 
 def cumsum(t: Tensor, dim: Optional[int] = 0) -> Tensor:
-    """Inclusive running sum along ``dim`` (negative counts from the end). ``dim=None`` sums the
-    flattened tensor, giving a 1-D result. Integer sums wrap on overflow."""
+    """Inclusive running sum along an axis.
+
+    Integer sums wrap on overflow.
+
+    Args:
+        t: A numeric tensor.
+        dim: The axis summed along (negative counts from the end); None sums the flattened tensor.
+
+    Returns:
+        A tensor of ``t``'s shape and dtype (1-D when ``dim`` is None).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If ``dim`` is out of range, or ``t`` is not in the current graph.
+    """
     return create_op("cumsum", [t], {"dim": _one_axis("cumsum", t, dim)})[0]
 
 
@@ -204,9 +453,28 @@ register(OpDef("topk", _topk_infer, _topk_kernel, family="reduce"))
 
 def topk(t: Tensor, k: int, axis: int, largest: bool, sorted: bool,
          available_memory_proportion: Optional[float] = None) -> Tuple[Tensor, Tensor]:
-    """The ``k`` largest (or smallest) values along ``axis`` and their int32 indices.
-    With ``sorted`` they come in order (best first); otherwise in their original index order.
-    Equal values keep the lower index first; NaN counts as the largest value."""
+    """The ``k`` largest (or smallest) values along an axis, with their indices.
+
+    Equal values keep the lower index first; NaN counts as the largest value. The gradient flows
+    to the places the values were taken from.
+
+    Args:
+        t: A numeric tensor of rank 1 or more.
+        k: How many values to take, at most the length of ``axis``.
+        axis: The axis searched (negative counts from the end).
+        largest: Take the largest values (True) or the smallest (False).
+        sorted: Return the values best first (True) or in their original index order (False).
+        available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
+
+    Returns:
+        ``(values, indices)``: ``values`` of ``t``'s dtype and int32 ``indices``, both of ``t``'s
+        shape with ``k`` along ``axis``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If ``t`` is a scalar, ``k`` is out of range, ``axis`` is out of range, or ``t``
+            is not in the current graph.
+    """
     ax = _one_axis("topk", t, axis)
     values, indices = create_op("topk", [t], {"k": int(k), "axis": ax, "largest": builtins.bool(largest),
                                               "sorted": builtins.bool(sorted)})
@@ -235,9 +503,24 @@ register(OpDef("histogram", _histogram_infer, _histogram_kernel, grad=Grad.STOP,
 
 
 def histogram(t: Tensor, levels: List[float], absolute_of_input: bool) -> Tensor:
-    """Counts (uint32, ``len(levels) + 1`` bins) of the values of ``t`` (of |t| when
-    ``absolute_of_input``): below ``levels[0]``, in each ``[levels[i-1], levels[i])``, and at or
-    above ``levels[-1]``. ``levels`` must be strictly increasing. NaN values land in the last bin."""
+    """Count the values of a tensor in bins bounded by ``levels``.
+
+    Bin 0 counts values below ``levels[0]``, bin ``i`` those in ``[levels[i-1], levels[i])``, and
+    the last bin those at or above ``levels[-1]`` (NaN lands there too).
+
+    Args:
+        t: A numeric tensor.
+        levels: The strictly increasing bin boundaries.
+        absolute_of_input: Count ``|t|`` instead of ``t``.
+
+    Returns:
+        A uint32 tensor of ``len(levels) + 1`` counts. Not differentiable.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If ``levels`` is not strictly increasing or holds NaN, or ``t`` is not in the
+            current graph.
+    """
     return create_op("histogram", [t], {"levels": tuple(float(v) for v in levels),
                                         "absolute_of_input": builtins.bool(absolute_of_input)})[0]
 
@@ -254,7 +537,18 @@ register(OpDef("lamb_square", _lamb_square_infer,
 
 
 def lamb_square(t: Tensor) -> Tensor:
-    """Sum of the squares of all elements, as a float32 scalar (used for LAMB norms)."""
+    """Sum of the squares of all elements, as LAMB's norms use it.
+
+    Args:
+        t: A numeric tensor.
+
+    Returns:
+        A float32 scalar tensor. Not differentiable.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
     return create_op("lamb_square", [t])[0]
 
 

@@ -131,43 +131,164 @@ def _accumulate(opname: str, t: Tensor, X: Optional[Tensor] = None, **scalar: An
 
 
 def accumulate_(t: Tensor, X: Tensor, f: Optional[Scalar] = None) -> Tensor:
-    """t += X, or t += f * X when ``f`` is given. In place; returns an alias of t."""
+    """``t += X``, or ``t += f * X`` when ``f`` is given.
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The tensor updated.
+        X: The update, of ``t``'s shape (the dtypes may differ).
+        f: The scale of ``X``: a number or a scalar tensor.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` or ``X`` is not a Tensor, or a scale is neither a number nor a Tensor.
+        ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
+            current graph.
+    """
     return _accumulate("accumulate_", t, X, f=1.0 if f is None else f)
 
 
 def accumulate_square_(t: Tensor, X: Tensor, f: Scalar = 1.0) -> Tensor:
-    """t += f * X**2. In place; returns an alias of t."""
+    """``t += f * X ** 2``.
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The tensor updated.
+        X: The update, of ``t``'s shape (the dtypes may differ).
+        f: The scale: a number or a scalar tensor.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` or ``X`` is not a Tensor, or a scale is neither a number nor a Tensor.
+        ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
+            current graph.
+    """
     return _accumulate("accumulate_square_", t, X, f=f)
 
 
 def accumulate_mean_(t: Tensor, X: Tensor, step: Scalar) -> Tensor:
-    """Running mean: t = t * step/(step+1) + X/(step+1), where ``step`` counts the values
-    already averaged into t. In place; returns an alias of t."""
+    """Running mean: ``t = t * step / (step + 1) + X / (step + 1)``.
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The tensor updated.
+        X: The update, of ``t``'s shape (the dtypes may differ).
+        step: How many values are already averaged into ``t``: a number or a scalar tensor.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` or ``X`` is not a Tensor, or a scale is neither a number nor a Tensor.
+        ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
+            current graph.
+    """
     return _accumulate("accumulate_mean_", t, X, step=step)
 
 
 def accumulate_moving_average_(t: Tensor, X: Tensor, f: Scalar) -> Tensor:
-    """Exponential moving average: t = f*t + (1-f)*X. In place; returns an alias of t."""
+    """Exponential moving average: ``t = f * t + (1 - f) * X``.
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The tensor updated.
+        X: The update, of ``t``'s shape (the dtypes may differ).
+        f: The decay: a number or a scalar tensor.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` or ``X`` is not a Tensor, or a scale is neither a number nor a Tensor.
+        ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
+            current graph.
+    """
     return _accumulate("accumulate_moving_average_", t, X, f=f)
 
 
 def accumulate_moving_average_square_(t: Tensor, X: Tensor, f: Scalar) -> Tensor:
-    """Exponential moving average of squares: t = f*t + (1-f)*X**2. In place; returns an alias of t."""
+    """Exponential moving average of squares: ``t = f * t + (1 - f) * X ** 2``.
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The tensor updated.
+        X: The update, of ``t``'s shape (the dtypes may differ).
+        f: The decay: a number or a scalar tensor.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` or ``X`` is not a Tensor, or a scale is neither a number nor a Tensor.
+        ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
+            current graph.
+    """
     return _accumulate("accumulate_moving_average_square_", t, X, f=f)
 
 
 def accumulator_scale_(t: Tensor, f: Scalar) -> Tensor:
-    """t *= f. In place; returns an alias of t."""
+    """``t *= f``.
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The tensor scaled.
+        f: The factor: a number or a scalar tensor.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or a scale is neither a number nor a Tensor.
+        ValueError: If a scale tensor is not a scalar, or a tensor is not in the
+            current graph.
+    """
     return _accumulate("accumulator_scale_", t, f=f)
 
 
 def accumulator_zero_(t: Tensor) -> Tensor:
-    """t = 0 (every element, whatever its previous value). In place; returns an alias of t."""
+    """``t = 0``, whatever its previous value.
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The tensor zeroed.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not in the current graph.
+    """
     return _accumulate("accumulator_zero_", t)
 
 
 def copy_var_update_(t: Tensor, X: Tensor) -> Tensor:
-    """t = X (converted to t's dtype). In place; returns an alias of t."""
+    """``t = X`` (converted to ``t``'s dtype).
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The tensor updated.
+        X: The update, of ``t``'s shape (the dtypes may differ).
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` or ``X`` is not a Tensor.
+        ValueError: If the shapes differ, or a tensor is not in the current graph.
+    """
     return _accumulate("copy_var_update_", t, X)
 
 
@@ -206,11 +327,29 @@ register(OpDef("sparse_accumulate_", _sparse_infer, _sparse_kernel, inplace=0, g
 
 def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0, f: Optional[Scalar] = None,
                        W: Optional[Tensor] = None) -> Tensor:
-    """Scatter-add: for each position j of ``indices``, add (f times) slice j of X into slice
-    ``indices[j]`` of t along ``axis`` (repeated indices add up; out-of-range ones are skipped).
-    X has shape ``t.shape[:axis] + indices.shape + t.shape[axis+1:]`` (the shape ``ops.gather``
-    would give). ``W`` is only a tile-layout hint and does not affect the result.
-    In place; returns an alias of t."""
+    """Scatter-add: slice j of ``X`` (times ``f``) is added into slice ``indices[j]`` of ``t`` along ``axis``.
+
+    Repeated indices add up; out-of-range ones are skipped. ``X`` has the shape ``ops.gather``
+    would give: ``t.shape[:axis] + indices.shape + t.shape[axis + 1:]``.
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The tensor updated.
+        X: The slices added.
+        indices: Integer positions along ``axis``.
+        axis: The axis indexed.
+        f: The scale of ``X``: a number or a scalar tensor.
+        W: A tile-layout hint only; it does not change the result.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If a tensor argument is not a Tensor, or ``indices`` is not integer.
+        ValueError: If the shapes disagree, ``axis`` is out of range, or a tensor is not in the
+            current graph.
+    """
     if W is not None and not isinstance(W, Tensor):
         raise TypeError(f"ops.var_updates.sparse_accumulate_: W must be a Tensor or None, not {type(W).__name__}")
     try:
@@ -297,10 +436,29 @@ def adam_updater(acc_first_order: Tensor, acc_second_order: Tensor, weight: Opti
                  time_step: Optional[Tensor] = None, weight_decay: Optional[Scalar] = None,
                  beta1: Optional[Scalar] = None, beta2: Optional[Scalar] = None,
                  epsilon: Scalar = 1e-07) -> Tensor:
-    """The Adam update term m'/(sqrt(v')+epsilon) (+ weight_decay*weight), a new tensor.
-    With ``time_step`` (a scalar tensor, which is first incremented by 1 in place) the moments
-    are bias corrected: m' = m/(1-beta1**step), v' = v/(1-beta2**step); otherwise m' = m, v' = v.
-    ``time_step`` needs both betas and ``weight_decay`` needs ``weight`` (ValueError)."""
+    """The Adam update term ``m' / (sqrt(v') + epsilon)`` (plus ``weight_decay * weight``).
+
+    With ``time_step`` the moments are bias corrected: ``m' = m / (1 - beta1 ** step)``,
+    ``v' = v / (1 - beta2 ** step)``; otherwise ``m' = m`` and ``v' = v``.
+
+    Args:
+        acc_first_order: The first moment m.
+        acc_second_order: The second moment v (for AdaMax: the weighted infinity norm u).
+        weight: The weight, needed with ``weight_decay``.
+        time_step: A scalar step counter, incremented by 1 in place first; enables bias correction.
+        weight_decay: The decoupled weight decay factor.
+        beta1: The first moment's decay rate.
+        beta2: The second moment's decay rate.
+        epsilon: Added to the denominator.
+
+    Returns:
+        A new tensor of the moments' shape.
+
+    Raises:
+        TypeError: If an argument is not a Tensor where one is needed.
+        ValueError: If ``time_step`` is given without both betas, ``weight_decay`` without ``weight``,
+            or a tensor is not in the current graph.
+    """
     return _updater("adam", acc_first_order, acc_second_order, weight, time_step, weight_decay, beta1, beta2,
                     epsilon)
 
@@ -309,18 +467,54 @@ def lamb_updater(acc_first_order: Tensor, acc_second_order: Tensor, weight: Opti
                  time_step: Optional[Tensor] = None, weight_decay: Optional[Scalar] = None,
                  beta1: Optional[Scalar] = None, beta2: Optional[Scalar] = None,
                  epsilon: Scalar = 1e-07) -> Tensor:
-    """The LAMB update term: computed as in `adam_updater` (same arguments and rules); the
-    layer-wise trust ratio is applied afterwards by `adam_var_update`."""
+    """The LAMB update term: computed as `adam_updater` computes it (same arguments and rules).
+
+    The layer-wise trust ratio is applied afterwards by `adam_var_update`.
+
+    Args:
+        acc_first_order: The first moment m.
+        acc_second_order: The second moment v (for AdaMax: the weighted infinity norm u).
+        weight: The weight, needed with ``weight_decay``.
+        time_step: A scalar step counter, incremented by 1 in place first; enables bias correction.
+        weight_decay: The decoupled weight decay factor.
+        beta1: The first moment's decay rate.
+        beta2: The second moment's decay rate.
+        epsilon: Added to the denominator.
+
+    Returns:
+        A new tensor of the moments' shape.
+
+    Raises:
+        TypeError: If an argument is not a Tensor where one is needed.
+        ValueError: If ``time_step`` is given without both betas, ``weight_decay`` without ``weight``,
+            or a tensor is not in the current graph.
+    """
     return _updater("lamb", acc_first_order, acc_second_order, weight, time_step, weight_decay, beta1, beta2,
                     epsilon)
 
 
 def adamax_updater(acc_first_order: Tensor, acc_second_order: Tensor, weight: Optional[Tensor] = None,
-                   time_step: Tensor = None, weight_decay: Optional[Scalar] = None, beta1: Scalar = 0.9,
+                   time_step: Optional[Tensor] = None, weight_decay: Optional[Scalar] = None, beta1: Scalar = 0.9,
                    epsilon: Scalar = 1e-07) -> Tensor:
-    """The AdaMax update term m'/(u+epsilon) (+ weight_decay*weight), where u is the
-    exponentially weighted infinity norm (``acc_second_order``) and m' = m/(1-beta1**step).
-    ``time_step`` is required and is incremented by 1 in place first."""
+    """The AdaMax update term ``m' / (u + epsilon)`` (plus ``weight_decay * weight``), with ``m' = m / (1 - beta1 ** step)``.
+
+    Args:
+        acc_first_order: The first moment m.
+        acc_second_order: The second moment v (for AdaMax: the weighted infinity norm u).
+        weight: The weight, needed with ``weight_decay``.
+        time_step: A scalar step counter, required; incremented by 1 in place first.
+        weight_decay: The decoupled weight decay factor.
+        beta1: The first moment's decay rate.
+        epsilon: Added to the denominator.
+
+    Returns:
+        A new tensor of the moments' shape.
+
+    Raises:
+        TypeError: If an argument is not a Tensor where one is needed.
+        ValueError: If ``time_step`` is missing, ``weight_decay`` is given without ``weight``, or a
+            tensor is not in the current graph.
+    """
     return _updater("adamax", acc_first_order, acc_second_order, weight, time_step, weight_decay, beta1, None,
                     epsilon)
 
@@ -356,12 +550,30 @@ register(OpDef("adam_var_update", _var_update_infer, _var_update_kernel, inplace
 
 def adam_var_update(t: Tensor, x: Tensor, r1: Tensor, r2: Tensor, learning_rate: Optional[Scalar] = None,
                     max_weight_norm: Optional[Scalar] = None) -> Tensor:
-    """t -= learning_rate * ratio * x, in place (returns an alias of t). ``x`` is an updater
-    term; ``r1`` and ``r2`` are the *squared* norms of the weight and of x (e.g. from
-    ``ops.lamb_square``) and ratio = min(sqrt(r1), max_weight_norm) / sqrt(r2), or 1 when r1,
-    r2 or max_weight_norm is 0. As in PopXL, an omitted ``learning_rate`` or
-    ``max_weight_norm`` counts as 0 (so without a learning rate t does not change, and without
-    a max weight norm the ratio is 1, i.e. plain Adam)."""
+    """``t -= learning_rate * ratio * x``, with the LAMB trust ratio ``min(sqrt(r1), max_weight_norm) / sqrt(r2)``.
+
+    The ratio is 1 when ``r1``, ``r2`` or ``max_weight_norm`` is 0. As in PopXL, an omitted
+    ``learning_rate`` or ``max_weight_norm`` counts as 0: without a learning rate ``t`` does not
+    change, and without a max weight norm the ratio is 1 (plain Adam).
+
+    In place: ``t`` is overwritten. No gradient flows through it.
+
+    Args:
+        t: The weight updated.
+        x: An updater term (see `adam_updater`).
+        r1: The squared norm of the weight (e.g. from ``ops.lamb_square``).
+        r2: The squared norm of ``x``.
+        learning_rate: The step size: a number or a scalar tensor.
+        max_weight_norm: The cap on the weight norm: a number or a scalar tensor.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If a tensor argument is not a Tensor.
+        ValueError: If the shapes differ, a norm is not a scalar, or a tensor is not in the current
+            graph.
+    """
     tensors, attrs = _scalar_args("adam_var_update",
                                   learning_rate=0.0 if learning_rate is None else learning_rate,
                                   max_weight_norm=0.0 if max_weight_norm is None else max_weight_norm)

@@ -20,7 +20,7 @@ or with the user's ``called_graphs_grad_info``) and calling their gradient graph
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Union, overload
 
 from popxl.graph import Graph, op_called_graphs
 from popxl.op import REGISTRY, Grad, Op, create_op
@@ -32,6 +32,7 @@ GRAD_PREFIX = "Gradient___"
 
 
 class ExpectedConnectionType(Enum):
+    """Whether a gradient graph's input or output is a forward tensor (``Fwd``) or a gradient of one (``FwdGrad``)."""
     Fwd = "Fwd"
     FwdGrad = "FwdGrad"
 
@@ -46,7 +47,13 @@ class ExpectedConnectionType(Enum):
 
 
 class ExpectedConnection:
-    """One input or output of a gradient graph: a forward tensor, or the gradient of one."""
+    """One input or output of a gradient graph: a forward tensor, or the gradient of one.
+
+    Not constructible: read them from `GradGraphInfo`.
+
+    Raises:
+        TypeError: If constructed directly.
+    """
 
     def __init__(self) -> None:
         raise TypeError("ExpectedConnection is made by autodiff, not constructed directly.")
@@ -80,10 +87,12 @@ class ExpectedConnection:
 
     @property
     def fwd_tensor(self) -> Tensor:
+        """The forward-graph tensor this connection is (or is the gradient of)."""
         return self._fwd_tensor
 
     @property
     def connection_type(self) -> ExpectedConnectionType:
+        """``Fwd`` (the forward value itself) or ``FwdGrad`` (its gradient)."""
         return self._connection_type
 
     def __repr__(self) -> str:
@@ -92,7 +101,13 @@ class ExpectedConnection:
 
 class GradGraphInfo:
     """A gradient graph and how to connect it: which forward tensors (or their gradients) its
-    inputs expect, and which forward tensors its outputs are the gradients of."""
+    inputs expect, and which forward tensors its outputs are the gradients of.
+
+    Returned by `autodiff`; not constructible.
+
+    Raises:
+        TypeError: If constructed directly.
+    """
 
     def __init__(self) -> None:
         raise TypeError("GradGraphInfo is returned by popxl.transforms.autodiff, not constructed directly.")
@@ -124,18 +139,22 @@ class GradGraphInfo:
 
     @property
     def graph(self) -> Graph:
+        """The gradient graph."""
         return self._graph
 
     @property
     def forward_graph(self) -> Graph:
+        """The graph it is the gradient of."""
         return self._forward_graph
 
     @property
     def expected_inputs(self) -> Tuple[ExpectedConnection, ...]:
+        """What each gradient-graph input expects: the ``FwdGrad`` seeds first, then ``Fwd`` values."""
         return self._expected_inputs
 
     @property
     def expected_outputs(self) -> Tuple[ExpectedConnection, ...]:
+        """What each gradient-graph output is: the gradient (``FwdGrad``) of a forward tensor."""
         return self._expected_outputs
 
     @property
@@ -149,9 +168,19 @@ class GradGraphInfo:
         return tuple(c.fwd_tensor for c in self._expected_outputs)
 
     def get_input_tensors(self) -> Tuple[Tensor, ...]:
+        """The forward tensors of `expected_inputs` (PopXL's older name of `inputs`).
+
+        Returns:
+            A tuple of forward-graph tensors.
+        """
         return self.inputs
 
     def get_output_tensors(self) -> Tuple[Tensor, ...]:
+        """The forward tensors of `expected_outputs` (PopXL's older name of `outputs`).
+
+        Returns:
+            A tuple of forward-graph tensors.
+        """
         return self.outputs
 
     def _check_site(self, info: Any, graph: Graph, what: str) -> None:
@@ -163,19 +192,44 @@ class GradGraphInfo:
 
     def inputs_dict(self, fwd_call_info: Any) -> Dict[Tensor, Tensor]:
         """Gradient-graph input -> the tensor of ``fwd_call_info``'s parent graph holding that
-        forward value (``Fwd`` connections only; the ``FwdGrad`` seeds are passed positionally)."""
+        forward value (``Fwd`` connections only; the ``FwdGrad`` seeds are passed positionally).
+
+        Args:
+            fwd_call_info: The `CallSiteInfo` of a call of the forward graph.
+
+        Returns:
+            The ``inputs_dict`` to pass to ``ops.call`` of the gradient graph.
+
+        Raises:
+            TypeError: If the call is not of `forward_graph`.
+        """
         self._check_site(fwd_call_info, self._forward_graph, "fwd_call_info")
         return {g_in: fwd_call_info.graph_to_parent(c.fwd_tensor)
                 for g_in, c in zip(self._graph.inputs, self._expected_inputs)
                 if c.connection_type is ExpectedConnectionType.Fwd}
 
     def fwd_graph_ins_to_grad_parent_outs(self, grad_call_info: Any) -> Dict[Tensor, Tensor]:
-        """Forward-graph tensor -> its gradient at the parent of ``grad_call_info``."""
+        """Forward-graph tensor -> its gradient at the parent of ``grad_call_info``.
+
+        Args:
+            grad_call_info: The `CallSiteInfo` of a call of the gradient graph.
+
+        Returns:
+            Forward-graph tensor -> its gradient in the calling graph.
+        """
         self._check_site(grad_call_info, self._graph, "grad_call_info")
         return {c.fwd_tensor: grad_call_info.parent_output(i) for i, c in enumerate(self._expected_outputs)}
 
     def fwd_parent_ins_to_grad_parent_outs(self, fwd_call_info: Any, grad_call_info: Any) -> Dict[Tensor, Tensor]:
-        """Parent tensor of the forward call -> its gradient at the parent of the gradient call."""
+        """Parent tensor of the forward call -> its gradient at the parent of the gradient call.
+
+        Args:
+            fwd_call_info: The `CallSiteInfo` of a call of the forward graph.
+            grad_call_info: The `CallSiteInfo` of a call of the gradient graph.
+
+        Returns:
+            Parent tensor of the forward call -> its gradient at the gradient call.
+        """
         self._check_site(fwd_call_info, self._forward_graph, "fwd_call_info")
         return {fwd_call_info.graph_to_parent(f): g
                 for f, g in self.fwd_graph_ins_to_grad_parent_outs(grad_call_info).items()}
@@ -226,6 +280,11 @@ class GradOpContext:
     ``input(i)`` / ``output(i)`` are that op's forward values (as gradient-graph tensors),
     ``grad(i)`` the gradient of output ``i`` (None if nothing flows back into it), ``needs(i)``
     whether the gradient of input ``i`` is wanted. The rule returns one gradient (or None) per input.
+
+    Args:
+        builder: The gradient graph being built.
+        op: The forward op differentiated.
+        out_grads: The gradient of each of its outputs (None where none flows back).
     """
 
     def __init__(self, builder: "_GradBuilder", op: Op, out_grads: List[Optional[Tensor]]) -> None:
@@ -233,23 +292,63 @@ class GradOpContext:
 
     @property
     def attrs(self) -> Dict[str, Any]:
+        """The forward op's attributes."""
         return self.op.attrs
 
     def input(self, i: int) -> Tensor:
+        """A forward input of the op, as a gradient-graph tensor.
+
+        Args:
+            i: The input's index.
+
+        Returns:
+            The tensor.
+        """
         return self._b.forward_value(self.op.inputs[i])
 
     def output(self, i: int) -> Tensor:
+        """A forward output of the op, as a gradient-graph tensor.
+
+        Args:
+            i: The output's index.
+
+        Returns:
+            The tensor.
+        """
         return self._b.forward_value(self.op.outputs[i])
 
     def forward(self, t: Tensor) -> Tensor:
-        """Any tensor of the forward graph, as a gradient-graph tensor."""
+        """Any tensor of the forward graph, as a gradient-graph tensor.
+
+        Args:
+            t: A tensor of the forward graph.
+
+        Returns:
+            The gradient-graph tensor carrying its value.
+        """
         return self._b.forward_value(t)
 
     def grad(self, i: int) -> Optional[Tensor]:
         # outputs added while differentiating (exposed activations of a called graph) have none
+        """The gradient flowing back into one output of the op.
+
+        Args:
+            i: The output's index.
+
+        Returns:
+            The gradient, or None if nothing flows back into it.
+        """
         return self._out_grads[i] if i < len(self._out_grads) else None
 
     def grad_or_zeros(self, i: int) -> Tensor:
+        """The gradient flowing back into one output, or zeros of its shape if none does.
+
+        Args:
+            i: The output's index.
+
+        Returns:
+            The gradient.
+        """
         g = self.grad(i)
         if g is not None:
             return g
@@ -258,10 +357,26 @@ class GradOpContext:
         return ops.init(out.shape, out.dtype, name=f"zero_grad_{out.name}")
 
     def needs(self, i: int) -> bool:
+        """Whether the gradient of one input of the op is wanted.
+
+        Args:
+            i: The input's index.
+
+        Returns:
+            True if it is.
+        """
         return self._b.needs_grad(self.op.inputs[i])
 
     def unbroadcast(self, g: Tensor, i: int) -> Tensor:
-        """Sum ``g`` over the axes along which input ``i`` was broadcast, back to its shape."""
+        """Sum ``g`` over the axes along which input ``i`` was broadcast, back to its shape.
+
+        Args:
+            g: A gradient of the op's output shape.
+            i: The input's index.
+
+        Returns:
+            ``g`` reduced to input ``i``'s shape.
+        """
         from popxl import ops
         shape = self.op.inputs[i].shape
         if g.shape == shape:
@@ -273,12 +388,28 @@ class GradOpContext:
         return g.reshape(shape) if g.shape != shape else g
 
     def subgraph_grad(self, graph: Graph, provided: Sequence[Tensor], required: Sequence[Tensor]) -> GradGraphInfo:
-        """The gradient graph of a called graph (the user's from ``called_graphs_grad_info`` if given)."""
+        """The gradient graph of a called graph (the user's from ``called_graphs_grad_info`` if given).
+
+        Args:
+            graph: The called graph.
+            provided: Its outputs whose gradients come in.
+            required: Its inputs whose gradients are wanted.
+
+        Returns:
+            The `GradGraphInfo` of its gradient graph.
+        """
         return self._b.subgraph_grad(graph, provided, required)
 
     def clone_graph(self, graph: Graph) -> Graph:
         """A copy of ``graph`` (same inputs, ops and outputs) that can be called and differentiated
-        without touching the original (whose call sites may not take extra outputs)."""
+        without touching the original (whose call sites may not take extra outputs).
+
+        Args:
+            graph: The graph copied.
+
+        Returns:
+            The copy.
+        """
         return _clone(graph)
 
 
@@ -503,19 +634,58 @@ def _prune(graph: Graph) -> None:
     graph.remove_ops(unused)
 
 
+# The return type follows ``return_all_grad_graphs``, so that ``autodiff(g).graph`` type-checks.
+@overload
+def autodiff(graph: Graph, grads_provided: Optional[Iterable[Tensor]] = None,
+             grads_required: Optional[Iterable[Tensor]] = None,
+             called_graphs_grad_info: Optional[Mapping[Graph, GradGraphInfo]] = None,
+             return_all_grad_graphs: Literal[False] = False) -> GradGraphInfo: ...
+
+
+@overload
+def autodiff(graph: Graph, grads_provided: Optional[Iterable[Tensor]] = None,
+             grads_required: Optional[Iterable[Tensor]] = None,
+             called_graphs_grad_info: Optional[Mapping[Graph, GradGraphInfo]] = None, *,
+             return_all_grad_graphs: Literal[True]) -> Dict[Graph, GradGraphInfo]: ...
+
+
+@overload
+def autodiff(graph: Graph, grads_provided: Optional[Iterable[Tensor]] = None,
+             grads_required: Optional[Iterable[Tensor]] = None,
+             called_graphs_grad_info: Optional[Mapping[Graph, GradGraphInfo]] = None,
+             return_all_grad_graphs: bool = False) -> Union[GradGraphInfo, Dict[Graph, GradGraphInfo]]: ...
+
+
 def autodiff(graph: Graph, grads_provided: Optional[Iterable[Tensor]] = None,
              grads_required: Optional[Iterable[Tensor]] = None,
              called_graphs_grad_info: Optional[Mapping[Graph, GradGraphInfo]] = None,
              return_all_grad_graphs: bool = False) -> Union[GradGraphInfo, Dict[Graph, GradGraphInfo]]:
-    """Build the gradient graph of ``graph``.
+    """Build the gradient graph of a graph.
 
-    ``grads_provided`` (default: all outputs of ``graph``) are the tensors whose gradients the
-    gradient graph takes as its first inputs, in order; ``grads_required`` (default: all inputs)
-    are the tensors whose gradients it outputs, in order. Forward values it needs are further
-    inputs (``Fwd`` connections; intermediates become extra outputs of ``graph``). Called graphs
-    are differentiated too, unless their `GradGraphInfo` is given in ``called_graphs_grad_info``.
-    Returns the `GradGraphInfo`, or with ``return_all_grad_graphs`` a dict with one per
-    differentiated graph (``graph`` included).
+    Forward values the gradient graph needs are further inputs (``Fwd`` connections); intermediates
+    it needs become extra outputs of ``graph``, and its existing call sites are updated. Called
+    graphs are differentiated too, unless their `GradGraphInfo` is given. Typical use::
+
+        info = ops.call_with_info(g, x, inputs_dict={...})
+        grad = transforms.autodiff(g)
+        dx, dW = ops.call(grad.graph, dy, inputs_dict=grad.inputs_dict(info))
+
+    Args:
+        graph: The forward graph (not the main graph).
+        grads_provided: The tensors whose gradients the gradient graph takes as its first inputs,
+            in order; default all outputs of ``graph``.
+        grads_required: The tensors whose gradients it outputs, in order; default all inputs.
+        called_graphs_grad_info: Gradient graphs already made for graphs that ``graph`` calls.
+        return_all_grad_graphs: Return the infos of every graph differentiated, not only ``graph``'s.
+
+    Returns:
+        The `GradGraphInfo`; with ``return_all_grad_graphs``, a dict from each differentiated graph
+        (``graph`` included) to its `GradGraphInfo`.
+
+    Raises:
+        TypeError: If ``graph`` is not a Graph.
+        ValueError: If ``graph`` is the main graph, a provided or required tensor is not a
+            (non-variable) tensor of ``graph``, or a required gradient cannot be reached.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"autodiff: expected a popxl.Graph, not {type(graph).__name__}.")

@@ -7,7 +7,7 @@ replica -> group assignment. With one replica every collective is a copy.
 from __future__ import annotations
 
 import enum
-from typing import List, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, List, Literal, Optional, Sequence
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from popxl.context import get_current_context
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from popxl.replica_grouping import ReplicaGrouping
 
 __all__ = ["CollectiveOps", "to_collective_op", "CommGroupType", "CommGroup", "replicated_all_reduce",
            "replicated_all_reduce_", "replicated_reduce_scatter", "replica_sharded_slice", "replicated_slice",
@@ -35,14 +38,26 @@ _REDUCERS = {
 
 
 def to_collective_op(op: CollectiveOps) -> str:
-    """Validate a collective reduction name. Note: PopXL maps ``"mul"`` onto a *mean*; that is a
-    bug, so here ``"mul"`` multiplies."""
+    """Check a collective reduction name.
+
+    PopXL maps "mul" onto a mean; that is a bug, so here "mul" multiplies.
+
+    Args:
+        op: The name: "add", "mean", "mul", "min", "max", "and", "or" or "square_add".
+
+    Returns:
+        The name, checked.
+
+    Raises:
+        ValueError: If the name is not one of the reductions.
+    """
     if op not in _REDUCERS:
         raise ValueError(f"Unknown collective op {op!r}; expected one of {sorted(_REDUCERS)}.")
     return op
 
 
 class CommGroupType(enum.Enum):
+    """How a `CommGroup` groups replicas: ``All``, ``Consecutive``, ``Orthogonal`` or ``Ungrouped``."""
     All = "All"
     Consecutive = "Consecutive"
     Orthogonal = "Orthogonal"
@@ -50,7 +65,12 @@ class CommGroupType(enum.Enum):
 
 
 class CommGroup:
-    """A communication group description (type and replica group size); no op consumes it."""
+    """A communication group description (type and replica group size), kept for PopXL compatibility; no op takes one.
+
+    Args:
+        type: The kind of grouping.
+        replicaGroupSize: The number of replicas per group (0 = all).
+    """
 
     def __init__(self, type: CommGroupType = CommGroupType.All, replicaGroupSize: int = 0) -> None:
         self.type = type
@@ -120,13 +140,43 @@ register(OpDef("replicated_all_reduce_", _all_reduce_infer, _per_group(_all_redu
                inplace=0, grad=Grad.STOP, family="collectives"))
 
 
-def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group=None) -> Tensor:
-    """Reduce ``t`` over the replicas of each group; every member gets the result."""
+def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: Optional[ReplicaGrouping] = None) -> Tensor:
+    """Reduce a tensor over the replicas of each group; every member gets the result.
+
+    With one replica this is a copy. Not differentiable.
+
+    Args:
+        t: The tensor reduced.
+        op: The reduction: "add", "mean", "mul", "min", "max", "and", "or" or "square_add".
+        group: The replicas communicating; default all replicas (``ir.replica_grouping()``).
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``op`` is unknown, or ``t`` is not in the current graph.
+        NotImplementedError: If ``group`` is not a constant grouping.
+    """
     return create_op("replicated_all_reduce", [t], {"op": to_collective_op(op), "groups": _assignment(group)})[0]
 
 
-def replicated_all_reduce_(t: Tensor, op: CollectiveOps = "add", group=None) -> Tensor:
-    """In-place ``replicated_all_reduce``: ``t`` is overwritten with the reduction."""
+def replicated_all_reduce_(t: Tensor, op: CollectiveOps = "add", group: Optional[ReplicaGrouping] = None) -> Tensor:
+    """`replicated_all_reduce` in place: ``t`` is overwritten with the reduction.
+
+    Args:
+        t: The tensor reduced and overwritten.
+        op: The reduction: "add", "mean", "mul", "min", "max", "and", "or" or "square_add".
+        group: The replicas communicating; default all replicas (``ir.replica_grouping()``).
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``op`` is unknown, or ``t`` is not in the current graph.
+        NotImplementedError: If ``group`` is not a constant grouping.
+    """
     return create_op("replicated_all_reduce_", [t], {"op": to_collective_op(op), "groups": _assignment(group)})[0]
 
 
@@ -151,9 +201,27 @@ register(OpDef("replicated_reduce_scatter", _reduce_scatter_infer,
                collective=True, grad=Grad.RAISE, family="collectives"))
 
 
-def replicated_reduce_scatter(t: Tensor, op: CollectiveOps = "add", group=None,
+def replicated_reduce_scatter(t: Tensor, op: CollectiveOps = "add", group: Optional[ReplicaGrouping] = None,
                               configure_output_for_replicated_tensor_sharding: bool = False) -> Tensor:
-    """Flatten, reduce over the group, and keep this member's chunk (1-D, zero padded)."""
+    """Flatten a tensor, reduce it over the group, and keep this member's chunk.
+
+    Member j keeps chunk j of length ``ceil(t.nelms / group_size)`` (zero padded).
+
+    Args:
+        t: The tensor reduced.
+        op: The reduction: "add", "mean", "mul", "min", "max", "and", "or" or "square_add".
+        group: The replicas communicating; default all replicas (``ir.replica_grouping()``).
+        configure_output_for_replicated_tensor_sharding: Set the result's meta shape to ``t.shape``
+            (a replica-sharded tensor).
+
+    Returns:
+        A new 1-D tensor of ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``op`` is unknown, or ``t`` is not in the current graph.
+        NotImplementedError: If ``group`` is not a constant grouping.
+    """
     return create_op("replicated_reduce_scatter", [t],
                      {"op": to_collective_op(op), "groups": _assignment(group),
                       "rts": bool(configure_output_for_replicated_tensor_sharding)})[0]
@@ -170,8 +238,21 @@ register(OpDef("replica_sharded_slice", _sharded_slice_infer,
                _per_group(lambda xs, j: _shard(xs[j], j, len(xs))), collective=True, family="collectives"))
 
 
-def replica_sharded_slice(t: Tensor, group=None) -> Tensor:
-    """This replica's 1-D shard of ``t`` (flattened, zero padded) without reduction; meta_shape = t.shape."""
+def replica_sharded_slice(t: Tensor, group: Optional[ReplicaGrouping] = None) -> Tensor:
+    """This replica's 1-D shard of a tensor (flattened, zero padded), without any reduction.
+
+    Args:
+        t: The tensor sharded.
+        group: The replicas communicating; default all replicas (``ir.replica_grouping()``).
+
+    Returns:
+        A new 1-D tensor whose meta shape is ``t.shape``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not in the current graph.
+        NotImplementedError: If ``group`` is not a constant grouping.
+    """
     return create_op("replica_sharded_slice", [t], {"groups": _assignment(group)})[0]
 
 
@@ -190,9 +271,26 @@ register(OpDef("replicated_slice", _replicated_slice_infer,
                collective=True, family="collectives"))
 
 
-def replicated_slice(t: Tensor, axis: int = 0, group=None) -> Tensor:
-    """This replica's equal slice of ``t`` along ``axis``. PopXL drops the axis when the slice has
-    length 1; that changes the rank with the group size, which we treat as a bug: the axis stays."""
+def replicated_slice(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] = None) -> Tensor:
+    """This replica's equal slice of a tensor along an axis.
+
+    PopXL drops the axis when the slice has length 1; that makes the rank depend on the group size,
+    which is treated as a bug here: the axis stays.
+
+    Args:
+        t: The tensor sliced.
+        axis: The axis sliced (negative counts from the end).
+        group: The replicas communicating; default all replicas (``ir.replica_grouping()``).
+
+    Returns:
+        A new tensor, ``t``'s shape with ``axis`` divided by the group size.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If the axis length is not divisible by the group size, ``axis`` is out of range,
+            or ``t`` is not in the current graph.
+        NotImplementedError: If ``group`` is not a constant grouping.
+    """
     try:
         ax = normalize_axes(t.rank, axis)[0]
     except (ValueError, TypeError) as e:
@@ -232,10 +330,26 @@ register(OpDef("replicated_all_gather", _all_gather_infer,
                collective=True, family="collectives"))
 
 
-def replicated_all_gather(t: Tensor, axis: int = 0, group=None,
+def replicated_all_gather(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] = None,
                           output_shape: Literal["new_axis", "concat", "meta_shape", "auto"] = "auto") -> Tensor:
-    """Gather ``t`` from every member of the group: as a new leading axis, concatenated along
-    ``axis``, or reassembled to ``t.meta_shape`` ("auto": meta_shape if t has one, else concat)."""
+    """Gather a tensor from every member of the group.
+
+    Args:
+        t: The tensor gathered.
+        axis: The axis joined along for "concat".
+        group: The replicas communicating; default all replicas (``ir.replica_grouping()``).
+        output_shape: "new_axis" (a new leading axis), "concat" (along ``axis``), "meta_shape"
+            (reassembled to ``t.meta_shape``) or "auto" (meta_shape if ``t`` has one, else concat).
+
+    Returns:
+        A new tensor of ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``axis`` is not an int, ``output_shape`` is unknown, or ``t`` is not in the
+            current graph.
+        NotImplementedError: If ``group`` is not a constant grouping.
+    """
     if not isinstance(axis, int) or isinstance(axis, bool):
         raise ValueError(f"ops.collectives.replicated_all_gather: axis must be an int, not {axis!r}")
     if output_shape not in ("new_axis", "concat", "meta_shape", "auto"):
@@ -277,19 +391,58 @@ def _ipu_all_reduce(ts: List[Tensor], ipus: Optional[List[int]], op: str, identi
 
 
 def all_reduce(ts: List[Tensor], ipus: Optional[List[int]] = None, op: CollectiveOps = "add") -> List[Tensor]:
-    """Reduce tensors held on different IPUs of one replica; every output is the reduction."""
+    """Reduce tensors held on different IPUs of one replica; every output is the reduction.
+
+    Args:
+        ts: One tensor per IPU, all of one shape and dtype.
+        ipus: The IPU of each tensor; inferred from the ops that produced them when None.
+        op: The reduction: "add", "mean", "mul", "min", "max", "and", "or" or "square_add".
+
+    Returns:
+        One new tensor per input, each on its input's IPU.
+
+    Raises:
+        TypeError: If an entry of ``ts`` is not a Tensor.
+        ValueError: If ``op`` is unknown, the IPUs cannot be inferred or repeat, or the shapes differ.
+    """
     return _ipu_all_reduce(ts, ipus, op, identity=False)
 
 
 def all_reduce_identical_inputs(ts: List[Tensor], ipus: Optional[List[int]] = None,
                                 op: CollectiveOps = "add") -> List[Tensor]:
-    """Forward: identity (inputs are known identical). Backward: all-reduce."""
+    """Forward: identity (the inputs are known to be identical). Backward: all-reduce of the gradients.
+
+    Args:
+        ts: One tensor per IPU, all of one shape and dtype.
+        ipus: The IPU of each tensor; inferred from the ops that produced them when None.
+        op: The reduction: "add", "mean", "mul", "min", "max", "and", "or" or "square_add".
+
+    Returns:
+        One new tensor per input, each on its input's IPU.
+
+    Raises:
+        TypeError: If an entry of ``ts`` is not a Tensor.
+        ValueError: If ``op`` is unknown, the IPUs cannot be inferred or repeat, or the shapes differ.
+    """
     return _ipu_all_reduce(ts, ipus, op, identity=True)
 
 
 def all_reduce_identical_grad_inputs(ts: List[Tensor], ipus: Optional[List[int]] = None,
                                      op: CollectiveOps = "add") -> List[Tensor]:
-    """Forward: all-reduce. Backward: identity."""
+    """Forward: all-reduce. Backward: identity (the gradients are known to be identical).
+
+    Args:
+        ts: One tensor per IPU, all of one shape and dtype.
+        ipus: The IPU of each tensor; inferred from the ops that produced them when None.
+        op: The reduction: "add", "mean", "mul", "min", "max", "and", "or" or "square_add".
+
+    Returns:
+        One new tensor per input, each on its input's IPU.
+
+    Raises:
+        TypeError: If an entry of ``ts`` is not a Tensor.
+        ValueError: If ``op`` is unknown, the IPUs cannot be inferred or repeat, or the shapes differ.
+    """
     return _ipu_all_reduce(ts, ipus, op, identity=False, backward="identity")
 
 
