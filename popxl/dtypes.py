@@ -19,7 +19,13 @@ __all__ = ["dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16"
 
 
 class dtype:
-    """A popxl data type. Singletons: compare with ``is`` or ``==``."""
+    """A popxl data type. Singletons: compare with ``is`` or ``==``.
+
+    Not instantiable: use the module's singletons (``popxl.float32`` ...).
+
+    Raises:
+        TypeError: If constructed directly.
+    """
 
     name: str
     is_complex: builtins.bool
@@ -48,7 +54,17 @@ class dtype:
 
     @classmethod
     def from_name(cls, name: str) -> "dtype":
-        """The dtype called ``name`` (e.g. ``"float32"``)."""
+        """The dtype called ``name`` (e.g. ``"float32"``).
+
+        Args:
+            name: The dtype's name.
+
+        Returns:
+            The dtype.
+
+        Raises:
+            ValueError: If no dtype has that name.
+        """
         try:
             return _BY_NAME[name]
         except (KeyError, TypeError):
@@ -56,7 +72,17 @@ class dtype:
 
     @classmethod
     def as_dtype(cls, type_value: Any) -> "dtype":
-        """Convert a dtype, a name, a Python type, a NumPy/torch dtype or an object with ``.dtype``."""
+        """Convert a dtype, a name, a Python type, a NumPy/torch dtype or an object with ``.dtype``.
+
+        Args:
+            type_value: The value converted.
+
+        Returns:
+            The dtype.
+
+        Raises:
+            ValueError: If the value has no popxl dtype.
+        """
         if isinstance(type_value, dtype):
             return type_value
         if isinstance(type_value, str) and type_value in _BY_NAME:
@@ -156,7 +182,17 @@ def __getattr__(name: str) -> Any:
 
 
 def from_numpy(np_dtype: Any) -> dtype:
-    """The popxl dtype of a NumPy dtype (the float8 structured and ml_dtypes types included)."""
+    """The popxl dtype of a NumPy dtype (the float8 structured and ml_dtypes types included).
+
+    Args:
+        np_dtype: A NumPy dtype or anything ``np.dtype`` accepts.
+
+    Returns:
+        The popxl dtype.
+
+    Raises:
+        ValueError: If it has no popxl equivalent.
+    """
     try:
         return _BY_NUMPY[np.dtype(np_dtype)]
     except KeyError:
@@ -164,5 +200,12 @@ def from_numpy(np_dtype: Any) -> dtype:
 
 
 def ml_dtype(dt: dtype) -> np.dtype:
-    """The NumPy dtype engines compute with (ml_dtypes formats for float8)."""
+    """The NumPy dtype engines compute with (ml_dtypes formats for float8).
+
+    Args:
+        dt: A popxl dtype.
+
+    Returns:
+        The NumPy dtype.
+    """
     return dt._compute

@@ -62,7 +62,12 @@ class RecoveryAction(Enum):
 
 
 class poplar_recoverable_runtime_error(poplar_system_runtime_error):
-    """A system error that ``recoveryAction`` can recover from."""
+    """A system error that ``recoveryAction`` can recover from.
+
+    Args:
+        message: The error message.
+        recoveryAction: What to do to recover.
+    """
 
     def __init__(self, message: str, recoveryAction: RecoveryAction = RecoveryAction.IPU_RESET) -> None:
         super().__init__(message)

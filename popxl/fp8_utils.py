@@ -30,7 +30,20 @@ def _check(dt: dtypes.dtype, allowed, what: str) -> dtypes.dtype:
 def host_pow2scale_cast_to_fp8(src: np.ndarray, dtype: Optional[dtypes.dtype] = None, log2_scale: int = 0,
                                nan_on_overflow: bool = True) -> np.ndarray:
     """``src * 2**log2_scale`` as float8 codes (structured dtype). Values beyond the format's
-    range become NaN if ``nan_on_overflow``, else saturate to +-max."""
+    range become NaN if ``nan_on_overflow``, else saturate to +-max.
+
+    Args:
+        src: float16, float32 or float64 data.
+        dtype: ``popxl.float8_143`` or ``popxl.float8_152``.
+        log2_scale: The power of two ``src`` is multiplied by.
+        nan_on_overflow: Turn values beyond the format's range into NaN (else saturate).
+
+    Returns:
+        The float8 codes, as an array of the format's structured dtype.
+
+    Raises:
+        RuntimeError: If ``dtype`` is not a float8 type.
+    """
     dt = _check(dtype or dtypes.float8_143, _FP8, "host_pow2scale_cast_to_fp8")
     src = np.asarray(src)
     if src.dtype.kind != "f":
@@ -49,7 +62,19 @@ def host_pow2scale_cast_to_fp8(src: np.ndarray, dtype: Optional[dtypes.dtype] = 
 def host_pow2scale_cast_from_fp8(src: np.ndarray, dtype: Optional[dtypes.dtype] = None,
                                  log2_scale: int = 0) -> np.ndarray:
     """Decode float8 codes (structured or uint8) to ``dtype`` (float16/32/64, default float32),
-    times ``2**log2_scale``. The float8 format is taken from the structured dtype's field name."""
+    times ``2**log2_scale``. The float8 format is taken from the structured dtype's field name.
+
+    Args:
+        src: float8 codes (structured or uint8).
+        dtype: float16, float32 or float64.
+        log2_scale: The power of two the result is multiplied by.
+
+    Returns:
+        The decoded values.
+
+    Raises:
+        RuntimeError: If ``dtype`` is not float16, float32 or float64.
+    """
     out_dt = _check(dtype or dtypes.float32, _WIDE, "host_pow2scale_cast_from_fp8")
     src = np.asarray(src)
     names = src.dtype.names or ()
@@ -64,7 +89,18 @@ def host_fp8_mse_scale(src: np.ndarray, dtype: Optional[dtypes.dtype] = None) ->
     """The log2 scale in [-31, 31] minimising the mean squared error of a float8 round trip.
     Returns ``(mse, scale)``. Scaling by a power of two moves values without changing their
     relative rounding while they stay normal, so several scales often tie exactly: of those, the
-    middle one is taken (the data sits mid-range, with the most headroom on both sides)."""
+    middle one is taken (the data sits mid-range, with the most headroom on both sides).
+
+    Args:
+        src: The data.
+        dtype: The float8 format.
+
+    Raises:
+        RuntimeError: If ``dtype`` is not a float8 type.
+
+    Returns:
+        ``(mse, scale)``: the error and the log2 scale.
+    """
     dt = _check(dtype or dtypes.float8_143, _FP8, "host_fp8_mse_scale")
     x = np.asarray(src, dtype=np.float64)
     x = x[np.isfinite(x)]  # no scale helps a NaN or an infinity: choose for the others
@@ -79,5 +115,16 @@ def host_fp8_mse_scale(src: np.ndarray, dtype: Optional[dtypes.dtype] = None) ->
 
 
 def host_fp8_mse_scale_pb(src: np.ndarray, dtype: Optional[dtypes.dtype] = None) -> int:
-    """Only the scale of ``host_fp8_mse_scale``."""
+    """Only the scale of ``host_fp8_mse_scale``.
+
+    Args:
+        src: The data.
+        dtype: The float8 format.
+
+    Returns:
+        The log2 scale.
+
+    Raises:
+        RuntimeError: If ``dtype`` is not a float8 type.
+    """
     return host_fp8_mse_scale(src, dtype)[1]

@@ -14,7 +14,15 @@ __all__ = ["Graph"]
 
 
 class Graph(OpCreatedHooks):
-    """A graph of the IR. Made by ``Ir.create_graph`` / ``Ir.create_empty_graph``, never directly."""
+    """A graph of an Ir: inputs, ops, outputs. Made by ``Ir.create_graph`` or ``Ir.create_empty_graph``.
+
+    ``with graph:`` makes it the current graph, so that ops created inside are added to it.
+    ``t in graph`` tells whether a tensor belongs to it; equality and hashing are by id and Ir.
+    Variables live only in the main graph.
+
+    Raises:
+        TypeError: If constructed directly.
+    """
 
     def __init__(self) -> None:
         raise TypeError("popxl.Graph cannot be constructed directly: use ir.create_graph(fn, ...) "
@@ -49,52 +57,64 @@ class Graph(OpCreatedHooks):
     # public properties ----------------------------------------------------------------------------
     @property
     def ir(self) -> "Ir":
+        """The Ir the graph belongs to."""
         return self._ir
 
     @property
     def id(self) -> str:
+        """The graph's unique id in its Ir (empty for the main graph)."""
         return self._id
 
     @property
     def name(self) -> str:
+        """The graph's name (the scope its tensor ids start with)."""
         return self._name
 
     @property
     def main_graph(self) -> "Graph":
+        """The main graph of the graph's Ir."""
         return self._ir.main_graph
 
     @property
     def inputs(self) -> Tuple["Tensor", ...]:
+        """The graph's inputs, in call-site positional order."""
         return tuple(self._inputs)
 
     @property
     def inputs_by_name(self) -> Dict[str, "Tensor"]:
+        """The graph's inputs keyed by ``Tensor.name``."""
         return {t.name: t for t in self._inputs}
 
     @property
     def outputs(self) -> Tuple["Tensor", ...]:
+        """The graph's outputs, in order."""
         return tuple(self._outputs)
 
     @property
     def tensors(self) -> Tuple["Tensor", ...]:
+        """Every tensor of the graph."""
         return tuple(self._tensors.values())
 
     @property
     def variables(self) -> Tuple["Variable", ...]:
+        """The variables of the graph (only the main graph has any)."""
         from popxl.tensor import Variable
         return tuple(t for t in self._tensors.values() if isinstance(t, Variable))
 
     @property
     def constants(self) -> Tuple["Constant", ...]:
+        """The constants of the graph."""
         from popxl.tensor import Constant
         return tuple(t for t in self._tensors.values() if isinstance(t, Constant))
 
     @property
     def ops(self) -> Tuple["Op", ...]:
+        """The graph's ops, in creation order."""
         return tuple(self._ops)
 
     @property
     def called_graphs(self) -> Tuple["Graph", ...]:
+        """The graphs that ops of this graph call directly."""
         seen: Dict[str, Graph] = {}
         for op in self._ops:
             for g in op_called_graphs(op):
@@ -114,9 +134,28 @@ class Graph(OpCreatedHooks):
         return popxl_object(pb_graph, cls)
 
     def is_input_by_ref(self, t: "Tensor") -> bool:
+        """Whether an input of the graph passes by reference.
+
+        Args:
+            t: An input of the graph.
+
+        Returns:
+            True for by-reference inputs.
+        """
         return t in self._by_ref_inputs
 
     def get_tensor(self, tensor_id: str) -> "Tensor":
+        """A tensor of the graph by id.
+
+        Args:
+            tensor_id: The tensor's id (``Tensor.id``).
+
+        Returns:
+            The tensor.
+
+        Raises:
+            KeyError: If the graph has no tensor of that id.
+        """
         try:
             return self._tensors[tensor_id]
         except KeyError:
@@ -132,12 +171,27 @@ class Graph(OpCreatedHooks):
         return tuple(self._ops)
 
     def readers(self, t: "Tensor") -> List["Op"]:
-        """The ops of this graph that read ``t``, in schedule order."""
+        """The ops of this graph that read ``t``, in schedule order.
+
+        Args:
+            t: A tensor of the graph.
+
+        Returns:
+            The ops reading it.
+        """
         return [op for op in self._ops if any(i is t for i in op.inputs)]
 
     def trace(self, build: Callable[[], Any], before: Optional["Op"] = None) -> Tuple[Any, List["Op"]]:
         """Run ``build()`` inside this graph and return (its result, the ops it traced). With
-        ``before``, those ops are moved to run just before that op instead of at the end."""
+        ``before``, those ops are moved to run just before that op instead of at the end.
+
+        Args:
+            build: A function of no arguments that creates ops.
+            before: The op the new ops are moved before; None leaves them at the end.
+
+        Returns:
+            ``(result of build(), new ops)``.
+        """
         start = len(self._ops)
         with self:
             result = build()
@@ -153,7 +207,15 @@ class Graph(OpCreatedHooks):
         the replacement of each output of ``old[-1]`` (a Tensor, or a sequence of them). The new ops
         run where ``old[-1]`` ran (every input of the chain exists there) and the ops producing the
         replacements take over ``old[-1]``'s output tensors, so every reader is unchanged. The other
-        ops of ``old`` must have no readers outside ``old``. Returns the new ops."""
+        ops of ``old`` must have no readers outside ``old``. Returns the new ops.
+
+        Args:
+            old: The ops replaced, in schedule order.
+            build: A function of no arguments that creates the new ops and returns the replacements.
+
+        Returns:
+            The new ops.
+        """
         last = old[-1]
         results, made = self.trace(build, before=last)
         results = [results] if not isinstance(results, (list, tuple)) else list(results)
@@ -172,7 +234,15 @@ class Graph(OpCreatedHooks):
 
     def remove_ops(self, ops: Iterable["Op"], keep_outputs: Sequence["Tensor"] = ()) -> None:
         """Remove ``ops`` and their output tensors (except ``keep_outputs``, which another op has
-        taken over). Refused if a remaining op reads one of those outputs or it is a graph output."""
+        taken over). Refused if a remaining op reads one of those outputs or it is a graph output.
+
+        Args:
+            ops: The ops removed.
+            keep_outputs: Outputs of those ops that stay in the graph.
+
+        Raises:
+            ValueError: If a remaining op or a graph output still uses a removed tensor.
+        """
         gone = set(map(id, ops))
         keep = set(map(id, keep_outputs))
         dropped = [t for op in self._ops if id(op) in gone for t in op.outputs if id(t) not in keep]
@@ -190,7 +260,15 @@ class Graph(OpCreatedHooks):
             self._tensors.pop(t.id, None)
 
     def replace_inputs(self, op: "Op", inputs: Sequence["Tensor"]) -> None:
-        """Give ``op`` new input tensors (of the same specs), e.g. values moved out of a loop body."""
+        """Give ``op`` new input tensors (of the same specs), e.g. values moved out of a loop body.
+
+        Args:
+            op: An op of the graph.
+            inputs: Its new inputs, one per current input, of the same specs.
+
+        Raises:
+            ValueError: If the inputs do not match or are not tensors of the graph.
+        """
         if len(inputs) != len(op.inputs) or any(a.spec != b.spec for a, b in zip(inputs, op.inputs)):
             raise ValueError(f"Graph.replace_inputs: {op.type} {op.name!r} takes {[t.spec for t in op.inputs]}.")
         if any(t.graph is not self for t in inputs):
@@ -198,13 +276,30 @@ class Graph(OpCreatedHooks):
         op.inputs = tuple(inputs)
 
     def add_op_input(self, op: "Op", t: "Tensor") -> None:
-        """Append ``t`` to ``op``'s inputs (a call site binding a new input of its graph)."""
+        """Append ``t`` to ``op``'s inputs (a call site binding a new input of its graph).
+
+        Args:
+            op: A call site of the graph.
+            t: The tensor appended to its inputs.
+
+        Raises:
+            ValueError: If ``t`` is not a tensor of the graph.
+        """
         if t.graph is not self:
             raise ValueError(f"Graph.add_op_input: {t.id!r} is not a tensor of graph {self._id!r}.")
         op.inputs = op.inputs + (t,)
 
     def add_op_output(self, op: "Op", spec: "TensorSpec", name: str) -> "Tensor":
-        """A new output tensor of ``op`` (a call site whose graph got a new output)."""
+        """A new output tensor of ``op`` (a call site whose graph got a new output).
+
+        Args:
+            op: A call site of the graph.
+            spec: The new output's spec.
+            name: The new output's name.
+
+        Returns:
+            The new output tensor.
+        """
         from popxl.tensor import Tensor
         out = Tensor._create(self, name, spec, producer=op)
         op.outputs = op.outputs + (out,)
@@ -212,7 +307,15 @@ class Graph(OpCreatedHooks):
 
     def remove_op_outputs(self, op: "Op", positions: Iterable[int]) -> None:
         """Remove the outputs of ``op`` at ``positions`` (a call site whose graph lost outputs);
-        they must have no readers."""
+        they must have no readers.
+
+        Args:
+            op: A call site of the graph.
+            positions: The indices of the outputs removed.
+
+        Raises:
+            ValueError: If a removed output is read or is a graph output.
+        """
         positions = set(positions)
         for k in positions:
             t = op.outputs[k]
@@ -222,17 +325,40 @@ class Graph(OpCreatedHooks):
         op.outputs = tuple(t for k, t in enumerate(op.outputs) if k not in positions)
 
     def add_output(self, t: "Tensor") -> None:
-        """Append ``t`` to the graph's outputs (call sites are the caller's to update)."""
+        """Append ``t`` to the graph's outputs (call sites are the caller's to update).
+
+        Args:
+            t: A tensor of the graph.
+
+        Raises:
+            ValueError: If ``t`` is not a tensor of the graph.
+        """
         if t.graph is not self:
             raise ValueError(f"Graph.add_output: {t.id!r} is not a tensor of graph {self._id!r}.")
         self._outputs.append(t)
 
     def remove_output(self, index: int) -> "Tensor":
-        """Remove output ``index`` (call sites are the caller's to update); returns the tensor."""
+        """Remove output ``index`` (call sites are the caller's to update); returns the tensor.
+
+        Args:
+            index: The position of the output removed.
+
+        Returns:
+            The tensor that was the output.
+        """
         return self._outputs.pop(index)
 
     def add_input(self, spec: "TensorSpec", name: str, by_ref: bool = False) -> "Tensor":
-        """Append a new input (call sites are the caller's to bind)."""
+        """Append a new input (call sites are the caller's to bind).
+
+        Args:
+            spec: The new input's spec.
+            name: The new input's name.
+            by_ref: Make the input by-reference.
+
+        Returns:
+            The new input tensor.
+        """
         from popxl.tensor import Tensor
         t = Tensor._create(self, name, spec)
         self._inputs.append(t)
@@ -241,7 +367,15 @@ class Graph(OpCreatedHooks):
         return t
 
     def set_input_by_ref(self, t: "Tensor", by_ref: bool = True) -> None:
-        """Make input ``t`` by-reference (in-place changes reach the caller's tensor) or by value."""
+        """Make input ``t`` by-reference (in-place changes reach the caller's tensor) or by value.
+
+        Args:
+            t: An input of the graph.
+            by_ref: By reference (True) or by value (False).
+
+        Raises:
+            ValueError: If ``t`` is not an input of the graph.
+        """
         if not any(i is t for i in self._inputs):
             raise ValueError(f"Graph.set_input_by_ref: {t.id!r} is not an input of graph {self._id!r}.")
         (self._by_ref_inputs.add if by_ref else self._by_ref_inputs.discard)(t)
@@ -250,7 +384,17 @@ class Graph(OpCreatedHooks):
                     output_names: Optional[Sequence[Optional[str]]] = None) -> "Op":
         """Append an op with ``op``'s definition, name and placement (ipu, tile set) that reads
         ``inputs``, tensors of this graph; ``attrs`` (default: ``op``'s) and the shape rule give
-        its outputs. How an op is copied into another graph (PopART's ``cloneIntoGraph``)."""
+        its outputs. How an op is copied into another graph (PopART's ``cloneIntoGraph``).
+
+        Args:
+            op: The op copied.
+            inputs: The copy's inputs, tensors of this graph.
+            attrs: The copy's attributes; default ``op``'s.
+            output_names: Names of the copy's outputs.
+
+        Returns:
+            The new op.
+        """
         from popxl.op import create_op
         new = create_op(op.type, inputs, dict(op.attrs if attrs is None else attrs), name=op.name,
                         output_names=output_names, graph=self, return_op=True)
@@ -261,7 +405,11 @@ class Graph(OpCreatedHooks):
         """Remove ``op`` alone (PopART's ``eraseOp``). Its outputs that nothing reads are dropped;
         one that an op still reads, or that is a graph output, stays in the graph without a
         producer until those readers are erased too (a graph that still reads such a tensor
-        cannot be compiled: ``check`` says which)."""
+        cannot be compiled: ``check`` says which).
+
+        Args:
+            op: An op of the graph.
+        """
         self._ops.remove(op)
         for t in op.outputs:
             if t._producer is op:
@@ -272,7 +420,15 @@ class Graph(OpCreatedHooks):
     def move_op(self, op: "Op", before: Optional["Op"]) -> None:
         """Move ``op`` to run just before ``before`` (to the end if None): an ordering constraint
         (PopART's topological constraints). Refused when an op it passes makes a tensor ``op``
-        reads or reads one ``op`` makes, or when either writes storage the other uses."""
+        reads or reads one ``op`` makes, or when either writes storage the other uses.
+
+        Args:
+            op: The op moved.
+            before: The op it is moved before; None moves it to the end.
+
+        Raises:
+            ValueError: If the move would break a data or storage dependency.
+        """
         ops = self._ops
         at, to = ops.index(op), (len(ops) if before is None else ops.index(before))
         passed = ops[at + 1:to] if to > at else ops[to:at]
@@ -286,7 +442,18 @@ class Graph(OpCreatedHooks):
 
     def replace_output(self, index: int, t: "Tensor") -> "Tensor":
         """Make ``t`` output ``index`` in place of the tensor there (same shape and dtype, so call
-        sites are unchanged); returns the tensor replaced."""
+        sites are unchanged); returns the tensor replaced.
+
+        Args:
+            index: The position of the output replaced.
+            t: The new output, of the same shape and dtype.
+
+        Returns:
+            The tensor replaced.
+
+        Raises:
+            ValueError: If ``t`` is not a tensor of the graph with the output's spec.
+        """
         old = self._outputs[index]
         if t.graph is not self or t.spec != old.spec:
             raise ValueError(f"Graph.replace_output: {t.id!r} must be a tensor of graph {self._id!r} "
@@ -296,7 +463,14 @@ class Graph(OpCreatedHooks):
 
     def remove_isolated(self, tensors: Iterable["Tensor"]) -> None:
         """Drop ``tensors``: each must be isolated (no producer, no reader in this graph, not an
-        input or output of it). PopART's ``removeIsolatedTensors``."""
+        input or output of it). PopART's ``removeIsolatedTensors``.
+
+        Args:
+            tensors: The tensors dropped.
+
+        Raises:
+            ValueError: If a tensor is not isolated.
+        """
         tensors = list(tensors)
         ends = {id(t) for t in (*self._inputs, *self._outputs)}
         for t in tensors:
@@ -311,7 +485,12 @@ class Graph(OpCreatedHooks):
         return self._new_tensor_id(get_current_context().scope_prefix + (name or "t"))
 
     def rename(self, t: "Tensor", name: str) -> None:
-        """Give ``t`` a new id made from ``name`` (unique within the graph)."""
+        """Give ``t`` a new id made from ``name`` (unique within the graph).
+
+        Args:
+            t: A tensor of the graph.
+            name: The name its new id is made from.
+        """
         del self._tensors[t._id]
         t._id = self._new_tensor_id(name)
         self._tensors[t._id] = t

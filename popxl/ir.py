@@ -30,7 +30,19 @@ def _popdist_replication() -> int:
 
 
 class Ir:
-    """A PopXL program. ``replication`` sets ``replication_factor``."""
+    """A PopXL program: a main graph, subgraphs, streams and settings.
+
+    Trace ops into it inside ``with ir.main_graph:``, then run it with a `popxl.Session`.
+    Equality and hashing are by id.
+
+    Args:
+        replication: The number of replicas (``replication_factor``), or "popdist" to take it
+            from the launcher's environment.
+
+    Raises:
+        ValueError: If ``replication`` is not a positive int or "popdist".
+        NotImplementedError: If "popdist" describes several instances.
+    """
 
     def __init__(self, replication: Union[int, Literal["popdist"]] = 1) -> None:
         self._id = next(_IR_IDS)
@@ -52,6 +64,7 @@ class Ir:
     # identity -------------------------------------------------------------------------------------
     @property
     def id(self) -> int:
+        """The Ir's unique number."""
         return self._id
 
     @property
@@ -86,6 +99,7 @@ class Ir:
     # graphs ---------------------------------------------------------------------------------------
     @property
     def main_graph(self) -> Graph:
+        """The main graph: the program ``Session.run`` runs."""
         return self._main_graph
 
     def _new_graph(self, base: str) -> Graph:
@@ -96,14 +110,37 @@ class Ir:
         return g
 
     def create_empty_graph(self, name: Optional[str] = None) -> Graph:
-        """A new graph with no inputs or ops; fill it with ``with g:``."""
+        """A new graph with no inputs or ops; fill it with ``with g:``.
+
+        Args:
+            name: The graph's name; default a generated one.
+
+        Returns:
+            The new graph.
+        """
         return self._new_graph(name or "graph")
 
     def create_graph(self, fn: Union[Callable[..., Any], Module], *args: Any, **kwargs: Any) -> Graph:
-        """Trace ``fn`` (or a Module's ``build``) into a new graph.
+        """Trace a function (or a Module's ``build``) into a new graph.
 
-        Tensor and TensorSpec arguments become graph inputs (they only donate shape and dtype);
-        other arguments are passed through to ``fn``.
+        Each tensor (or `TensorSpec`) argument becomes a graph input of its shape and dtype, named after
+        the parameter; lists and tuples of tensors become one input each (``<param>_<i>``); other
+        arguments pass through. The function's returned tensors become the graph's outputs. Parent
+        tensors are never captured implicitly: using one inside raises ValueError.
+
+        Args:
+            fn: A `Module` or a callable with a ``__qualname__``.
+            *args: Arguments of ``fn``.
+            **kwargs: Keyword arguments of ``fn``.
+
+        Returns:
+            The new graph.
+
+        Raises:
+            TypeError: If ``fn`` is neither a Module nor a named callable, or a container mixes tensors
+                and other values.
+            ValueError: If the arguments do not bind to ``fn``'s signature, ``fn`` returns something other
+                than None, a Tensor or tensors, or uses a tensor of another graph.
         """
         if isinstance(fn, Module):
             build, qualname = fn.build, type(fn).__qualname__
@@ -140,6 +177,7 @@ class Ir:
     # settings -------------------------------------------------------------------------------------
     @property
     def num_host_transfers(self) -> int:
+        """How many slices each stream advances per ``Session.run`` (the leading host buffer dimension when above 1)."""
         return self._num_host_transfers
 
     @num_host_transfers.setter
@@ -151,6 +189,7 @@ class Ir:
 
     @property
     def replication_factor(self) -> int:
+        """The number of replicas (global); setting it sets this instance's replicas."""
         return self._replication_factor
 
     @replication_factor.setter
@@ -164,13 +203,37 @@ class Ir:
 
     @property
     def instance_replication_factor(self) -> int:
+        """The number of replicas this instance runs."""
         return self._replication_factor
 
     def replica_grouping(self, stride: int = 1, group_size: Optional[int] = None):
+        """A grouping of the replicas: group i takes the first unassigned replica ``o`` and ``o + k * stride``.
+
+        Args:
+            stride: The distance between members of a group.
+            group_size: The members per group; default ``replication_factor // stride``.
+
+        Returns:
+            The `ReplicaGrouping`.
+
+        Raises:
+            ValueError: If ``stride`` or ``group_size`` does not divide the replicas as required.
+        """
         from popxl.replica_grouping import ReplicaGrouping
         return ReplicaGrouping._from_params(self, stride=stride, group_size=group_size)
 
     def replica_grouping_from_assignments(self, assignment: List[int]):
+        """A grouping of the replicas from each replica's group number.
+
+        Args:
+            assignment: The group of each replica: ids 0..k-1 in first-appearance order, equal group sizes.
+
+        Returns:
+            The `ReplicaGrouping`.
+
+        Raises:
+            ValueError: If the assignment is not valid for ``replication_factor`` replicas.
+        """
         from popxl.replica_grouping import ReplicaGrouping
         return ReplicaGrouping._from_assignments(self, assignment)
 
@@ -182,16 +245,29 @@ class Ir:
         return {op.attrs["stream"] for g in self._all_graphs() for op in g.schedule() if op.type == optype}
 
     def get_all_d2h_streams(self) -> Set[Any]:
-        """Every device-to-host stream that some ``host_store`` writes."""
+        """Every device-to-host stream that some ``host_store`` writes.
+
+        Returns:
+            A set of `DeviceToHostStream`.
+        """
         return self._streams_of("host_store")
 
     def get_all_h2d_streams(self) -> Set[Any]:
-        """Every host-to-device stream that some ``host_load`` reads."""
+        """Every host-to-device stream that some ``host_load`` reads.
+
+        Returns:
+            A set of `HostToDeviceStream`.
+        """
         return self._streams_of("host_load")
 
     def dot_checkpoint(self, check: str, save_dir: Optional[Union[Path, str]] = None) -> None:
         """Write every graph as Graphviz DOT to ``<save_dir>/<check>_all.dot``, filtered by the
-        ``POPART_DOT_CHECKS`` environment variable as in PopXL (popxl.visualize.dot_checkpoint)."""
+        ``POPART_DOT_CHECKS`` environment variable as in PopXL (popxl.visualize.dot_checkpoint).
+
+        Args:
+            check: The checkpoint's name.
+            save_dir: The directory written to; default the current directory.
+        """
         from popxl.visualize.dot import dot_checkpoint
         dot_checkpoint(self, check, save_dir)
 

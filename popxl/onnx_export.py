@@ -265,7 +265,19 @@ class _Exporter:
 
 def export_onnx(ir: "Ir", path: Optional[Union[str, Path]] = None) -> onnx.ModelProto:
     """The program as an ONNX model (opset 20, PopART's ``ai.graphcore`` domain for popxl-only ops,
-    subgraphs as local functions); also written to ``path`` if given."""
+    subgraphs as local functions); also written to ``path`` if given.
+
+    Args:
+        ir: The program exported.
+        path: Where to write the model; not written when None.
+
+    Returns:
+        The ONNX model.
+
+    Raises:
+        TypeError: If ``ir`` is not an Ir.
+        ValueError: If the main graph has no ops.
+    """
     from popxl.ir import Ir
 
     if not isinstance(ir, Ir):

@@ -69,6 +69,15 @@ class RemoteBuffer:
     """``entries`` slots of ``tensor_shape`` / ``tensor_dtype`` in remote memory, per replica.
 
     Created in the Ir of the current graph (needs ``with ir.main_graph:`` or another graph).
+
+    Args:
+        tensor_shape: The shape of one slot.
+        tensor_dtype: The dtype of one slot.
+        entries: The number of slots.
+
+    Raises:
+        ValueError: If ``entries`` is below 1.
+        RuntimeError: If no graph is entered.
     """
 
     def __init__(self, tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype, entries: int) -> None:
@@ -85,6 +94,7 @@ class RemoteBuffer:
     # properties -----------------------------------------------------------------------------------
     @property
     def remote_buffer_id(self) -> int:
+        """The buffer's number in its Ir (1, 2, ...)."""
         return self._remote_buffer_id
 
     @property
@@ -94,6 +104,7 @@ class RemoteBuffer:
 
     @property
     def tensor_shape(self) -> Tuple[int, ...]:
+        """The shape of one slot."""
         return self._tensor_shape
 
     @tensor_shape.setter
@@ -102,6 +113,7 @@ class RemoteBuffer:
 
     @property
     def tensor_dtype(self) -> dtypes.dtype:
+        """The dtype of one slot."""
         return self._tensor_dtype
 
     @tensor_dtype.setter
@@ -110,6 +122,7 @@ class RemoteBuffer:
 
     @property
     def entries(self) -> int:
+        """The number of slots."""
         return self._entries
 
     @entries.setter
@@ -133,7 +146,13 @@ class RemoteBuffer:
         return TensorSpec(self._tensor_shape, self._tensor_dtype, self._meta_shape)
 
     def set_remote_buffer_info(self, tensor_dtype: dtypes.dtype, tensor_shape: Iterable[int], entries: int) -> None:
-        """Set the slot dtype, slot shape and number of slots together."""
+        """Set the slot dtype, slot shape and number of slots together.
+
+        Args:
+            tensor_dtype: The slot dtype.
+            tensor_shape: The slot shape.
+            entries: The number of slots.
+        """
         self._ir._check_mutable()
         if not isinstance(tensor_dtype, dtypes.dtype):
             raise TypeError(f"RemoteBuffer: tensor_dtype must be a popxl dtype, not {tensor_dtype!r}.")
@@ -144,7 +163,15 @@ class RemoteBuffer:
     def validate_tensor_matches_buffer(self, t: Union[Tensor, TensorSpec], num_shards: int = 1) -> None:
         """ValueError unless ``t`` fits a slot: same dtype and shape. With ``num_shards`` > 1, ``t``
         is a whole tensor to be sharded: its shape must be ``meta_shape`` (when set) and its
-        shards (``ceil(nelms / num_shards)`` elements) must fit the 1-D slots."""
+        shards (``ceil(nelms / num_shards)`` elements) must fit the 1-D slots.
+
+        Args:
+            t: A tensor or a spec.
+            num_shards: The number of shards ``t`` is split into; compared with ``meta_shape`` when not 1.
+
+        Raises:
+            ValueError: If ``t`` does not fit a slot.
+        """
         what = f"Tensor {t.id}" if isinstance(t, Tensor) else "The tensor"
         shape, dt = tuple(t.shape), t.dtype
         problems = []
@@ -179,7 +206,19 @@ class RemoteBuffer:
 
 
 def remote_buffer(tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype, entries: int = 1) -> RemoteBuffer:
-    """A new remote buffer of ``entries`` slots of ``tensor_shape`` / ``tensor_dtype`` per replica."""
+    """A new remote buffer of ``entries`` slots of ``tensor_shape`` / ``tensor_dtype`` per replica.
+
+    Args:
+        tensor_shape: The shape of one slot.
+        tensor_dtype: The dtype of one slot.
+        entries: The number of slots.
+
+    Returns:
+        The new `RemoteBuffer`.
+
+    Raises:
+        ValueError: If ``entries`` is below 1.
+    """
     return RemoteBuffer(tensor_shape, tensor_dtype, entries)
 
 
@@ -200,7 +239,27 @@ def remote_variable(data: HostScalarTensor, remote_buffer: RemoteBuffer, offset:
                     retrieval_mode: RetrievalMode = "one_per_group",
                     log2_scale: Optional[int] = None, nan_on_overflow: Optional[bool] = None) -> Variable:
     """A variable stored in slot ``offset`` of ``remote_buffer`` (read it with ``ops.remote_load``).
-    Its shape (per replica, without the group axis) and dtype must match the buffer's slots."""
+    Its shape (per replica, without the group axis) and dtype must match the buffer's slots.
+
+    Args:
+        data: The initial value (per replica group, with a leading group axis when there are several).
+        remote_buffer: The buffer holding the variable.
+        offset: The slot of the buffer.
+        dtype: The variable's dtype; default inferred from ``data``.
+        name: The variable's name.
+        downcast: Turn 64-bit host data into 32-bit when ``dtype`` is not given.
+        replica_grouping: How replicas share the value; default one value for all.
+        retrieval_mode: "one_per_group" or "all_replicas".
+        log2_scale: For float8 dtypes: the power-of-two scale applied when converting ``data``.
+        nan_on_overflow: For float8 dtypes: turn values too large for the format into NaN.
+
+    Returns:
+        The new `Variable`.
+
+    Raises:
+        ValueError: If the data do not match the buffer's slots or the grouping, or ``offset`` is
+            out of range.
+    """
     what = "popxl.remote_variable"
     offset = _check_buffer(remote_buffer, offset, what)
 
@@ -238,7 +297,26 @@ def remote_replica_sharded_variable(data: HostScalarTensor, remote_buffer: Remot
                                     nan_on_overflow: Optional[bool] = None) -> Variable:
     """A variable stored sharded over the replicas of its group, one 1-D shard per replica in slot
     ``offset`` of ``remote_buffer`` (see the module docstring for the layout). The variable's shape
-    and ``meta_shape`` are the whole value's; sets the buffer's ``meta_shape`` if unset."""
+    and ``meta_shape`` are the whole value's; sets the buffer's ``meta_shape`` if unset.
+
+    Args:
+        data: The initial value (per replica group, with a leading group axis when there are several).
+        remote_buffer: The buffer holding the variable.
+        offset: The slot of the buffer.
+        dtype: The variable's dtype; default inferred from ``data``.
+        name: The variable's name.
+        downcast: Turn 64-bit host data into 32-bit when ``dtype`` is not given.
+        replica_grouping: How replicas share the value; default one value for all.
+        retrieval_mode: "one_per_group" or "all_replicas".
+        log2_scale: For float8 dtypes: the power-of-two scale applied when converting ``data``.
+        nan_on_overflow: For float8 dtypes: turn values too large for the format into NaN.
+
+    Returns:
+        The new `Variable`.
+
+    Raises:
+        ValueError: If there is only one replica, or the buffer's ``meta_shape`` is set and differs.
+    """
     what = "popxl.remote_replica_sharded_variable"
     offset = _check_buffer(remote_buffer, offset, what)
     _require_replication(what, name)
@@ -267,7 +345,21 @@ def replica_sharded_buffer(shape: Tuple[int, ...], dtype: dtypes.dtype,
                            entries: int = 1) -> RemoteBuffer:
     """A remote buffer for tensors of ``shape`` sharded over ``shard_over`` replicas (default: the
     group size of ``replica_grouping``): slots of shape ``(ceil(nelms / shard_over),)`` and
-    ``meta_shape = shape`` (without the leading group axis when there are several groups)."""
+    ``meta_shape = shape`` (without the leading group axis when there are several groups).
+
+    Args:
+        shape: The full shape of the tensors stored.
+        dtype: Their dtype.
+        replica_grouping: The grouping the tensors are sharded within; default all replicas.
+        shard_over: The number of replicas a tensor is sharded over; default the group size.
+        entries: The number of slots.
+
+    Returns:
+        The new `RemoteBuffer`.
+
+    Raises:
+        ValueError: If ``shard_over`` does not divide the group size.
+    """
     ir = get_current_context().ir
     rg = replica_grouping if replica_grouping is not None else ir.replica_grouping()
     shape = _shape(shape, "replica_sharded_buffer: shape")
@@ -300,6 +392,23 @@ def replica_sharded_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtyp
     updating in place). It stays on the device between runs; the Session fills it from the
     remote slot on ``weights_from_host`` and writes it back on ``weights_to_host``, so host data
     goes in and out through ``full_var``.
+
+    Args:
+        data: The initial value (per replica group, with a leading group axis when there are several).
+        dtype: The variable's dtype; default inferred from ``data``.
+        name: The variable's name.
+        downcast: Turn 64-bit host data into 32-bit when ``dtype`` is not given.
+        replica_grouping: How replicas share the value; default one value for all.
+        shard_over: The number of replicas the value is sharded over; default the group size.
+        retrieval_mode: "one_per_group" or "all_replicas".
+        log2_scale: For float8 dtypes: the power-of-two scale applied when converting ``data``.
+        nan_on_overflow: For float8 dtypes: turn values too large for the format into NaN.
+
+    Returns:
+        ``(full_var, shard)``.
+
+    Raises:
+        ValueError: If ``shard_over`` does not divide the group size, or the data do not fit.
     """
     _require_replication("popxl.replica_sharded_variable", name)  # before making its buffer
     arr = _host_data(data, dtype, downcast, log2_scale, nan_on_overflow)

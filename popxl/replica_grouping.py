@@ -20,6 +20,9 @@ class ReplicaGrouping:
 
     Group i starts at the lowest replica not yet in a group, ``o``, and takes
     ``o, o + stride, ..., o + (group_size - 1) * stride``.
+
+    Raises:
+        RuntimeError: If constructed directly.
     """
 
     __hash__ = None  # type: ignore[assignment]  # unhashable, as in PopXL
@@ -152,6 +155,7 @@ class ReplicaGrouping:
 
     @property
     def stride(self) -> int:
+        """The distance between consecutive members of a group."""
         if self._stride is None:
             raise NotImplementedError("This ReplicaGrouping has no constant stride (it was made from irregular "
                                       "assignments); use const_rg for a constant grouping within it.")
@@ -159,10 +163,12 @@ class ReplicaGrouping:
 
     @property
     def group_size(self) -> int:
+        """The number of replicas per group."""
         return self._group_size
 
     @property
     def num_groups(self) -> int:
+        """The number of groups."""
         return len(self._assignment) // self._group_size
 
     @property

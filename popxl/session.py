@@ -102,10 +102,20 @@ def _tensor_words(t: Any) -> str:
     return f"Tensor {t.id}" if isinstance(t, Tensor) else repr(t)
 
 class Session:
-    """Compiles ``ir`` (which it then owns: the Ir cannot be changed afterwards) for a device.
+    """Compiles an Ir for a device and runs it; the Ir cannot be changed afterwards.
 
-    Use it as a context manager: entering attaches and copies weights to the device; leaving
-    copies them back (if ``weights_to_host_on_exit``) and detaches. ``run`` needs attachment.
+    Use it as a context manager: entering attaches to the device and copies the weights to it;
+    leaving copies them back (if ``weights_to_host_on_exit``) and detaches. Running needs
+    attachment.
+
+    Args:
+        ir: The program.
+        device_desc: "cpu" (or "ipu_hw" / "ipu_model", which run on the CPU too).
+        weights_to_host_on_exit: Copy the weights back to their host values when the context exits.
+
+    Raises:
+        ValueError: If ``device_desc`` is unknown or needs more devices than it has.
+        RuntimeError: If the Ir has no ops, or cannot be compiled.
     """
 
     def __init__(self, ir: Ir, device_desc: Literal["ipu_hw", "ipu_model", "cpu"] = "cpu",
@@ -218,10 +228,12 @@ class Session:
     # properties -----------------------------------------------------------------------------------
     @property
     def ir(self) -> Ir:
+        """The Ir the session runs."""
         return self.ir_
 
     @property
     def is_attached(self) -> bool:
+        """Whether the session is attached to its device (inside ``with session:``)."""
         return self._engine.attached
 
     @property
@@ -313,12 +325,32 @@ class Session:
         self._host_stale = False
 
     def get_tensor_data(self, tensor: Union[Variable, Constant]) -> np.ndarray:
-        """The host value of a variable (synced from the device first if stale) or a constant."""
+        """The host value of a variable (synced from the device first if stale) or a constant.
+
+        Args:
+            tensor: A variable or constant of the session's Ir.
+
+        Returns:
+            Its value, a view of the host copy, of shape ``shape_on_host``.
+
+        Raises:
+            TypeError: If ``tensor`` is neither a Variable nor a Constant.
+        """
         return self.get_tensors_data([tensor])[tensor]
 
     @_serialised
     def get_tensors_data(self, tensors: Iterable[Union[Variable, Constant]]) -> Dict[Union[Variable, Constant], np.ndarray]:
-        """``get_tensor_data`` for several tensors, syncing from the device at most once."""
+        """``get_tensor_data`` for several tensors, syncing from the device at most once.
+
+        Args:
+            tensors: Variables or constants of the session's Ir.
+
+        Returns:
+            Each tensor's value, keyed by the tensor.
+
+        Raises:
+            TypeError: If an entry is neither a Variable nor a Constant.
+        """
         tensors = list(tensors)
         for t in tensors:
             if not isinstance(t, (Variable, Constant)):
@@ -341,12 +373,29 @@ class Session:
                              f"{self.ir!r}; a Session reads and writes only the tensors of its own Ir.")
 
     def write_variable_data(self, tensor: Variable, data: np.ndarray) -> None:
-        """Set a variable's host value and, if attached, its device value."""
+        """Set a variable's host value and, if attached, its device value.
+
+        Args:
+            tensor: A variable of the session's Ir.
+            data: Its new value, of its dtype and ``shape_on_host``.
+
+        Raises:
+            TypeError: If ``tensor`` is not a Variable, or the dtype differs.
+            ValueError: If the shape differs.
+        """
         self.write_variables_data({tensor: data})
 
     @_serialised
     def write_variables_data(self, tensors: Dict[Variable, np.ndarray]) -> None:
-        """Set several variables' host values; if attached, send them to the device once."""
+        """Set several variables' host values; if attached, send them to the device once.
+
+        Args:
+            tensors: New values keyed by variable.
+
+        Raises:
+            TypeError: If a key is not a Variable, or a dtype differs.
+            ValueError: If a shape differs.
+        """
         self._write_variables_data(tensors, to_device=True)
 
     @_serialised
@@ -466,7 +515,17 @@ class Session:
 
     def run_with_outputs(self, inputs: Optional[h2dStreamBufferMaps] = None,
                          outputs: Optional[d2hStreamBufferMaps] = None, downcast_inputs: bool = True) -> None:
-        """Run the program once, reading ``inputs`` and filling the arrays of ``outputs`` in place."""
+        """Run the program once, reading ``inputs`` and filling the arrays of ``outputs`` in place.
+
+        Args:
+            inputs: One host array per host-to-device stream that ``host_load`` reads.
+            outputs: One host array per device-to-host stream that ``host_store`` writes, filled in place.
+            downcast_inputs: Turn 64-bit inputs into 32-bit.
+
+        Raises:
+            ValueError: If the session is not attached, a stream is missing or unexpected, or a shape
+                does not match.
+        """
         with self._lock:  # (not @_serialised: this is run's hot path)
             exact = self._exact_buffers(inputs, outputs)
             if exact is not None and self._run_progress.fast and self.is_attached:
@@ -533,7 +592,19 @@ class Session:
 
     def run(self, inputs: Optional[h2dStreamBufferMaps] = None,
             downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
-        """Run the program once and return the host outputs (see ``create_host_outputs``)."""
+        """Run the program once and return the host outputs (see ``create_host_outputs``).
+
+        Args:
+            inputs: One host array per host-to-device stream that ``host_load`` reads.
+            downcast_inputs: Turn 64-bit inputs into 32-bit.
+
+        Returns:
+            One array per device-to-host stream.
+
+        Raises:
+            ValueError: If the session is not attached, a stream is missing or unexpected, or a shape
+                does not match.
+        """
         self._require_attached("run")
         outputs = self.create_host_outputs()
         self.run_with_outputs(inputs, outputs, downcast_inputs)

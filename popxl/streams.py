@@ -11,7 +11,13 @@ __all__ = ["Stream", "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "
 
 
 class Stream:
-    """A host stream: what the two kinds share (made by ``h2d_stream`` / ``d2h_stream``)."""
+    """A host stream: what the two kinds share. Made by `h2d_stream` / `d2h_stream`, never directly.
+
+    Equality and hashing are by the stream's tensor.
+
+    Raises:
+        NotImplementedError: If constructed directly.
+    """
 
     def __init__(self) -> None:
         raise NotImplementedError(
@@ -33,18 +39,22 @@ class Stream:
 
     @property
     def dtype(self) -> dtypes.dtype:
+        """The dtype of one transfer."""
         return self._spec.dtype
 
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The shape of one transfer on one replica."""
         return self._spec.shape
 
     @property
     def spec(self) -> TensorSpec:
+        """The `TensorSpec` of one transfer."""
         return self._spec
 
     @property
     def tensor_id(self) -> str:
+        """The id of the stream's tensor (its unique name)."""
         return self._id
 
     def __hash__(self) -> int:
@@ -78,10 +88,42 @@ def _make(cls: type, shape: Iterable[int], dtype: dtypes.dtype, name: str) -> An
 
 
 def h2d_stream(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None) -> HostToDeviceStream:
-    """Create a host-to-device stream of per-transfer, per-replica ``shape``."""
+    """Create a host-to-device stream of per-transfer, per-replica ``shape``.
+
+    Each executed ``ops.host_load`` of it reads the next slice of the host buffer given to
+    ``Session.run``.
+
+    Args:
+        shape: The shape of one transfer on one replica.
+        dtype: The element type.
+        name: The stream's name; default "h2d_stream".
+
+    Returns:
+        The new `HostToDeviceStream`.
+
+    Raises:
+        RuntimeError: If no graph is entered.
+        ValueError: If ``shape`` is not a shape.
+    """
     return _make(HostToDeviceStream, shape, dtype, name or "h2d_stream")
 
 
 def d2h_stream(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None) -> DeviceToHostStream:
-    """Create a device-to-host stream of per-transfer, per-replica ``shape``."""
+    """Create a device-to-host stream of per-transfer, per-replica ``shape``.
+
+    Each executed ``ops.host_store`` to it fills the next slice of the host buffer ``Session.run``
+    returns.
+
+    Args:
+        shape: The shape of one transfer on one replica.
+        dtype: The element type.
+        name: The stream's name; default "d2h_stream".
+
+    Returns:
+        The new `DeviceToHostStream`.
+
+    Raises:
+        RuntimeError: If no graph is entered.
+        ValueError: If ``shape`` is not a shape.
+    """
     return _make(DeviceToHostStream, shape, dtype, name or "d2h_stream")

@@ -23,6 +23,21 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     Without ``dtype`` and with ``downcast``, 64-bit data becomes 32-bit. With a float8 ``dtype`` the
     data (float16/32/64) is cast with ``fp8_utils.host_pow2scale_cast_to_fp8``. A C-contiguous
     ``np.memmap`` that needs no conversion is returned as is (never copied).
+
+    Args:
+        x: The host data.
+        dtype: The target dtype; default inferred from ``x``.
+        downcast: Turn 64-bit data into 32-bit when ``dtype`` is not given.
+        copy: Always copy (False allows returning ``x`` itself when no conversion is needed).
+        log2_scale: For float8 targets: the power-of-two scale applied first.
+        nan_on_overflow: For float8 targets: values too large for the format become NaN.
+
+    Returns:
+        A C-contiguous NumPy array.
+
+    Raises:
+        TypeError: If a float8 target is given data that is not float16/32/64.
+        RuntimeError: If ``log2_scale`` or ``nan_on_overflow`` is given for a target that is not float8.
     """
     is_fp8 = dtype in (dtypes.float8_143, dtypes.float8_152)
     if (log2_scale is not None or nan_on_overflow is not None) and not is_fp8:
@@ -68,7 +83,16 @@ def _check_memmap_in_place(x: np.memmap, dtype: Optional[dtypes.dtype], downcast
 
 
 def table_to_string(rows: Sequence[Sequence[Any]], delimiter: str = " | ", header: bool = True) -> str:
-    """Format rows as an aligned text table; with ``header`` the first row is underlined."""
+    """Format rows as an aligned text table; with ``header`` the first row is underlined.
+
+    Args:
+        rows: The table's rows (the first is the header when ``header``).
+        delimiter: The text between columns.
+        header: Underline the first row.
+
+    Returns:
+        The table as text.
+    """
     rows = [[str(c) for c in r] for r in rows]
     if not rows:
         return ""

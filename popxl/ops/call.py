@@ -115,13 +115,20 @@ def _bind(graph: Graph, inputs: Sequence[Any], inputs_dict: Optional[Mapping[Ten
 
 
 class CallSiteInfo:
-    """How one call/repeat site connects its parent tensors to the called graph."""
+    """How one call or repeat site connects its parent tensors to the called graph.
+
+    Returned by `call_with_info` and `repeat_with_info`; not made directly.
+
+    Args:
+        op: The call or repeat op of the site.
+    """
 
     def __init__(self, op: Op) -> None:
         self._op = op
 
     @property
     def called_graph(self) -> Graph:
+        """The graph the site calls."""
         return self._op.attrs["graph"]
 
     @property
@@ -130,35 +137,101 @@ class CallSiteInfo:
 
     @property
     def inputs(self) -> Tuple[Tensor, ...]:
+        """The parent tensors bound to the graph's inputs, in the graph's input order."""
         return self._op.inputs
 
     @property
     def outputs(self) -> Tuple[Tensor, ...]:
+        """The parent tensors the site's outputs are, in the graph's output order."""
         return self._op.outputs
 
     def parent_input(self, idx: int) -> Tensor:
-        """The parent tensor bound to graph input ``idx``."""
+        """The parent tensor bound to a graph input.
+
+        Args:
+            idx: The graph input's index.
+
+        Returns:
+            The parent tensor.
+
+        Raises:
+            IndexError: If ``idx`` is out of range.
+        """
         return self._op.inputs[self.graph_to_parent_input_index(idx)]
 
     def parent_output(self, idx: int) -> Tensor:
+        """The parent tensor of a graph output.
+
+        Args:
+            idx: The graph output's index.
+
+        Returns:
+            The parent tensor.
+
+        Raises:
+            IndexError: If ``idx`` is out of range.
+        """
         return self._op.outputs[idx]
 
     def graph_to_parent_input_index(self, idx: int) -> int:
+        """The site input index a graph input is bound at.
+
+        Args:
+            idx: The graph input's index.
+
+        Returns:
+            The index among the site's inputs.
+        """
         try:
             return self._index.index(idx)
         except ValueError:
             raise ValueError(f"graph input {idx} of {self.called_graph.id!r} is not connected at this site") from None
 
     def parent_to_graph_input_index(self, idx: int) -> int:
+        """The graph input index of a site input.
+
+        Args:
+            idx: The index among the site's inputs.
+
+        Returns:
+            The graph input's index.
+        """
         return self._index[idx]
 
     def graph_to_parent_output_index(self, idx: int) -> int:
+        """The site output index of a graph output.
+
+        Args:
+            idx: The graph output's index.
+
+        Returns:
+            The index among the site's outputs.
+        """
         return idx
 
     def parent_to_graph_output_index(self, idx: int) -> int:
+        """The graph output index of a site output.
+
+        Args:
+            idx: The index among the site's outputs.
+
+        Returns:
+            The graph output's index.
+        """
         return idx
 
     def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
+        """The parent tensor a graph input or output corresponds to at this site.
+
+        Args:
+            graph_tensor: An input or output of the called graph.
+
+        Returns:
+            The parent tensor.
+
+        Raises:
+            ValueError: If ``graph_tensor`` is neither an input nor an output of the called graph.
+        """
         g = self.called_graph
         if graph_tensor in g.inputs:
             return self.parent_input(g.inputs.index(graph_tensor))
@@ -167,13 +240,32 @@ class CallSiteInfo:
         raise ValueError(f"{graph_tensor!r} is neither an input nor an output of {g.id!r}.")
 
     def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
+        """The (first) graph input a parent tensor is bound to at this site.
+
+        Args:
+            parent_tensor: A tensor of the calling graph.
+
+        Returns:
+            The graph input.
+
+        Raises:
+            ValueError: If ``parent_tensor`` is not bound at this site.
+        """
         for pos, t in enumerate(self._op.inputs):
             if t is parent_tensor:
                 return self.called_graph.inputs[self._index[pos]]
         raise ValueError(f"{parent_tensor!r} is not an input of this call site.")
 
     def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False) -> None:
-        """Treat ``parent_tensor``'s graph input as modified in place: changes are copied back."""
+        """Treat the graph input bound to a parent tensor as modified in place: changes are copied back to the parent.
+
+        Args:
+            parent_tensor: A parent tensor bound at this site.
+            infer_modified_regions: Accepted for PopXL compatibility; the whole tensor counts as modified.
+
+        Raises:
+            ValueError: If ``parent_tensor`` is not bound at this site.
+        """
         mark_site_input_modified(self._op, self.called_graph.inputs.index(self.parent_to_graph(parent_tensor)))
 
     def __repr__(self) -> str:
@@ -242,21 +334,83 @@ def mark_site_input_modified(site: Op, graph_input_index: int) -> None:
 def call_with_info(graph: Graph, *inputs: Union[TensorLike, Iterable[TensorLike]],
                    inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
                    check_inputs: bool = True) -> CallSiteInfo:
-    """Call ``graph`` and return the call site's info."""
+    """Call a graph, as `call`, and return the call site's info.
+
+    Args:
+        graph: The graph called.
+        *inputs: Values bound to the graph's inputs in order: tensors of the current graph, or host
+            values made constants of the input's dtype. A non-string iterable is flattened one level.
+        inputs_dict: Graph input -> parent value, for inputs not bound by position (e.g. the
+            ``graph_input`` tensors a Module stores on itself).
+        check_inputs: Require every graph input to be bound.
+
+    Returns:
+        The `CallSiteInfo` of the new call site (its ``outputs`` are the results).
+
+    Raises:
+        TypeError: If a value cannot be made a tensor of its input's dtype, or ``graph`` is not a
+            Graph.
+        ValueError: If there are more positional values than inputs, an input is bound twice, a
+            key of ``inputs_dict`` is not an input of ``graph``, a tensor is not in the current graph,
+            a bound value's shape or dtype does not match its input, or (``check_inputs``) an input
+            is left unbound.
+    """
     return _site("call", graph, inputs, inputs_dict, check_inputs)
 
 
 def call(graph: Graph, *inputs: Union[TensorLike, Iterable[TensorLike]],
          inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None) -> Tuple[Tensor, ...]:
-    """Call ``graph``: positionals bind to its inputs in order, ``inputs_dict`` maps graph inputs to
-    parent values. Returns the parent tensors of all its outputs (always a tuple)."""
+    """Call a graph: its ops run on the bound values and its outputs come back as new tensors.
+
+    Inputs pass by value, except inputs made with ``by_ref=True`` (or annotated ``TensorByRef``),
+    whose in-place changes inside the graph are seen by the parent tensor.
+
+    Args:
+        graph: The graph called.
+        *inputs: Values bound to the graph's inputs in order: tensors of the current graph, or host
+            values made constants of the input's dtype. A non-string iterable is flattened one level.
+        inputs_dict: Graph input -> parent value, for inputs not bound by position (e.g. the
+            ``graph_input`` tensors a Module stores on itself).
+
+    Returns:
+        The parent tensors of all the graph's outputs, always a tuple: ``(y,) = ops.call(g, x)``.
+
+    Raises:
+        TypeError: If a value cannot be made a tensor of its input's dtype, or ``graph`` is not a
+            Graph.
+        ValueError: If there are more positional values than inputs, an input is bound twice, a
+            key of ``inputs_dict`` is not an input of ``graph``, a tensor is not in the current graph,
+            a bound value's shape or dtype does not match its input, or (``check_inputs``) an input
+            is left unbound.
+    """
     return call_with_info(graph, *inputs, inputs_dict=inputs_dict).outputs
 
 
 def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Union[TensorLike, Iterable[TensorLike]],
                      inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
                      check_inputs: bool = True) -> CallSiteInfo:
-    """Repeat ``graph`` and return the site's info."""
+    """Run a graph several times, as `repeat`, and return the site's info.
+
+    Args:
+        graph: The graph run.
+        repeat_count: How many times it runs.
+        *inputs: Values bound to the graph's inputs in order: tensors of the current graph, or host
+            values made constants of the input's dtype. A non-string iterable is flattened one level.
+        inputs_dict: Graph input -> parent value, for inputs not bound by position (e.g. the
+            ``graph_input`` tensors a Module stores on itself).
+        check_inputs: Require every graph input to be bound.
+
+    Returns:
+        The `CallSiteInfo` of the new site (its ``called_graph`` is an internal wrapper graph).
+
+    Raises:
+        TypeError: If a value cannot be made a tensor of its input's dtype, or ``graph`` is not a
+            Graph.
+        ValueError: If ``repeat_count`` is negative, the graph has fewer inputs than outputs, there are more positional values than inputs, an input is bound twice, a
+            key of ``inputs_dict`` is not an input of ``graph``, a tensor is not in the current graph,
+            a bound value's shape or dtype does not match its input, or (``check_inputs``) an input
+            is left unbound.
+    """
     if not isinstance(repeat_count, (int, np.integer)) or isinstance(repeat_count, bool) \
             or not 0 <= repeat_count <= INT64_MAX:
         raise ValueError(f"ops.repeat: repeat_count must be an int from 0 to {INT64_MAX} (int64), got {repeat_count!r}.")
@@ -265,28 +419,58 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Union[TensorLike,
 
 def repeat(graph: Graph, repeat_count: int, *inputs: Union[TensorLike, Iterable[TensorLike]],
            inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None) -> Tuple[Tensor, ...]:
-    """Run ``graph`` ``repeat_count`` times. With N outputs, output i of one iteration is input i
-    of the next; other inputs stay as bound (by-reference inputs keep their in-place changes).
-    Returns the outputs of the last iteration."""
+    """Run a graph ``repeat_count`` times in a loop.
+
+    With N outputs, output i of one iteration is input i of the next (loop-carried); other inputs
+    stay as bound, and by-reference inputs keep their in-place changes.
+
+    Args:
+        graph: The graph run.
+        repeat_count: How many times it runs.
+        *inputs: Values bound to the graph's inputs in order: tensors of the current graph, or host
+            values made constants of the input's dtype. A non-string iterable is flattened one level.
+        inputs_dict: Graph input -> parent value, for inputs not bound by position (e.g. the
+            ``graph_input`` tensors a Module stores on itself).
+
+    Returns:
+        The outputs of the last iteration, as a tuple.
+
+    Raises:
+        TypeError: If a value cannot be made a tensor of its input's dtype, or ``graph`` is not a
+            Graph.
+        ValueError: If ``repeat_count`` is negative, the graph has fewer inputs than outputs, there are more positional values than inputs, an input is bound twice, a
+            key of ``inputs_dict`` is not an input of ``graph``, a tensor is not in the current graph,
+            a bound value's shape or dtype does not match its input, or (``check_inputs``) an input
+            is left unbound.
+    """
     return repeat_with_info(graph, repeat_count, *inputs, inputs_dict=inputs_dict).outputs
 
 
 class ConditionalSiteInfo:
-    """How a conditional site connects parent tensors to its two branches."""
+    """How a conditional site connects parent tensors to its two branches.
+
+    Returned by `conditional_with_info`; not made directly.
+
+    Args:
+        op: The conditional op of the site.
+    """
 
     def __init__(self, op: Op) -> None:
         self._op = op
 
     @property
     def called_graph(self) -> Tuple[Graph, Graph]:
+        """The two branches, ``(then_branch, else_branch)``."""
         return self._op.attrs["then_graph"], self._op.attrs["else_graph"]
 
     @property
     def inputs(self) -> Tuple[Tensor, ...]:
+        """The parent tensors bound at the site (the condition first)."""
         return self._op.inputs
 
     @property
     def outputs(self) -> Tuple[Tensor, ...]:
+        """The parent tensors the site's outputs are."""
         return self._op.outputs
 
     def _branch(self, then_branch: bool) -> Tuple[Graph, Tuple[int, ...], int]:
@@ -295,28 +479,93 @@ class ConditionalSiteInfo:
         return (a["then_graph"], a["then_index"], 1) if then_branch else (a["else_graph"], a["else_index"], 1 + n_then)
 
     def parent_input(self, idx: int, then_branch: bool = True) -> Tensor:
+        """The parent tensor bound to a branch input.
+
+        Args:
+            idx: The branch input's index.
+            then_branch: Whether ``idx`` refers to the then-branch (True) or the else-branch.
+
+        Returns:
+            The parent tensor.
+        """
         return self._op.inputs[self.graph_to_parent_input_index(idx, then_branch)]
 
     def parent_output(self, idx: int) -> Tensor:
+        """The parent tensor of a branch output.
+
+        Args:
+            idx: The output's index (the same for both branches).
+
+        Returns:
+            The parent tensor.
+        """
         return self._op.outputs[idx]
 
     def graph_to_parent_input_index(self, idx: int, then_branch: bool = True) -> int:
+        """The site input index a branch input is bound at.
+
+        Args:
+            idx: The branch input's index.
+            then_branch: Whether ``idx`` refers to the then-branch (True) or the else-branch.
+
+        Returns:
+            The index among the site's inputs.
+        """
         g, index, base = self._branch(then_branch)
         if idx not in index:
             raise ValueError(f"input {idx} of {g.id!r} is not connected at this site")
         return base + index.index(idx)
 
     def parent_to_graph_input_index(self, idx: int, then_branch: bool = True) -> int:
+        """The branch input index of a site input.
+
+        Args:
+            idx: The index among the site's inputs.
+            then_branch: Whether ``idx`` refers to the then-branch (True) or the else-branch.
+
+        Returns:
+            The branch input's index.
+        """
         g, index, base = self._branch(then_branch)
         return index[idx - base]
 
     def graph_to_parent_output_index(self, idx: int, then_branch: bool = True) -> int:
+        """The site output index of a branch output.
+
+        Args:
+            idx: The branch output's index.
+            then_branch: Whether ``idx`` refers to the then-branch (True) or the else-branch.
+
+        Returns:
+            The index among the site's outputs.
+        """
         return idx
 
     def parent_to_graph_output_index(self, idx: int, then_branch: bool = True) -> int:
+        """The branch output index of a site output.
+
+        Args:
+            idx: The index among the site's outputs.
+            then_branch: Whether ``idx`` refers to the then-branch (True) or the else-branch.
+
+        Returns:
+            The branch output's index.
+        """
         return idx
 
     def graph_to_parent(self, graph_tensor: Tensor, then_branch: bool = True) -> Tensor:
+        """The parent tensor a branch input or output corresponds to.
+
+        Args:
+            graph_tensor: An input or output of the branch.
+            then_branch: Whether ``graph_tensor`` belongs to the then-branch (True) or the else-branch.
+
+        Returns:
+            The parent tensor.
+
+        Raises:
+            ValueError: If ``graph_tensor`` is neither an input nor an output of that branch.
+        """
         g, _, _ = self._branch(then_branch)
         if graph_tensor in g.inputs:
             return self.parent_input(g.inputs.index(graph_tensor), then_branch)
@@ -325,6 +574,18 @@ class ConditionalSiteInfo:
         raise ValueError(f"{graph_tensor!r} is neither an input nor an output of {g.id!r}.")
 
     def parent_to_graph(self, parent_tensor: Tensor, then_branch: bool = True) -> Tensor:
+        """The (first) branch input a parent tensor is bound to.
+
+        Args:
+            parent_tensor: A tensor of the calling graph.
+            then_branch: Look in the then-branch (True) or the else-branch.
+
+        Returns:
+            The branch input.
+
+        Raises:
+            ValueError: If ``parent_tensor`` is not bound to that branch.
+        """
         g, index, base = self._branch(then_branch)
         for pos, i in enumerate(index):
             if self._op.inputs[base + pos] is parent_tensor:
@@ -332,6 +593,15 @@ class ConditionalSiteInfo:
         raise ValueError(f"{parent_tensor!r} is not an input of this branch.")
 
     def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False) -> None:
+        """Not supported for conditionals (as in PopXL).
+
+        Args:
+            parent_tensor: A parent tensor bound at this site.
+            infer_modified_regions: Unused.
+
+        Raises:
+            NotImplementedError: Always.
+        """
         raise NotImplementedError("conditional: modified (by-reference) inputs are not supported, as in PopXL.")
 
 
@@ -341,7 +611,27 @@ def conditional_with_info(cond: Tensor, then_branch: Graph, else_branch: Graph,
                           then_inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
                           else_inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
                           check_inputs: bool = True) -> ConditionalSiteInfo:
-    """Run ``then_branch`` if ``cond`` else ``else_branch``; return the site's info."""
+    """Run one of two graphs, as `conditional`, and return the site's info.
+
+    Args:
+        cond: A scalar bool tensor choosing the branch.
+        then_branch: The graph run when ``cond`` is True.
+        else_branch: The graph run when ``cond`` is False; its outputs match ``then_branch``'s.
+        then_inputs: Values bound to ``then_branch``'s inputs in order.
+        else_inputs: Values bound to ``else_branch``'s inputs in order.
+        then_inputs_dict: ``then_branch`` input -> parent value.
+        else_inputs_dict: ``else_branch`` input -> parent value.
+        check_inputs: Require every graph input to be bound.
+
+    Returns:
+        The `ConditionalSiteInfo` of the new site.
+
+    Raises:
+        TypeError: If ``cond`` is not a Tensor, or a value cannot be made a tensor of its input's dtype.
+        ValueError: If the branches' outputs differ in number, shape or dtype, inputs are bound
+            wrongly (as for `call`), or a tensor is not in the current graph.
+        NotImplementedError: If a branch has an input passed by reference.
+    """
     where = f"ops.conditional (at {user_location()})"
     _check_not_recursive([then_branch, else_branch], where)
     for g in (then_branch, else_branch):
@@ -363,7 +653,26 @@ def conditional(cond: Tensor, then_branch: Graph, else_branch: Graph,
                 else_inputs: Optional[Iterable[TensorLike]] = None,
                 then_inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None,
                 else_inputs_dict: Optional[Mapping[Tensor, TensorLike]] = None) -> Tuple[Tensor, ...]:
-    """Run one of two graphs with matching outputs depending on the scalar ``cond``."""
+    """Run ``then_branch`` if ``cond`` holds, else ``else_branch``; both give outputs of the same shapes and dtypes.
+
+    Args:
+        cond: A scalar bool tensor choosing the branch.
+        then_branch: The graph run when ``cond`` is True.
+        else_branch: The graph run when ``cond`` is False; its outputs match ``then_branch``'s.
+        then_inputs: Values bound to ``then_branch``'s inputs in order.
+        else_inputs: Values bound to ``else_branch``'s inputs in order.
+        then_inputs_dict: ``then_branch`` input -> parent value.
+        else_inputs_dict: ``else_branch`` input -> parent value.
+
+    Returns:
+        The parent tensors of the chosen branch's outputs, as a tuple.
+
+    Raises:
+        TypeError: If ``cond`` is not a Tensor, or a value cannot be made a tensor of its input's dtype.
+        ValueError: If the branches' outputs differ in number, shape or dtype, inputs are bound
+            wrongly (as for `call`), or a tensor is not in the current graph.
+        NotImplementedError: If a branch has an input passed by reference.
+    """
     return conditional_with_info(cond, then_branch, else_branch, then_inputs, else_inputs,
                                  then_inputs_dict, else_inputs_dict).outputs
 

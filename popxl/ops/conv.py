@@ -309,11 +309,29 @@ def conv(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1, 1), paddi
          dilation: Optional[Tuple[int]] = (1, 1), groups: Optional[int] = 1, pad_type: Optional[PadType] = "not_set",
          available_memory_proportions: Optional[List[float]] = None, partials_types: Optional[List[str]] = None,
          enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
-    """Grouped N-D convolution (cross-correlation, 1 to 3 spatial dims) of ``t`` (N, C, *S) with
-    ``weight`` (M, C/groups, *k) -> (N, M, *out). ``padding`` lists the begin pads then the end pads;
-    ``pad_type`` "same_upper"/"same_lower"/"valid" replaces it. stride/dilation/padding accept
-    one int or one value per spatial dim. The memory/partials/dithering options are IPU planning
-    hints and do not change the result here."""
+    """Grouped convolution (cross-correlation) with 1 to 3 spatial dimensions, as ONNX Conv.
+
+    Args:
+        t: The input, (N, C, *spatial) with 1 to 3 spatial dimensions.
+        weight: The filters, (M, C / groups, *kernel).
+        stride: The step per spatial dimension (or one int for all).
+        padding: The begin pads of each spatial dimension, then the end pads (or one int for all).
+        dilation: The kernel dilation per spatial dimension (or one int for all).
+        groups: The number of channel groups; C and M must be multiples of it.
+        pad_type: "not_set" (use ``padding``), "same_upper", "same_lower" or "valid".
+        available_memory_proportions: An IPU planning hint, accepted and ignored on CPUs.
+        partials_types: An IPU planning hint, accepted and ignored on CPUs.
+        enable_conv_dithering: An IPU planning hint, accepted and ignored on CPUs.
+
+    Returns:
+        A new tensor (N, M, *out) of ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``t`` or ``weight`` is not a Tensor, or their dtypes differ or are not
+            floating point.
+        ValueError: If the ranks, channels, groups, strides, pads or dilations do not fit together,
+            ``pad_type`` is unknown, or a tensor is not in the current graph.
+    """
     attrs = _conv_attrs("conv", t, weight, stride, padding, dilation, groups, pad_type)
     return create_op("conv", [t, weight], attrs)[0]
 
@@ -323,7 +341,29 @@ def conv_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optio
                     groups: Optional[int] = 1, pad_type: Optional[PadType] = "not_set",
                     available_memory_proportions: Optional[List[float]] = None,
                     enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
-    """`conv` of float8 ``t`` and ``weight``, multiplied by 2**log2_scale (scalar int32), in float16."""
+    """`conv` of float8 tensors, scaled by a power of two, in float16.
+
+    Args:
+        t: The float8 input, (N, C, *spatial) with 1 to 3 spatial dimensions.
+        weight: The float8 filters, (M, C / groups, *kernel).
+        log2_scale: A scalar int32 tensor with a value in [-32, 32): the result is multiplied by
+            ``2 ** log2_scale``.
+        stride: The step per spatial dimension (or one int for all).
+        padding: The begin pads of each spatial dimension, then the end pads (or one int for all).
+        dilation: The kernel dilation per spatial dimension (or one int for all).
+        groups: The number of channel groups; C and M must be multiples of it.
+        pad_type: "not_set" (use ``padding``), "same_upper", "same_lower" or "valid".
+        available_memory_proportions: An IPU planning hint, accepted and ignored on CPUs.
+        enable_conv_dithering: An IPU planning hint, accepted and ignored on CPUs.
+
+    Returns:
+        A new float16 tensor (N, M, *out).
+
+    Raises:
+        TypeError: If ``t`` or ``weight`` is not a float8 Tensor, or ``log2_scale`` is not int32.
+        ValueError: If ``log2_scale`` is not a scalar, the shapes or window parameters do not fit
+            together, ``pad_type`` is unknown, or a tensor is not in the current graph.
+    """
     attrs = _conv_attrs("conv_pow2scaled", t, weight, stride, padding, dilation, groups, pad_type)
     return create_op("conv_pow2scaled", [t, weight, log2_scale], attrs)[0]
 
@@ -335,11 +375,36 @@ def conv_transpose(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1,
                    available_memory_proportions: Optional[List[float]] = None,
                    partials_types: Optional[List[str]] = None,
                    enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
-    """Transposed convolution (the gradient of `conv` w.r.t. its input) of ``t`` (N, C, *S) with
-    ``weight`` (C, M/groups, *k) -> (N, M, *out), out = stride*(S-1) + output_padding +
-    (k-1)*dilation + 1 - pad_begin - pad_end. ``output_shape`` (spatial sizes) overrides
-    ``padding``: the needed crop is split in two, the larger half at the beginning ("not_set",
-    "same_lower") or at the end ("same_upper"); "same_*" alone asks for out = S*stride."""
+    """Transposed convolution (the gradient of `conv` with respect to its input), as ONNX ConvTranspose.
+
+    The output length per spatial dimension is ``stride * (S - 1) + output_padding +
+    (k - 1) * dilation + 1 - pad_begin - pad_end``. With ``output_shape`` the crop needed is split
+    in two, the larger half at the beginning ("not_set", "same_lower") or at the end
+    ("same_upper").
+
+    Args:
+        t: The input, (N, C, *spatial) with 1 to 3 spatial dimensions.
+        weight: The filters, (C, M / groups, *kernel).
+        stride: The step per spatial dimension (or one int for all).
+        padding: The begin pads of each spatial dimension, then the end pads (or one int for all).
+        dilation: The kernel dilation per spatial dimension (or one int for all).
+        groups: The number of channel groups; C and M must be multiples of it.
+        pad_type: "not_set" (use ``padding``), "same_upper", "same_lower" or "valid".
+        output_padding: Extra length added at the end of each spatial output dimension.
+        output_shape: The spatial output sizes; when given, the padding is derived from them.
+        available_memory_proportions: An IPU planning hint, accepted and ignored on CPUs.
+        partials_types: An IPU planning hint, accepted and ignored on CPUs.
+        enable_conv_dithering: An IPU planning hint, accepted and ignored on CPUs.
+
+    Returns:
+        A new tensor (N, M, *out) of ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``t`` or ``weight`` is not a Tensor, or their dtypes differ or are not
+            floating point.
+        ValueError: If the ranks, channels, groups, strides, pads or dilations do not fit together,
+            ``pad_type`` is unknown, or a tensor is not in the current graph.
+    """
     attrs = _conv_attrs("conv_transpose", t, weight, stride, padding, dilation, groups, pad_type, True,
                         output_padding, output_shape)
     return create_op("conv_transpose", [t, weight], attrs)[0]
@@ -352,7 +417,31 @@ def conv_transpose_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, str
                               output_shape: Optional[Tuple[int]] = (),
                               available_memory_proportions: Optional[List[float]] = None,
                               enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
-    """`conv_transpose` of float8 ``t`` and ``weight``, multiplied by 2**log2_scale, in float16."""
+    """`conv_transpose` of float8 tensors, scaled by a power of two, in float16.
+
+    Args:
+        t: The float8 input, (N, C, *spatial) with 1 to 3 spatial dimensions.
+        weight: The float8 filters, (C, M / groups, *kernel).
+        log2_scale: A scalar int32 tensor with a value in [-32, 32): the result is multiplied by
+            ``2 ** log2_scale``.
+        stride: The step per spatial dimension (or one int for all).
+        padding: The begin pads of each spatial dimension, then the end pads (or one int for all).
+        dilation: The kernel dilation per spatial dimension (or one int for all).
+        groups: The number of channel groups; C and M must be multiples of it.
+        pad_type: "not_set" (use ``padding``), "same_upper", "same_lower" or "valid".
+        output_padding: Extra length added at the end of each spatial output dimension.
+        output_shape: The spatial output sizes; when given, the padding is derived from them.
+        available_memory_proportions: An IPU planning hint, accepted and ignored on CPUs.
+        enable_conv_dithering: An IPU planning hint, accepted and ignored on CPUs.
+
+    Returns:
+        A new float16 tensor (N, M, *out).
+
+    Raises:
+        TypeError: If ``t`` or ``weight`` is not a float8 Tensor, or ``log2_scale`` is not int32.
+        ValueError: If ``log2_scale`` is not a scalar, the shapes or window parameters do not fit
+            together, ``pad_type`` is unknown, or a tensor is not in the current graph.
+    """
     attrs = _conv_attrs("conv_transpose_pow2scaled", t, weight, stride, padding, dilation, groups, pad_type,
                         True, output_padding, output_shape)
     return create_op("conv_transpose_pow2scaled", [t, weight, log2_scale], attrs)[0]

@@ -78,12 +78,43 @@ register(OpDef("pow2scale_cast_from_fp8", _from_fp8_infer, _from_fp8_kernel, gra
 
 
 def pow2scale_cast_to_fp8(t: Tensor, log2_scale: Tensor, data_type: dtypes.dtype) -> Tensor:
-    """``t * 2**log2_scale`` rounded to the float8 ``data_type`` (nearest, ties to even); values
-    beyond the format's largest magnitude become NaN, as the host conversion does by default.
-    ``log2_scale`` is a scalar int32 tensor with a value in [-32, 32)."""
+    """Scale a tensor by a power of two and round it to a float8 format.
+
+    Rounding is to nearest, ties to even; values beyond the format's largest magnitude become NaN,
+    as the host conversion does by default. Not differentiable.
+
+    Args:
+        t: A float16 or float32 tensor.
+        log2_scale: A scalar int32 tensor with a value in [-32, 32): ``t`` is multiplied by
+            ``2 ** log2_scale``.
+        data_type: The float8 target, ``popxl.float8_143`` or ``popxl.float8_152``.
+
+    Returns:
+        A new tensor of ``t``'s shape in ``data_type``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, ``data_type`` is not a float8 type, or ``log2_scale``
+            is not int32.
+        ValueError: If ``log2_scale`` is not a scalar, or a tensor is not in the current graph.
+    """
     return create_op("pow2scale_cast_to_fp8", [t, log2_scale], {"data_type": data_type})[0]
 
 
 def pow2scale_cast_from_fp8(t: Tensor, log2_scale: Tensor, data_type: dtypes.dtype) -> Tensor:
-    """Float8 ``t`` decoded to float16/float32 ``data_type`` and multiplied by 2**log2_scale."""
+    """Decode a float8 tensor and scale it by a power of two. Not differentiable.
+
+    Args:
+        t: A float8 tensor.
+        log2_scale: A scalar int32 tensor with a value in [-32, 32): the result is multiplied by
+            ``2 ** log2_scale``.
+        data_type: The target, ``popxl.float16`` or ``popxl.float32``.
+
+    Returns:
+        A new tensor of ``t``'s shape in ``data_type``.
+
+    Raises:
+        TypeError: If ``t`` is not a float8 Tensor, ``data_type`` is not float16 or float32, or
+            ``log2_scale`` is not int32.
+        ValueError: If ``log2_scale`` is not a scalar, or a tensor is not in the current graph.
+    """
     return create_op("pow2scale_cast_from_fp8", [t, log2_scale], {"data_type": data_type})[0]

@@ -29,7 +29,21 @@ register(OpDef("host_store", _host_store_infer, control=True, side_effect=True, 
 
 
 def host_load(h2d_stream: HostToDeviceStream, name: Optional[str] = None) -> Tensor:
-    """The next slice of ``h2d_stream`` as a new tensor (named ``<name>_hostload``)."""
+    """Read the next slice of a host-to-device stream into a new tensor.
+
+    Each executed load consumes one slice of the stream's host buffer (see ``Session.run``).
+
+    Args:
+        h2d_stream: The stream read.
+        name: The tensor's name (``<name>_hostload``); default the stream's name.
+
+    Returns:
+        A new tensor of the stream's shape and dtype.
+
+    Raises:
+        TypeError: If ``h2d_stream`` is not a HostToDeviceStream.
+        ValueError: If the stream belongs to another Ir.
+    """
     if not isinstance(h2d_stream, HostToDeviceStream):
         raise TypeError(f"ops.host_load needs a HostToDeviceStream, not {type(h2d_stream).__name__}.")
     name = name or h2d_stream.tensor_id
@@ -38,7 +52,17 @@ def host_load(h2d_stream: HostToDeviceStream, name: Optional[str] = None) -> Ten
 
 
 def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
-    """Send ``t`` to the host as the next slice of ``d2h_stream``."""
+    """Send a tensor to the host as the next slice of a device-to-host stream.
+
+    Args:
+        d2h_stream: The stream written.
+        t: The tensor sent, of the stream's shape and dtype.
+
+    Raises:
+        TypeError: If ``d2h_stream`` is not a DeviceToHostStream or ``t`` is not a Tensor.
+        ValueError: If the shape or dtype of ``t`` differs from the stream's, or ``t`` is not in the
+            current graph.
+    """
     if not isinstance(d2h_stream, DeviceToHostStream):
         raise TypeError(f"ops.host_store needs a DeviceToHostStream, not {type(d2h_stream).__name__}.")
     create_op("host_store", [t], {"stream": d2h_stream})

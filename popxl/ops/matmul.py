@@ -79,7 +79,27 @@ register(OpDef("matmul_update_", _matmul_update_infer, lambda a, w, t, b: t + np
 
 def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float] = None,
            output_type: Optional[dtypes.dtype] = None, partials_type: Optional[dtypes.dtype] = None) -> Tensor:
-    """numpy.matmul semantics: batch dims broadcast, 1-D operands are promoted then squeezed."""
+    """Matrix product with ``numpy.matmul``'s rules.
+
+    Batch dimensions broadcast; a 1-D operand is promoted to a matrix and the added dimension is
+    removed from the result.
+
+    Args:
+        lhs: The left operand.
+        rhs: The right operand, of ``lhs``'s dtype.
+        available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
+        output_type: The result's dtype; default the operands' dtype.
+        partials_type: The accumulation type, float16 or float32 (a precision hint; CPUs accumulate
+            in at least float32).
+
+    Returns:
+        A new tensor of the product's shape.
+
+    Raises:
+        TypeError: If an operand is not a Tensor, or the dtypes differ.
+        ValueError: If the inner dimensions differ, the batch dimensions do not broadcast,
+            ``partials_type`` is not float16 or float32, or a tensor is not in the current graph.
+    """
     if partials_type is not None and partials_type not in (dtypes.float16, dtypes.float32):
         raise ValueError(f"ops.matmul: partials_type must be float16 or float32, not {partials_type!r}")
     return create_op("matmul", [lhs, rhs], {"output_type": output_type, "partials_type": partials_type})[0]
@@ -102,8 +122,23 @@ register(OpDef("matmul_pow2scaled", _matmul_pow2_infer, _matmul_pow2_kernel, gra
 
 def matmul_pow2scaled(lhs: Tensor, rhs: Tensor, log2_scale: Tensor,
                       available_memory_proportion: Optional[float] = None) -> Tensor:
-    """matmul of two float8 tensors, multiplied by 2**log2_scale, as float16.
-    ``log2_scale`` is a scalar int32 tensor with a value in [-32, 32)."""
+    """Matrix product of two float8 tensors, scaled by a power of two, in float16.
+
+    Args:
+        lhs: The left operand, float8.
+        rhs: The right operand, float8.
+        log2_scale: A scalar int32 tensor with a value in [-32, 32): the result is multiplied by
+            ``2 ** log2_scale``.
+        available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
+
+    Returns:
+        A new float16 tensor ``(lhs @ rhs) * 2 ** log2_scale``.
+
+    Raises:
+        TypeError: If an operand is not a float8 Tensor, or ``log2_scale`` is not int32.
+        ValueError: If ``log2_scale`` is not a scalar, the shapes do not multiply, or a tensor is not
+            in the current graph.
+    """
     return create_op("matmul_pow2scaled", [lhs, rhs, log2_scale])[0]
 
 

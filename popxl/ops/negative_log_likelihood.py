@@ -84,11 +84,27 @@ def _nll_args(opname, ignore_index, reduction):
 
 def nll_loss(probs: Tensor, labels: Tensor, ignore_index: Optional[int] = None,
              reduction: Literal["mean", "sum", "none"] = "mean", log_prob: bool = False) -> Tensor:
-    """Negative log likelihood of integer ``labels`` (shape probs.shape[:-1]) under ``probs``
-    (classes on the last axis): per item -log(max(p[label], eps)) with eps = 1e-7 (6.104e-5 for
-    float16), or -p[label] when ``log_prob`` says probs are already log-probabilities. Items whose
-    label is ``ignore_index`` count 0. "mean" divides the sum by the number of counted items (at
-    least 1), "sum" adds, "none" returns the per-item losses."""
+    """Negative log likelihood of integer labels under class probabilities (classes on the last axis).
+
+    Each item's loss is ``-log(max(p[label], eps))`` with eps 1e-7 (6.104e-5 for float16), or
+    ``-p[label]`` when ``log_prob`` says the inputs are log-probabilities already.
+
+    Args:
+        probs: Probabilities (or log-probabilities), classes on the last axis.
+        labels: Integer labels of shape ``probs.shape[:-1]``.
+        ignore_index: A label whose items count 0 (and are not counted by "mean").
+        reduction: "mean" (divided by the counted items, at least 1), "sum", or "none" (the
+            per-item losses in the labels' shape).
+        log_prob: Whether ``probs`` holds log-probabilities.
+
+    Returns:
+        A new tensor: a scalar, or the labels' shape for "none".
+
+    Raises:
+        TypeError: If ``probs`` or ``labels`` is not a Tensor, or ``labels`` is not integer.
+        ValueError: If ``reduction`` is unknown, the labels' shape is not ``probs.shape[:-1]``, or a
+            tensor is not in the current graph.
+    """
     ignore_index = _nll_args("nll_loss", ignore_index, reduction)
     return create_op("nll_loss", [probs, labels], {"ignore_index": ignore_index, "reduction": reduction,
                                                    "log_prob": bool(log_prob)})[0]
@@ -129,10 +145,27 @@ register(OpDef("nll_loss_with_softmax_grad", _nll_softmax_infer, _nll_softmax_ke
 def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor, loss_grad: Union[float, Tensor] = 1,
                                ignore_index: Optional[int] = None,
                                reduction: Literal["mean", "sum", "none"] = "mean") -> Tuple[Tensor, Tensor]:
-    """`nll_loss` of ``probs`` = softmax(x) together with its gradient w.r.t. the logits x:
-    (probs - onehot(labels)) * loss_grad, divided by the counted items for "mean", zero for ignored
-    items. A float ``loss_grad`` becomes a float32 constant; for "none" it may have the labels'
-    shape. Returns ``(loss, dE/dx)``; no gradient flows through this op."""
+    """`nll_loss` of ``probs = softmax(x)`` together with its gradient with respect to the logits ``x``.
+
+    The gradient is ``(probs - onehot(labels)) * loss_grad``, divided by the counted items for
+    "mean", and zero for ignored items. No gradient flows through this op.
+
+    Args:
+        probs: Softmax probabilities, classes on the last axis.
+        labels: Integer labels of shape ``probs.shape[:-1]``.
+        loss_grad: The incoming gradient of the loss: a float (made a float32 constant) or a tensor
+            (of the labels' shape for "none").
+        ignore_index: A label whose items count 0.
+        reduction: "mean", "sum" or "none", as for `nll_loss`.
+
+    Returns:
+        ``(loss, gradient)``: the loss as `nll_loss` gives it, and a tensor of ``probs``' shape.
+
+    Raises:
+        TypeError: If ``probs`` or ``labels`` is not a Tensor, or ``labels`` is not integer.
+        ValueError: If ``reduction`` is unknown, the shapes disagree, or a tensor is not in the
+            current graph.
+    """
     ignore_index = _nll_args("nll_loss_with_softmax_grad", ignore_index, reduction)
     if not isinstance(loss_grad, Tensor):
         loss_grad = as_tensor(float(loss_grad), dtype=dtypes.float32)

@@ -33,7 +33,19 @@ register(OpDef("softmax", _softmax_infer, _softmax_kernel, family="nn"))
 
 
 def softmax(t: Tensor, axis: int) -> Tensor:
-    """exp(t) / sum(exp(t)) along ``axis`` (negative counts from the end)."""
+    """``exp(t) / sum(exp(t))`` along an axis, computed stably.
+
+    Args:
+        t: A floating point tensor.
+        axis: The axis normalised (negative counts from the end).
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not floating point, or ``axis`` is not an int.
+        ValueError: If ``axis`` is out of range, or ``t`` is not in the current graph.
+    """
     try:
         ax = normalize_axes(t.rank, axis)[0]
     except (ValueError, TypeError) as e:
@@ -101,9 +113,24 @@ register(OpDef("batch_norm_inference", _batch_norm_infer, _batch_norm_kernel, fa
 
 def batch_norm_inference(t: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor,
                          epsilon: float = 1e-5, momentum: float = 0.9) -> Tensor:
-    """Normalise ``t`` (N, C, ...) per channel with the given running statistics:
-    scale * (t - mean) / sqrt(var + epsilon) + bias; all four are (C,). ``momentum`` only matters
-    for training and is ignored."""
+    """Normalise per channel with given statistics: ``scale * (t - mean) / sqrt(var + epsilon) + bias``.
+
+    Args:
+        t: The input, (N, C, ...).
+        scale: Per-channel scale, (C,).
+        bias: Per-channel shift, (C,).
+        mean: Per-channel mean, (C,).
+        var: Per-channel variance, (C,).
+        epsilon: Added to the variance.
+        momentum: Only matters for training; ignored.
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If an argument is not a Tensor, or the dtypes differ.
+        ValueError: If a parameter is not of shape (C,), or a tensor is not in the current graph.
+    """
     return create_op("batch_norm_inference", [t, scale, bias, mean, var], {"epsilon": float(epsilon)})[0]
 
 
@@ -163,17 +190,47 @@ register(OpDef("layer_norm", lambda specs, eps: _group_norm_infer(specs, 1, eps)
 
 
 def group_norm(t: Tensor, weight: Tensor, bias: Tensor, num_groups: int, eps: float = 1e-5) -> Tensor:
-    """Group normalisation of ``t`` (N, C, ...): the channels are split into ``num_groups`` groups,
-    each normalised over its channels and all spatial positions (biased variance, ``eps`` added to
-    it), then scaled and shifted per channel by ``weight`` and ``bias`` (C,)."""
+    """Group normalisation: the channels are split into groups, each normalised over its channels and all positions.
+
+    The variance is the biased one, with ``eps`` added; then ``weight`` and ``bias`` scale and shift
+    each channel.
+
+    Args:
+        t: The input, (N, C, ...).
+        weight: Per-channel scale, (C,).
+        bias: Per-channel shift, (C,).
+        num_groups: The number of groups; it must divide C.
+        eps: Added to the variance.
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If an argument is not a Tensor, or the dtypes differ.
+        ValueError: If ``num_groups`` does not divide C, a parameter is not of shape (C,), or a
+            tensor is not in the current graph.
+    """
     if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)):
         raise op_error("group_norm", TypeError(f"num_groups must be an int, not {num_groups!r}"))
     return create_op("group_norm", [t, weight, bias], {"num_groups": int(num_groups), "eps": float(eps)})[0]
 
 
 def layer_norm(t: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
-    """`group_norm` with a single group: each sample is normalised over all its non-batch values,
-    then ``weight``/``bias`` of shape (t.shape[1],) apply per channel (axis 1)."""
+    """Layer normalisation: `group_norm` with one group, so each sample is normalised over all its non-batch values.
+
+    Args:
+        t: The input, (N, C, ...).
+        weight: Per-channel scale, (C,).
+        bias: Per-channel shift, (C,).
+        eps: Added to the variance.
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If an argument is not a Tensor, or the dtypes differ.
+        ValueError: If a parameter is not of shape (C,), or a tensor is not in the current graph.
+    """
     return create_op("layer_norm", [t, weight, bias], {"eps": float(eps)})[0]
 
 

@@ -24,7 +24,20 @@ register(OpDef("io_tile_copy", _copy_infer, lambda x, to_io: x.copy(), view=lamb
 
 
 def ipu_copy(t: Tensor, destination: int, source: Optional[int] = None) -> Tensor:
-    """Copy ``t`` to IPU ``destination``. ``source`` defaults to the IPU that produced ``t``."""
+    """Copy a tensor to another (virtual) IPU. Not differentiable.
+
+    Args:
+        t: The tensor copied.
+        destination: The IPU the copy lives on.
+        source: The IPU ``t`` lives on; default the IPU of the op that produced it.
+
+    Returns:
+        A new tensor equal to ``t``, placed on ``destination``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If the source IPU is not known, or ``t`` is not in the current graph.
+    """
     if source is None:
         source = t.ipu
     if not isinstance(destination, int) or destination < 0:
@@ -34,7 +47,18 @@ def ipu_copy(t: Tensor, destination: int, source: Optional[int] = None) -> Tenso
 
 
 def io_tile_copy(t: Tensor) -> Tensor:
-    """Copy ``t`` between the compute tiles and the IO tiles (to the other tile set)."""
+    """Copy a tensor between the compute tiles and the IO tiles. Not differentiable.
+
+    Args:
+        t: The tensor copied.
+
+    Returns:
+        A new tensor equal to ``t``, on the other tile set.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
     to_io = t.tile_set != "io"
     if to_io:
         with io_tiles():

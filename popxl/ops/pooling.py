@@ -87,10 +87,31 @@ def average_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]
                  padding: Optional[Tuple[int]] = None, out_pads: Optional[Tuple[int]] = None,
                  dilation: Optional[Tuple[int]] = None, in_dilations: Optional[Tuple[int]] = None,
                  auto_pad: Optional[PadType] = "not_set", ceil_mode: bool = False) -> Tensor:
-    """Mean over each window of the spatial dims of ``t`` (N, C, *S). stride defaults to 1,
-    padding (begins then ends) to 0; padded positions are not counted in the mean. ``ceil_mode``
-    rounds the output size up, dropping a last window that would start inside the end padding.
-    Only zero ``out_pads`` and unit ``in_dilations`` are supported (NotImplementedError)."""
+    """Mean over each window of the spatial dimensions, as ONNX AveragePool.
+
+    Padded positions are not counted in the mean.
+
+    Args:
+        t: The input, (N, C, *spatial).
+        kernel_size: The window size per spatial dimension.
+        stride: The step per spatial dimension; default 1.
+        padding: The begin pads of each spatial dimension, then the end pads; default 0.
+        out_pads: Output padding; only zeros are supported.
+        dilation: The window dilation per spatial dimension; default 1.
+        in_dilations: Input dilation; only ones are supported.
+        auto_pad: "not_set" (use ``padding``), "same_upper", "same_lower" or "valid".
+        ceil_mode: Round the output size up instead of down (a last window that would start inside
+            the end padding is dropped).
+
+    Returns:
+        A new tensor (N, C, *out) of ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If the window parameters do not fit ``t``'s spatial dimensions, ``auto_pad`` is
+            unknown, or ``t`` is not in the current graph.
+        NotImplementedError: If ``out_pads`` is not zero or ``in_dilations`` is not one.
+    """
     attrs = _pool_attrs("average_pool", t, kernel_size, stride, padding, out_pads, dilation, in_dilations,
                         auto_pad, ceil_mode)
     return create_op("average_pool", [t], attrs)[0]
@@ -101,9 +122,32 @@ def max_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]] = 
              dilation: Optional[Tuple[int]] = None, in_dilations: Optional[Tuple[int]] = None,
              auto_pad: Optional[PadType] = "not_set", ceil_mode: bool = False,
              storage_order: Literal["row", "column"] = "row") -> Tensor:
-    """Maximum over each (optionally dilated) window of the spatial dims of ``t`` (N, C, *S);
-    padding never wins. Parameters as for `average_pool`; ``storage_order`` only concerns the
-    layout of indices, which this op does not return."""
+    """Maximum over each (optionally dilated) window of the spatial dimensions, as ONNX MaxPool.
+
+    Padding never wins.
+
+    Args:
+        t: The input, (N, C, *spatial).
+        kernel_size: The window size per spatial dimension.
+        stride: The step per spatial dimension; default 1.
+        padding: The begin pads of each spatial dimension, then the end pads; default 0.
+        out_pads: Output padding; only zeros are supported.
+        dilation: The window dilation per spatial dimension; default 1.
+        in_dilations: Input dilation; only ones are supported.
+        auto_pad: "not_set" (use ``padding``), "same_upper", "same_lower" or "valid".
+        ceil_mode: Round the output size up instead of down (a last window that would start inside
+            the end padding is dropped).
+        storage_order: "row" or "column": the layout of indices, which this op does not return.
+
+    Returns:
+        A new tensor (N, C, *out) of ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or not numeric.
+        ValueError: If the window parameters do not fit ``t``'s spatial dimensions, ``auto_pad`` is
+            unknown, or ``t`` is not in the current graph.
+        NotImplementedError: If ``out_pads`` is not zero or ``in_dilations`` is not one.
+    """
     if storage_order not in ("row", "column"):
         raise op_error("max_pool", ValueError(f"storage_order must be 'row' or 'column', not {storage_order!r}"))
     attrs = _pool_attrs("max_pool", t, kernel_size, stride, padding, out_pads, dilation, in_dilations,

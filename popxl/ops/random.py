@@ -220,35 +220,103 @@ def _number_attr(value) -> object:
 # public functions --------------------------------------------------------------------------------
 def random_uniform(seed_tensor: Tensor, shape: Tuple[int, ...], low: float = 0.0, high: float = 1.0,
                    dtype: dtypes.dtype = dtypes.float32) -> Tensor:
-    """A new tensor of ``shape`` drawn uniformly from [low, high), determined by ``seed_tensor``
-    (uint32, shape (2,)). ``dtype`` is float16 or float32."""
+    """Random values drawn uniformly from ``[low, high)``. Not differentiable.
+
+    Args:
+        seed_tensor: A uint32 tensor of shape (2,) that determines the values drawn.
+        shape: The shape of the result.
+        low: The lower bound.
+        high: The upper bound (excluded).
+        dtype: float16 or float32.
+
+    Returns:
+        A new tensor of ``shape`` and ``dtype``.
+
+    Raises:
+        TypeError: If ``seed_tensor`` is not a Tensor, or ``dtype`` is not float16 or float32.
+        ValueError: If ``seed_tensor`` is not uint32 of shape (2,), or is not in the current graph.
+    """
     return create_op("random_uniform", [seed_tensor],
                      {"shape": _shape_attr(shape), "low": float(low), "high": float(high), "dtype": dtype})[0]
 
 
 def random_normal(seed_tensor: Tensor, shape: Tuple[int, ...], mean: float = 0.0, std: float = 1.0,
                   dtype: dtypes.dtype = dtypes.float32) -> Tensor:
-    """A new tensor of ``shape`` drawn from a normal distribution N(mean, std**2), determined
-    by ``seed_tensor`` (uint32, shape (2,)). ``dtype`` is float16 or float32."""
+    """Random values drawn from the normal distribution N(mean, std ** 2). Not differentiable.
+
+    Args:
+        seed_tensor: A uint32 tensor of shape (2,) that determines the values drawn.
+        shape: The shape of the result.
+        mean: The distribution's mean.
+        std: The distribution's standard deviation.
+        dtype: float16 or float32.
+
+    Returns:
+        A new tensor of ``shape`` and ``dtype``.
+
+    Raises:
+        TypeError: If ``seed_tensor`` is not a Tensor, or ``dtype`` is not float16 or float32.
+        ValueError: If ``seed_tensor`` is not uint32 of shape (2,), or is not in the current graph.
+    """
     return create_op("random_normal", [seed_tensor],
                      {"shape": _shape_attr(shape), "mean": float(mean), "std": float(std), "dtype": dtype})[0]
 
 
 def dropout(t: Tensor, seed_tensor: Tensor, p: float) -> Tensor:
-    """Each element of ``t`` is zeroed with probability ``p`` (in [0, 1)); the others are
-    multiplied by 1/(1-p) so the expectation is unchanged. The mask depends only on the seed."""
+    """Zero each element with probability ``p`` and scale the others by ``1 / (1 - p)``.
+
+    The mask depends only on the seed; the gradient uses the same mask.
+
+    Args:
+        t: A floating point tensor.
+        seed_tensor: A uint32 tensor of shape (2,) that determines the mask.
+        p: The probability of dropping an element, in [0, 1).
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` or ``seed_tensor`` is not a Tensor.
+        ValueError: If ``p`` is outside [0, 1), the seed is not uint32 of shape (2,), or a tensor is
+            not in the current graph.
+    """
     return create_op("dropout", [t, seed_tensor], {"p": _number_attr(p)})[0]
 
 
 def shaped_dropout(t: Tensor, seed_tensor: Tensor, shape: Iterable[int], ratio: float) -> Tensor:
-    """Dropout with one random mask of ``shape`` broadcast over ``t`` (e.g. drop whole rows):
-    masked entries become 0, the others are scaled by 1/(1-ratio)."""
+    """Dropout with one random mask of a given shape, broadcast over the tensor (e.g. to drop whole rows).
+
+    Args:
+        t: A floating point tensor.
+        seed_tensor: A uint32 tensor of shape (2,) that determines the mask.
+        shape: The mask's shape, which broadcasts to ``t``'s.
+        ratio: The probability of dropping an entry, in [0, 1).
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` or ``seed_tensor`` is not a Tensor.
+        ValueError: If ``ratio`` is outside [0, 1), ``shape`` does not broadcast to ``t``'s, the seed
+            is not uint32 of shape (2,), or a tensor is not in the current graph.
+    """
     return create_op("shaped_dropout", [t, seed_tensor], {"shape": _shape_attr(shape), "ratio": _number_attr(ratio)})[0]
 
 
 def split_random_seed(seed: Tensor, n: int = 2) -> Tuple[Tensor, ...]:
-    """``n`` new seeds (uint32, shape (2,)) derived deterministically from ``seed``: use a fresh
-    one for each random op, e.g. ``seed, s1 = ops.split_random_seed(seed)``."""
+    """Derive new seeds from a seed, one for each random op: ``seed, s1 = ops.split_random_seed(seed)``.
+
+    Args:
+        seed: A uint32 tensor of shape (2,).
+        n: How many seeds to derive.
+
+    Returns:
+        A tuple of ``n`` new uint32 tensors of shape (2,).
+
+    Raises:
+        TypeError: If ``seed`` is not a Tensor.
+        ValueError: If ``seed`` is not uint32 of shape (2,), or is not in the current graph.
+    """
     return tuple(create_op("split_random_seed", [seed], {"n": n}))
 
 

@@ -105,8 +105,24 @@ def _check_tensor(opname: str, remote_buffer: RemoteBuffer, t: Tensor) -> None:
 
 
 def remote_load(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], name: Optional[str] = None) -> Tensor:
-    """A new tensor holding slot ``offset`` of ``remote_buffer`` (its shape, dtype and meta_shape),
-    named ``<name>_remote_loaded`` (default name ``id_<buffer id>_offset_<offset name>``, as PopXL)."""
+    """Load one slot of a remote buffer into a new tensor.
+
+    Loads and stores have no data dependency on each other: order them with ``popxl.in_sequence``.
+
+    Args:
+        remote_buffer: The buffer read.
+        offset: The slot: an int (made a uint32 constant) or a scalar integer tensor.
+        name: The name of the result (``<name>_remote_loaded``); default
+            ``id_<buffer id>_offset_<offset name>``.
+
+    Returns:
+        A new tensor of the buffer's shape, dtype and meta shape.
+
+    Raises:
+        TypeError: If ``remote_buffer`` is not a RemoteBuffer or ``offset`` is neither an int nor a
+            Tensor.
+        ValueError: If ``offset`` is out of range, or a tensor is not in the current graph.
+    """
     off = _offset_tensor("remote_load", remote_buffer, offset)
     name = name or f"id_{remote_buffer.remote_buffer_id}_offset_{off.name}"
     return create_op("remote_load", [off], {"remote_buffer": remote_buffer},
@@ -114,14 +130,39 @@ def remote_load(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], name: O
 
 
 def remote_load_(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], t: Tensor) -> Tensor:
-    """Overwrite ``t`` with slot ``offset`` of ``remote_buffer``; returns ``t``'s alias."""
+    """Load one slot of a remote buffer into an existing tensor, in place.
+
+    Args:
+        remote_buffer: The buffer read.
+        offset: The slot: an int (made a uint32 constant) or a scalar integer tensor.
+        t: The tensor overwritten, of the buffer's shape and dtype.
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If ``remote_buffer`` is not a RemoteBuffer or ``t`` is not a Tensor.
+        ValueError: If ``t`` does not match the buffer, ``offset`` is out of range, or a tensor is
+            not in the current graph.
+    """
     off = _offset_tensor("remote_load_", remote_buffer, offset)
     _check_tensor("remote_load_", remote_buffer, t)
     return create_op("remote_load_", [t, off], {"remote_buffer": remote_buffer})[0]
 
 
 def remote_store(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], t: Tensor) -> None:
-    """Write ``t`` into slot ``offset`` of ``remote_buffer``."""
+    """Store a tensor into one slot of a remote buffer.
+
+    Args:
+        remote_buffer: The buffer written.
+        offset: The slot: an int (made a uint32 constant) or a scalar integer tensor.
+        t: The tensor stored, of the buffer's shape and dtype.
+
+    Raises:
+        TypeError: If ``remote_buffer`` is not a RemoteBuffer or ``t`` is not a Tensor.
+        ValueError: If ``t`` does not match the buffer, ``offset`` is out of range, or a tensor is
+            not in the current graph.
+    """
     off = _offset_tensor("remote_store", remote_buffer, offset)
     _check_tensor("remote_store", remote_buffer, t)
     create_op("remote_store", [t, off], {"remote_buffer": remote_buffer})
@@ -141,8 +182,17 @@ register(OpDef("remote_code_load", _code_load_infer, _code_load_kernel, side_eff
 
 
 def remote_code_load(graph: Graph, destination: Literal["executable", "compute_buffer", "io_buffer"]) -> None:
-    """Load ``graph``'s code from remote memory before it is called (numerically a no-op here).
-    Only ``destination="executable"`` is supported, as in PopXL."""
+    """Load a graph's code from remote memory before it is called (numerically a no-op here).
+
+    Args:
+        graph: The graph whose code is loaded (not the current graph).
+        destination: Where the code goes; only "executable" is supported, as in PopXL.
+
+    Raises:
+        TypeError: If ``graph`` is not a Graph.
+        ValueError: If ``graph`` is the current graph.
+        NotImplementedError: If ``destination`` is not "executable".
+    """
     if not isinstance(graph, Graph):
         raise TypeError(f"ops.remote_code_load: graph must be a popxl.Graph, not {type(graph).__name__}.")
     if destination not in ("executable", "compute_buffer", "io_buffer"):

@@ -112,13 +112,27 @@ register(OpDef("roi_align", _roi_align_infer, _roi_align_kernel, family="nn"))
 
 def roi_align(t: Tensor, rois: Tensor, batch_index: Tensor, output_size: Tuple[int], spatial_scale: float,
               sampling_ratio: int) -> Tensor:
-    """Average RoI align: for each box ``rois[r]`` = (x1, y1, x2, y2) on image
-    ``batch_index[r]`` of ``t`` (N, C, H, W), an (h, w) = ``output_size`` grid of bins, each the
-    mean of bilinear samples on a regular sub-grid (``sampling_ratio`` per side, 0 = adaptive
-    ceil(box size / output size)). Boxes are multiplied by ``spatial_scale`` with no half-pixel
-    shift (ONNX's "output_half_pixel" mode, as in RoiAlign-10) and are at least 1x1. Samples
-    beyond one pixel outside the image count as 0. A box may take at most 2**26 samples in all
-    (a ValueError names it otherwise)."""
+    """Average RoI align: a grid of bins over each box, each bin the mean of bilinear samples.
+
+    Boxes are multiplied by ``spatial_scale`` with no half-pixel shift (ONNX RoiAlign-10's
+    behaviour) and are at least 1x1. Samples more than one pixel outside the image count as 0.
+
+    Args:
+        t: The images, (N, C, H, W).
+        rois: The boxes, (R, 4) as (x1, y1, x2, y2).
+        batch_index: The image of each box, (R,) integers.
+        output_size: The bin grid (h, w).
+        spatial_scale: The factor from box coordinates to pixel coordinates.
+        sampling_ratio: Samples per bin side; 0 picks ``ceil(box size / output size)``.
+
+    Returns:
+        A new tensor (R, C, h, w) of ``t``'s dtype.
+
+    Raises:
+        TypeError: If an argument is not a Tensor.
+        ValueError: If the shapes disagree, a box would take more than 2 ** 26 samples, or a tensor
+            is not in the current graph.
+    """
     try:
         size = per_dim_ints(output_size, 2, "output_size", -1)
         if isinstance(sampling_ratio, bool) or not isinstance(sampling_ratio, (int, np.integer)):

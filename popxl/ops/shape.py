@@ -63,27 +63,88 @@ def _resolve_shape(t: Tensor, shape: Iterable[int]) -> Tuple[int, ...]:
 
 
 def reshape(t: Tensor, shape: Tuple[int, ...]) -> Tensor:
-    """A copy of t with a new shape; one entry may be -1 (inferred)."""
+    """A copy of a tensor with a new shape.
+
+    Args:
+        t: The tensor reshaped.
+        shape: The new shape, with the same number of elements; one entry may be -1 (inferred).
+
+    Returns:
+        A new tensor of ``shape`` holding ``t``'s values in order.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or ``shape`` is not a sequence of ints.
+        ValueError: If the element counts differ, ``shape`` has more than one -1 or another negative
+            entry, or ``t`` is not in the current graph.
+    """
     return create_op("reshape", [t], {"shape": _resolve_shape(t, shape)})[0]
 
 
 def reshape_(t: Tensor, shape: Tuple[int, ...]) -> Tensor:
-    """t viewed with a new shape (alias)."""
+    """A tensor viewed with a new shape (an alias: writes through it change ``t``).
+
+    Args:
+        t: The tensor viewed.
+        shape: The new shape, with the same number of elements; one entry may be -1 (inferred).
+
+    Returns:
+        An alias of ``t`` with shape ``shape``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor or ``shape`` is not a sequence of ints.
+        ValueError: If the element counts differ, ``shape`` has more than one -1 or another negative
+            entry, or ``t`` is not in the current graph.
+    """
     return create_op("reshape_", [t], {"shape": _resolve_shape(t, shape)})[0]
 
 
 def flatten(t: Tensor) -> Tensor:
-    """A 1-D copy of t."""
+    """A 1-D copy of a tensor.
+
+    Args:
+        t: The tensor flattened.
+
+    Returns:
+        A new 1-D tensor of ``t.nelms`` elements.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
     return reshape(t, (t.nelms,))
 
 
 def flatten_(t: Tensor) -> Tensor:
-    """t viewed as 1-D (alias)."""
+    """A tensor viewed as 1-D (an alias: writes through it change ``t``).
+
+    Args:
+        t: The tensor viewed.
+
+    Returns:
+        An alias of ``t`` of shape ``(t.nelms,)``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
     return reshape_(t, (t.nelms,))
 
 
 def squeeze(t: Tensor, axes: Optional[List[int]] = None) -> Tensor:
-    """Drop all size-1 dimensions, or the listed ones (each must have size 1)."""
+    """Drop dimensions of size 1.
+
+    Args:
+        t: The tensor squeezed.
+        axes: The axes dropped (each of size 1); None drops every size-1 axis.
+
+    Returns:
+        A new tensor without those dimensions.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If an axis is repeated, out of range or not of size 1, or ``t`` is not in the
+            current graph.
+    """
     if axes is None:
         keep = [d for d in t.shape if d != 1]
     else:
@@ -128,12 +189,38 @@ def _perm(t: Tensor, permutation: Optional[Iterable[int]]) -> Tuple[int, ...]:
 
 
 def transpose(t: Tensor, permutation: Optional[Tuple[int, ...]] = None) -> Tensor:
-    """A copy of t with axes permuted (default: reversed)."""
+    """A copy of a tensor with its axes permuted.
+
+    Args:
+        t: The tensor transposed.
+        permutation: The input axis of each output axis; None reverses the axes.
+
+    Returns:
+        A new tensor with permuted axes.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``permutation`` is not a permutation of ``t``'s axes, or ``t`` is not in the
+            current graph.
+    """
     return create_op("transpose", [t], {"permutation": _perm(t, permutation)})[0]
 
 
 def transpose_(t: Tensor, permutation: Optional[Tuple[int, ...]] = None) -> Tensor:
-    """t viewed with axes permuted (alias)."""
+    """A tensor viewed with its axes permuted (an alias: writes through it change ``t``).
+
+    Args:
+        t: The tensor viewed.
+        permutation: The input axis of each output axis; None reverses the axes.
+
+    Returns:
+        An alias of ``t`` with permuted axes.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If ``permutation`` is not a permutation of ``t``'s axes, or ``t`` is not in the
+            current graph.
+    """
     return create_op("transpose_", [t], {"permutation": _perm(t, permutation)})[0]
 
 
@@ -197,7 +284,25 @@ def _slice_attrs(t: Tensor, start, stop, step, axis) -> dict:
 
 def slice(t: Tensor, start: Optional[Union[int, List[int]]] = None, stop: Optional[Union[int, List[int]]] = None,
           step: Optional[Union[int, List[int]]] = None, axis: Optional[Union[int, List[int]]] = None) -> Tensor:
-    """A copy of a slice of t, ONNX Slice semantics (negative bounds count from the end)."""
+    """A copy of a slice of a tensor, as ONNX Slice (bounds are clamped; negative ones count from the end).
+
+    Args:
+        t: The tensor sliced.
+        start: The first index per sliced axis (an int or a list); default 0, or the end when the
+            step is negative.
+        stop: The index past the last per sliced axis; default the end (the start when stepping
+            backwards).
+        step: 1 or -1 per sliced axis; default 1.
+        axis: The axes sliced; default the first ``len(start)`` axes.
+
+    Returns:
+        A new tensor holding the slice (``t`` itself when start, stop and step are all None).
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If the lists have different lengths, a step is not 1 or -1, an axis is out of
+            range, or ``t`` is not in the current graph.
+    """
     if start is None and stop is None and step is None:
         return t
     return create_op("slice", [t], _slice_attrs(t, start, stop, step, axis))[0]
@@ -205,7 +310,25 @@ def slice(t: Tensor, start: Optional[Union[int, List[int]]] = None, stop: Option
 
 def slice_(t: Tensor, start: Optional[Union[int, List[int]]] = None, stop: Optional[Union[int, List[int]]] = None,
            step: Optional[Union[int, List[int]]] = None, axis: Optional[Union[int, List[int]]] = None) -> Tensor:
-    """A slice of t as a view (alias)."""
+    """A slice of a tensor as a view (an alias: writes through it change ``t``).
+
+    Args:
+        t: The tensor sliced.
+        start: The first index per sliced axis (an int or a list); default 0, or the end when the
+            step is negative.
+        stop: The index past the last per sliced axis; default the end (the start when stepping
+            backwards).
+        step: 1 or -1 per sliced axis; default 1.
+        axis: The axes sliced; default the first ``len(start)`` axes.
+
+    Returns:
+        An alias of the selected region of ``t``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If the lists have different lengths, a step is not 1 or -1, an axis is out of
+            range, or ``t`` is not in the current graph.
+    """
     if start is None and stop is None and step is None:
         return t
     return create_op("slice_", [t], _slice_attrs(t, start, stop, step, axis))[0]
@@ -228,7 +351,20 @@ register(OpDef("subsample", _subsample_infer, lambda x, strides: _subsample_view
 
 
 def subsample(t: Tensor, strides: Union[int, Iterable[int]]) -> Tensor:
-    """Every ``strides[i]``-th element along each axis (a short list is padded with 1)."""
+    """Every n-th element along each axis.
+
+    Args:
+        t: The tensor subsampled.
+        strides: The step per axis (a single int for axis 0; a short list is padded with 1).
+
+    Returns:
+        A new tensor of the selected elements.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If there are more strides than axes, a stride is below 1, or ``t`` is not in the
+            current graph.
+    """
     strides = [int(strides)] if isinstance(strides, (int, np.integer)) else [int(s) for s in strides]
     if len(strides) > t.rank:
         raise ValueError(f"ops.subsample: {len(strides)} strides for {t.id!r} of rank {t.rank}")
@@ -262,7 +398,20 @@ register(OpDef("concat", _concat_infer, lambda *xs, axis: np.concatenate(xs, axi
 
 
 def concat(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
-    """Join tensors along ``axis`` (same dtype, same other dims)."""
+    """Join tensors along an axis.
+
+    Args:
+        ts: The tensors joined: same dtype, same lengths on the other axes.
+        axis: The axis joined along (negative counts from the end).
+
+    Returns:
+        A new tensor whose ``axis`` is the sum of the inputs' lengths.
+
+    Raises:
+        TypeError: If an input is not a Tensor, or the dtypes differ.
+        ValueError: If no tensor is given, the other dimensions differ, ``axis`` is out of range, or
+            a tensor is not in the current graph.
+    """
     return create_op("concat", list(ts), {"axis": int(axis)})[0]
 
 
@@ -294,7 +443,25 @@ register(OpDef("gather", _gather_infer, _gather_kernel, family="shape"))
 
 def gather(t: Tensor, indices: Union[Tensor, List[int]], axis: int = 0,
            available_memory_proportion: Optional[float] = None, zero_OOR: bool = False) -> Tensor:
-    """numpy.take(t, indices, axis). Negative indices count from the end; out of range gives 0."""
+    """Take slices of a tensor at the given indices along an axis, as ``numpy.take``.
+
+    The output shape is ``t.shape[:axis] + indices.shape + t.shape[axis + 1:]``. Negative indices
+    count from the end; out-of-range ones give 0.
+
+    Args:
+        t: The tensor read.
+        indices: Integer indices into ``axis`` (a tensor, or host data made a constant).
+        axis: The axis indexed (negative counts from the end).
+        available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
+        zero_OOR: Out-of-range indices give 0 (they always do here).
+
+    Returns:
+        A new tensor of ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or ``indices`` is not integer.
+        ValueError: If ``axis`` is out of range, or a tensor is not in the current graph.
+    """
     if not isinstance(indices, Tensor):
         indices = constant(np.asarray(indices), dtypes.int32)
     ax = axis % t.rank if t.rank and -t.rank <= axis < t.rank else axis
@@ -399,8 +566,23 @@ register(OpDef("concat_", _concat_infer, lambda *xs, axis: np.concatenate(xs, ax
 
 
 def concat_(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
-    """Join tensors along ``axis``, the in-place flavour of `concat`. Here the result is a new
-    tensor holding the same values (it does not share storage with the inputs)."""
+    """Join tensors along an axis: PopXL's in-place flavour of `concat`.
+
+    Here the result is a new tensor holding the same values; it does not share storage with the
+    inputs.
+
+    Args:
+        ts: The tensors joined: same dtype, same lengths on the other axes.
+        axis: The axis joined along (negative counts from the end).
+
+    Returns:
+        A new tensor whose ``axis`` is the sum of the inputs' lengths.
+
+    Raises:
+        TypeError: If an input is not a Tensor, or the dtypes differ.
+        ValueError: If no tensor is given, the other dimensions differ, ``axis`` is out of range, or
+            a tensor is not in the current graph.
+    """
     return create_op("concat_", list(ts), {"axis": int(axis)})[0]
 
 
@@ -423,8 +605,22 @@ register(OpDef("split", _split_infer, _split_kernel, family="shape"))
 
 
 def split(t: Tensor, splits: Union[int, List[int]], axis: int = 0) -> List[Tensor]:
-    """Cut ``t`` along ``axis``: into ``splits`` equal parts (an int, which must divide the axis
-    length) or into parts of the listed lengths (which must add up to the axis length)."""
+    """Cut a tensor into parts along an axis.
+
+    Args:
+        t: The tensor cut.
+        splits: The number of equal parts (it must divide the axis length), or the list of part
+            lengths (which must add up to it).
+        axis: The axis cut along (negative counts from the end).
+
+    Returns:
+        A list of new tensors, in order along ``axis``.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If the parts do not fit the axis length, ``axis`` is out of range, or ``t`` is
+            not in the current graph.
+    """
     if t.rank == 0:
         raise ValueError(f"ops.split: cannot split the scalar {t.id!r}")
     ax = _axis_of("split", t.rank, axis)
@@ -478,10 +674,28 @@ register(OpDef("scatter", _scatter_infer, _scatter_kernel, family="shape"))
 
 def scatter(t: Tensor, indices: Tensor, values: Tensor, axis: int = 0,
             available_memory_proportion: Optional[float] = None) -> Tensor:
-    """A copy of ``t`` with ``values`` written where ``indices`` point along ``axis`` (ONNX
-    ScatterElements: ``out[..., indices[i, j], ...] = values[i, j]`` with the index replacing the
-    ``axis`` coordinate). Negative indices count from the end; out-of-range ones are ignored; when
-    several indices hit one place, the last written wins."""
+    """A copy of a tensor with values written where indices point along an axis (ONNX ScatterElements).
+
+    ``out[..., indices[i, j], ...] = values[i, j]``: the index replaces the ``axis`` coordinate.
+    Negative indices count from the end; out-of-range ones are ignored; when several indices hit
+    one place, the last written wins.
+
+    Args:
+        t: The tensor written into (it is not modified).
+        indices: Integer indices, of ``values``' shape and ``t``'s rank.
+        values: The values written, of ``t``'s dtype.
+        axis: The axis indexed (negative counts from the end).
+        available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If a tensor argument is not a Tensor, ``indices`` is not integer, or the dtypes
+            of ``t`` and ``values`` differ.
+        ValueError: If the ranks or shapes disagree, ``axis`` is out of range, or a tensor is not in
+            the current graph.
+    """
     indices = _int_tensor(indices)
     values = values if isinstance(values, Tensor) else constant(np.asarray(values), t.dtype)
     return create_op("scatter", [t, indices, values], {"axis": _axis_of("scatter", t.rank, axis)})[0]
@@ -573,14 +787,32 @@ register(OpDef("scatter_reduce", _scatter_reduce_infer, _scatter_reduce_kernel, 
 def scatter_reduce(data: Tensor, indices: Tensor, reduction: str, initial_values: Optional[Tensor] = None,
                    axis: int = 0, axis_size: Optional[int] = None, enable_index_broadcast: int = True,
                    available_memory_proportion: Optional[float] = None) -> Tensor:
-    """Reduce the elements of ``data`` into the places ``indices`` name along ``axis``.
+    """Reduce the elements of ``data`` into the places ``indices`` name along an axis.
 
-    The output is ``data``'s shape with axis length ``axis_size`` (or ``initial_values.shape[axis]``).
-    ``reduction``: "sum", "max", "min", or "none" (plain writes, last one wins). With
-    ``initial_values`` the output starts from them and they take part in the reduction; without,
-    places no index names are 0. ``indices`` has data's shape, or (``enable_index_broadcast``) a
-    1-D list of ``data.shape[axis]`` positions, or a shape that broadcasts after padding trailing
-    dimensions. Negative indices count from the end; out-of-range ones are ignored."""
+    With ``initial_values`` the output starts from them and they take part in the reduction;
+    without, places no index names are 0. ``indices`` has ``data``'s shape, or (with
+    ``enable_index_broadcast``) a 1-D list of ``data.shape[axis]`` positions, or a shape that
+    broadcasts once trailing dimensions are padded. Negative indices count from the end;
+    out-of-range ones are ignored.
+
+    Args:
+        data: The values reduced.
+        indices: Integer target positions along ``axis``.
+        reduction: "sum", "max", "min", or "none" (plain writes; the last one wins).
+        initial_values: The starting output, whose ``axis`` length sets the output's.
+        axis: The axis reduced into (negative counts from the end).
+        axis_size: The output's length along ``axis`` (needed without ``initial_values``).
+        enable_index_broadcast: Allow ``indices`` of a shape that broadcasts to ``data``'s.
+        available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
+
+    Returns:
+        A new tensor of ``data``'s shape except ``axis``, and ``data``'s dtype.
+
+    Raises:
+        TypeError: If a tensor argument is not a Tensor or ``indices`` is not integer.
+        ValueError: If ``reduction`` is unknown, neither ``axis_size`` nor ``initial_values`` gives
+            the output length, the shapes disagree, or a tensor is not in the current graph.
+    """
     if initial_values is None and axis_size is None:
         raise ValueError("ops.scatter_reduce: give initial_values or axis_size (the output's axis length)")
     ax = _axis_of("scatter_reduce", data.rank, axis)
@@ -659,17 +891,49 @@ def _dynamic_attrs(opname: str, t: Tensor, axes: Iterable[int], sizes: Iterable[
 
 
 def dynamic_slice(t: Tensor, index: Tensor, axes: List[int], sizes: List[int], no_overlap: bool) -> Tensor:
-    """A copy of the region of ``t`` starting at the run-time offsets ``index`` (1-D, one per entry
-    of ``axes``) with lengths ``sizes``. Offsets that would overrun are clamped so the region
-    stays inside ``t``. ``no_overlap`` only informs gradients."""
+    """A copy of the region of a tensor that starts at run-time offsets.
+
+    Offsets that would overrun are clamped so that the region stays inside ``t``.
+
+    Args:
+        t: The tensor read.
+        index: A 1-D integer tensor of run-time offsets, one per entry of ``axes``.
+        axes: The axes the region is offset along.
+        sizes: The region's length along each of ``axes``.
+        no_overlap: Whether regions of different calls never overlap (a gradient hint only).
+
+    Returns:
+        A new tensor of ``t``'s shape with ``sizes`` along ``axes``.
+
+    Raises:
+        TypeError: If a tensor argument is not a Tensor, or ``index`` is not integer.
+        ValueError: If ``index``, ``axes`` and ``sizes`` disagree in length, an axis is out of
+            range, a size exceeds its axis, or a tensor is not in the current graph.
+    """
     index = _int_tensor(index, dtypes.uint32)
     return create_op("dynamic_slice", [t, index], _dynamic_attrs("dynamic_slice", t, axes, sizes, no_overlap))[0]
 
 
 def dynamic_update(t: Tensor, index: Tensor, t_update: Tensor, axes: Iterable[int], sizes: Iterable[int],
                    no_overlap: bool) -> Tensor:
-    """A copy of ``t`` with the region at the run-time offsets ``index`` (see `dynamic_slice`)
-    replaced by ``t_update``, whose shape is the region's."""
+    """A copy of a tensor with the region at run-time offsets replaced (see `dynamic_slice`).
+
+    Args:
+        t: The tensor updated.
+        index: A 1-D integer tensor of run-time offsets, one per entry of ``axes``.
+        t_update: The new values, of the region's shape.
+        axes: The axes the region is offset along.
+        sizes: The region's length along each of ``axes``.
+        no_overlap: Whether regions of different calls never overlap (a gradient hint only).
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If a tensor argument is not a Tensor, or ``index`` is not integer.
+        ValueError: If ``index``, ``axes`` and ``sizes`` disagree in length, an axis is out of
+            range, a size exceeds its axis, or a tensor is not in the current graph.
+    """
     index = _int_tensor(index, dtypes.uint32)
     return create_op("dynamic_update", [t, index, t_update],
                      _dynamic_attrs("dynamic_update", t, axes, sizes, no_overlap))[0]
@@ -677,7 +941,24 @@ def dynamic_update(t: Tensor, index: Tensor, t_update: Tensor, axes: Iterable[in
 
 def dynamic_update_(t: Tensor, index: Tensor, t_update: Tensor, axes: Iterable[int], sizes: Iterable[int],
                     no_overlap: bool) -> Tensor:
-    """`dynamic_update` in place: writes the region of ``t`` and returns an alias of ``t``."""
+    """`dynamic_update` in place: the region of ``t`` itself is overwritten.
+
+    Args:
+        t: The tensor updated.
+        index: A 1-D integer tensor of run-time offsets, one per entry of ``axes``.
+        t_update: The new values, of the region's shape.
+        axes: The axes the region is offset along.
+        sizes: The region's length along each of ``axes``.
+        no_overlap: Whether regions of different calls never overlap (a gradient hint only).
+
+    Returns:
+        An alias of ``t``.
+
+    Raises:
+        TypeError: If a tensor argument is not a Tensor, or ``index`` is not integer.
+        ValueError: If ``index``, ``axes`` and ``sizes`` disagree in length, an axis is out of
+            range, a size exceeds its axis, or a tensor is not in the current graph.
+    """
     index = _int_tensor(index, dtypes.uint32)
     return create_op("dynamic_update_", [t, index, t_update],
                      _dynamic_attrs("dynamic_update_", t, axes, sizes, no_overlap))[0]
@@ -689,8 +970,22 @@ register(OpDef("tied_gather", _gather_infer, _gather_kernel, family="shape"))
 
 def tied_gather(t: Tensor, indices: Tensor, axis: int = 0, available_memory_proportion: Optional[float] = None,
                 zero_OOR: bool = False) -> Tensor:
-    """Numerically `gather` (numpy.take); on the IPU it differs only in tile layout. Negative
-    indices count from the end; out-of-range ones give 0."""
+    """Numerically `gather` (``numpy.take``); on the IPU it differs only in tile layout.
+
+    Args:
+        t: The tensor read.
+        indices: Integer indices into ``axis`` (a tensor, or host data made a constant).
+        axis: The axis indexed (negative counts from the end).
+        available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
+        zero_OOR: Out-of-range indices give 0 (they always do here).
+
+    Returns:
+        A new tensor of ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or ``indices`` is not integer.
+        ValueError: If ``axis`` is out of range, or a tensor is not in the current graph.
+    """
     return create_op("tied_gather", [t, _int_tensor(indices)],
                      {"axis": _axis_of("tied_gather", t.rank, axis), "zero_OOR": builtins.bool(zero_OOR)})[0]
 
@@ -716,9 +1011,26 @@ register(OpDef("groupedgather", _grouped_gather_infer, _grouped_gather_kernel, f
 
 def groupedgather(t: Tensor, indices: Tensor, axis: int = 0, group_size: Optional[int] = 1,
                   available_memory_proportion: Optional[float] = None, zero_OOR: bool = False) -> Tensor:
-    """`gather` done separately for each of ``group_size`` groups: dimension 0 of both ``t`` and
-    ``indices`` is the group, and ``out[g] = gather(t[g], indices[g], axis)``. ``axis`` counts
-    the dimensions of one group (``t.shape[1:]``). Out-of-range indices give 0."""
+    """`gather` done separately in each group: dimension 0 of ``t`` and ``indices`` is the group.
+
+    ``out[g] = gather(t[g], indices[g], axis)``; out-of-range indices give 0.
+
+    Args:
+        t: The tensor read, groups on dimension 0.
+        indices: Integer indices, groups on dimension 0.
+        axis: The axis indexed, counted within one group (``t.shape[1:]``).
+        group_size: The number of groups (dimension 0 of both tensors).
+        available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
+        zero_OOR: Out-of-range indices give 0 (they always do here).
+
+    Returns:
+        A new tensor of ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or ``indices`` is not integer.
+        ValueError: If the group dimensions disagree with ``group_size``, ``axis`` is out of range,
+            or a tensor is not in the current graph.
+    """
     group_size = 1 if group_size is None else int(group_size)
     ax = _axis_of("groupedgather", builtins.max(t.rank - 1, 0), axis)
     return create_op("groupedgather", [t, _int_tensor(indices)], {"axis": ax, "group_size": group_size})[0]
@@ -759,10 +1071,24 @@ register(OpDef("onehot", _onehot_infer, _onehot_kernel, family="shape"))
 
 
 def onehot(t: Tensor, num_classes: Tensor, values: Tensor, axis: int) -> Tensor:
-    """ONNX OneHot: a new axis of length ``num_classes`` at ``axis`` (-1 = last) holding
-    ``values[1]`` at each index of ``t`` and ``values[0]`` elsewhere; output dtype is ``values``'.
-    ``num_classes`` must be a constant (its value fixes the shape). Negative indices count from
-    the end; out-of-range ones give an all-off row."""
+    """One-hot encoding as ONNX OneHot: a new axis holding ``values[1]`` at each index and ``values[0]`` elsewhere.
+
+    Negative indices count from the end; out-of-range ones give a row of ``values[0]``.
+
+    Args:
+        t: Integer class indices.
+        num_classes: A constant scalar tensor: the length of the new axis (its value fixes the shape).
+        values: A 2-element tensor ``[off, on]``; it gives the output dtype.
+        axis: Where the new axis goes (-1 = last).
+
+    Returns:
+        A new tensor of ``values``' dtype with one more axis than ``t``.
+
+    Raises:
+        TypeError: If a tensor argument is not a Tensor.
+        ValueError: If ``num_classes`` is not a constant scalar, ``values`` does not have 2
+            elements, ``axis`` is out of range, or a tensor is not in the current graph.
+    """
     from popxl.tensor import Constant
 
     if not isinstance(num_classes, Tensor):
@@ -886,11 +1212,26 @@ register(OpDef("interpolate", _interpolate_infer, _interpolate_kernel, family="s
 def interpolate(t: Tensor, scale_factor: Optional[Tuple[float, ...]] = (1.0, 1.0, 1.0, 1.0),
                 mode: Optional[str] = "nearest", nearest_mode: Optional[str] = "round_prefer_floor",
                 coordinate_transformation_mode: Optional[str] = "half_pixel") -> Tensor:
-    """Resize ``t`` by ``scale_factor`` (one per dimension; output length floor(length * scale))
-    as ONNX Resize does. ``mode``: "nearest" (rounding chosen by ``nearest_mode``), "linear"
-    (multi-linear) or "cubic" (Keys kernel, a = -0.75). ``coordinate_transformation_mode`` maps
-    output positions to input ones: half_pixel, pytorch_half_pixel, align_corners, asymmetric,
-    or tf_crop_and_resize over the whole input. Samples beyond the edges repeat the edge value."""
+    """Resize a tensor by scale factors, as ONNX Resize.
+
+    Samples beyond the edges repeat the edge value.
+
+    Args:
+        t: The tensor resized.
+        scale_factor: One factor per dimension; an output length is ``floor(length * factor)``.
+        mode: "nearest", "linear" (multi-linear) or "cubic" (Keys kernel, a = -0.75).
+        nearest_mode: How "nearest" rounds: round_prefer_floor, round_prefer_ceil, floor or ceil.
+        coordinate_transformation_mode: How output positions map to input ones: half_pixel,
+            pytorch_half_pixel, align_corners, asymmetric or tf_crop_and_resize.
+
+    Returns:
+        A new tensor of ``t``'s dtype and the scaled shape.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor.
+        ValueError: If a mode is unknown, ``scale_factor`` does not have one entry per dimension, or
+            ``t`` is not in the current graph.
+    """
     scale_factor = tuple(float(f) for f in scale_factor)
     return create_op("interpolate", [t], {
         "scale_factor": scale_factor, "mode": "nearest" if mode is None else mode,

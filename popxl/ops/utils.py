@@ -34,7 +34,16 @@ def convert(x: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 def check_in_graph(graph: Any, **tensors: Tensor) -> None:
-    """TypeError if a value is not a Tensor, ValueError if it is not in ``graph``."""
+    """TypeError if a value is not a Tensor, ValueError if it is not in ``graph``.
+
+    Args:
+        graph: The graph the tensors must belong to.
+        **tensors: The values checked, by name (the names appear in the errors).
+
+    Raises:
+        TypeError: If a value is not a Tensor.
+        ValueError: If a tensor belongs to another graph.
+    """
     for name, t in tensors.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a popxl.Tensor, not {type(t).__name__}.")
@@ -43,7 +52,14 @@ def check_in_graph(graph: Any, **tensors: Tensor) -> None:
 
 
 def check_tensor_ipu_and_tile_set(**tensors: Tensor) -> None:
-    """ValueError unless all tensors are on the same IPU and tile set."""
+    """ValueError unless all tensors are on the same IPU and tile set.
+
+    Args:
+        **tensors: The tensors checked, by name.
+
+    Raises:
+        ValueError: If they are on different IPUs or tile sets.
+    """
     places = {(t.ipu, t.tile_set) for t in tensors.values()}
     if len(places) > 1:
         raise ValueError("Tensors are on different IPUs or tile sets: " +
@@ -51,18 +67,53 @@ def check_tensor_ipu_and_tile_set(**tensors: Tensor) -> None:
 
 
 def cast_if_needed(t: Tensor, data_type: dtypes.dtype) -> Tensor:
+    """A tensor in a given dtype: itself if it has it, else ``ops.cast`` of it.
+
+    Args:
+        t: The tensor.
+        data_type: The dtype wanted.
+
+    Returns:
+        ``t`` or a cast copy.
+
+    Raises:
+        TypeError: If ``data_type`` is not a popxl dtype.
+    """
     from popxl import ops
     return t if t.dtype is data_type else ops.cast(t, data_type)
 
 
 def handle_negative_axis(t: Union[Tensor, TensorSpec, Sequence[int]], axis: int) -> int:
-    """Map a possibly negative ``axis`` onto ``0..rank-1`` (ValueError when out of range)."""
+    """Map a possibly negative ``axis`` onto ``0..rank-1`` (ValueError when out of range).
+
+    Args:
+        t: A tensor, a spec or a shape.
+        axis: The axis, negative counting from the end.
+
+    Returns:
+        The axis in ``0..rank-1``.
+
+    Raises:
+        ValueError: If ``axis`` is out of range.
+    """
     rank = len(t.shape) if hasattr(t, "shape") else len(t)
     return normalize_axes(rank, axis)[0]
 
 
 def normalize_axes(rank: int, axes: Union[None, int, Iterable[int]]) -> Tuple[int, ...]:
-    """Normalise ``axes`` (None = all) for a tensor of ``rank``; ValueError if out of range or repeated."""
+    """Normalise ``axes`` (None = all) for a tensor of ``rank``; ValueError if out of range or repeated.
+
+    Args:
+        rank: The tensor's rank.
+        axes: An axis, axes, or None for all.
+
+    Returns:
+        The axes in ``0..rank-1``, sorted.
+
+    Raises:
+        ValueError: If an axis is out of range or repeated.
+        TypeError: If an axis is not an int.
+    """
     if axes is None:
         return tuple(range(rank))
     items = [axes] if isinstance(axes, (int, np.integer)) else list(axes)
@@ -79,6 +130,17 @@ def normalize_axes(rank: int, axes: Union[None, int, Iterable[int]]) -> Tuple[in
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
+    """The NumPy broadcast of several shapes.
+
+    Args:
+        *shapes: The shapes.
+
+    Returns:
+        The broadcast shape.
+
+    Raises:
+        ValueError: If the shapes do not broadcast.
+    """
     try:
         return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
     except ValueError:
@@ -86,6 +148,17 @@ def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
 
 
 def same_dtype(specs: Sequence[TensorSpec]) -> dtypes.dtype:
+    """The dtype shared by several tensor specs.
+
+    Args:
+        specs: The specs.
+
+    Returns:
+        Their dtype.
+
+    Raises:
+        TypeError: If the dtypes differ.
+    """
     dts = {s.dtype for s in specs}
     if len(dts) > 1:
         raise TypeError("inputs must have the same dtype, got " + ", ".join(s.dtype.name for s in specs))
@@ -93,12 +166,31 @@ def same_dtype(specs: Sequence[TensorSpec]) -> dtypes.dtype:
 
 
 def spec(shape: Iterable[int], dtype: dtypes.dtype, meta_shape: Iterable[int] = ()) -> TensorSpec:
+    """A `TensorSpec` from a shape and dtype.
+
+    Args:
+        shape: The shape.
+        dtype: The dtype.
+        meta_shape: The unsharded shape, for a replica shard.
+
+    Returns:
+        The spec.
+    """
     return TensorSpec(shape, dtype, meta_shape)
 
 
 def as_tensor(value: Any, dtype: Optional[dtypes.dtype] = None, like: Optional[Tensor] = None) -> Tensor:
     """A Tensor as is, or a host value as a constant in the current graph (of ``dtype``, else
-    ``like.dtype``, else NumPy's inferred dtype downcast to 32 bits)."""
+    ``like.dtype``, else NumPy's inferred dtype downcast to 32 bits).
+
+    Args:
+        value: A Tensor or host data.
+        dtype: The constant's dtype.
+        like: A tensor whose dtype the constant takes when ``dtype`` is None.
+
+    Returns:
+        A Tensor.
+    """
     from popxl.tensor import constant
     if isinstance(value, Tensor):
         return value
@@ -110,17 +202,38 @@ def as_tensor(value: Any, dtype: Optional[dtypes.dtype] = None, like: Optional[T
 # Optional op settings. PopXL wraps them in its C++ binding's optional types for PopART's op
 # setters; here the plain Python value (or None) is the optional, checked and converted.
 def convert_optional_float(v: Optional[float]) -> Optional[float]:
-    """``v`` as a float, or None (unset)."""
+    """``v`` as a float, or None (unset).
+
+    Args:
+        v: A number or None.
+
+    Returns:
+        ``float(v)`` or None.
+    """
     return _optional(v, float, (int, float, np.integer, np.floating), "a float")
 
 
 def convert_optional_int(v: Optional[int]) -> Optional[int]:
-    """``v`` as an int, or None (unset)."""
+    """``v`` as an int, or None (unset).
+
+    Args:
+        v: A number or None.
+
+    Returns:
+        ``int(v)`` or None.
+    """
     return _optional(v, int, (int, np.integer), "an int")
 
 
 def convert_optional_dtype(dt: Optional[dtypes.dtype]) -> Optional[dtypes.dtype]:
-    """``dt`` (a popxl dtype), or None (unset)."""
+    """``dt`` (a popxl dtype), or None (unset).
+
+    Args:
+        dt: A popxl dtype or None.
+
+    Returns:
+        ``dt``.
+    """
     if dt is not None and not isinstance(dt, dtypes.dtype):
         raise TypeError(f"convert_optional_dtype: expected a popxl dtype or None, not {dt!r}.")
     return dt

@@ -10,7 +10,14 @@ __all__ = ["decompose_sum"]
 
 def decompose_sum(graph: Graph) -> Graph:
     """Replace, in place, each ``add_n`` of ``graph`` with more than two inputs by binary adds.
-    Returns ``graph``."""
+    Returns ``graph``.
+
+    Args:
+        graph: The graph changed.
+
+    Returns:
+        ``graph`` itself.
+    """
     from popxl.op import create_op
     graph.ir._check_mutable()
     for op in [op for op in graph.schedule() if op.type == "add_n" and len(op.inputs) > 2]:

@@ -33,7 +33,11 @@ def _collect() -> Iterator[List[Op]]:
 @contextlib.contextmanager
 def merge_exchange() -> Iterator[None]:
     """Merge the host and remote loads/stores created inside into one exchange. They must be free
-    to reorder (create them under ``popxl.in_sequence(False)``)."""
+    to reorder (create them under ``popxl.in_sequence(False)``).
+
+    Returns:
+        A context manager.
+    """
     with _collect() as created:
         yield
     transfers = [op for op in created if op.type in EXCHANGE_OPS]
@@ -47,7 +51,17 @@ def merge_exchange() -> Iterator[None]:
 def io_tile_exchange(verify_overlap: bool = True) -> Iterator[None]:
     """`merge_exchange` on the IO tiles with ``in_sequence(False)``. With ``verify_overlap``, at most
     one op other than the transfers (and ``init``) may be created inside, else RuntimeError: more
-    would not overlap with compute on an IPU."""
+    would not overlap with compute on an IPU.
+
+    Args:
+        verify_overlap: Check that at most one other op is created inside.
+
+    Returns:
+        A context manager.
+
+    Raises:
+        RuntimeError: If ``verify_overlap`` and more than one other op was created inside.
+    """
     with _collect() as created, io_tiles(), in_sequence(False), merge_exchange():
         yield
     if verify_overlap:

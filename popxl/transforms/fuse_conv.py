@@ -56,7 +56,14 @@ _CHANNELS_LAST_DTYPES = (float32, float16)
 
 
 def fuse_conv(graph: Graph) -> Graph:
-    """All the rewrites, in place, on ``graph``. Returns ``graph``."""
+    """All the rewrites, in place, on ``graph``. Returns ``graph``.
+
+    Args:
+        graph: The graph rewritten.
+
+    Returns:
+        ``graph`` itself.
+    """
     return keep_channels_last(global_pools_as_pools(fuse_conv_post_ops(fuse_conv_bias(fold_batch_norm(graph)))))
 
 
@@ -81,7 +88,14 @@ def _per_channel(t: Tensor, rank: int) -> Tensor:
 
 
 def fold_batch_norm(graph: Graph) -> Graph:
-    """Rewrite 1 above, in place. Returns ``graph``."""
+    """Rewrite 1 above, in place. Returns ``graph``.
+
+    Args:
+        graph: The graph rewritten.
+
+    Returns:
+        ``graph`` itself.
+    """
     import popxl.ops as ops
     from popxl.ops.conv import conv_fused
 
@@ -130,7 +144,14 @@ def _takes_as_post_op(reader: Op, y: Tensor) -> bool:
 
 def fuse_conv_bias(graph: Graph) -> Graph:
     """Rewrite 1's per-channel bias add, in place; a convolution without one whose result goes on
-    to an op that rewrite 2 fuses takes a zero bias. Returns ``graph``."""
+    to an op that rewrite 2 fuses takes a zero bias. Returns ``graph``.
+
+    Args:
+        graph: The graph rewritten.
+
+    Returns:
+        ``graph`` itself.
+    """
     import popxl.ops as ops
     from popxl.ops.conv import conv_fused
 
@@ -155,7 +176,14 @@ def fuse_conv_bias(graph: Graph) -> Graph:
 
 
 def fuse_conv_post_ops(graph: Graph) -> Graph:
-    """Rewrite 2 above, in place. Returns ``graph``."""
+    """Rewrite 2 above, in place. Returns ``graph``.
+
+    Args:
+        graph: The graph rewritten.
+
+    Returns:
+        ``graph`` itself.
+    """
     from popxl.ops.conv import conv_fused, conv_pool_attrs
 
     graph.ir._check_mutable()
@@ -188,7 +216,14 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
 
 
 def global_pools_as_pools(graph: Graph) -> Graph:
-    """The global pool rewrite above, in place. Returns ``graph``."""
+    """The global pool rewrite above, in place. Returns ``graph``.
+
+    Args:
+        graph: The graph rewritten.
+
+    Returns:
+        ``graph`` itself.
+    """
     import popxl.ops as ops
 
     graph.ir._check_mutable()
@@ -220,7 +255,14 @@ def _layout_slot(op: Op, t: Tensor) -> Optional[int]:
 
 
 def keep_channels_last(graph: Graph) -> Graph:
-    """Rewrite 3 above, in place. Returns ``graph``."""
+    """Rewrite 3 above, in place. Returns ``graph``.
+
+    Args:
+        graph: The graph rewritten.
+
+    Returns:
+        ``graph`` itself.
+    """
     graph.ir._check_mutable()
     aware = [op for op in graph.schedule() if op.type in _LAYOUT_INPUTS and op.outputs[0].rank == 4]
     readers = {}

@@ -26,7 +26,14 @@ __all__ = ["fuse_matmul", "fuse_matmul_bias", "fuse_weight_updates"]
 
 
 def fuse_matmul(ir):
-    """Both fusions, in place. Returns ``ir``."""
+    """Both fusions, in place. Returns ``ir``.
+
+    Args:
+        ir: The program rewritten.
+
+    Returns:
+        ``ir`` itself.
+    """
     return fuse_weight_updates(fuse_matmul_bias(ir))
 
 
@@ -37,7 +44,14 @@ def _is_float32_matmul(op: Op) -> bool:
 
 def fuse_matmul_bias(ir):
     """Rewrite 1 above, in place, in every graph the main graph reaches. Both ops must be in the
-    static program (see ``ProgramFacts.static``) or both out of it. Returns ``ir``."""
+    static program (see ``ProgramFacts.static``) or both out of it. Returns ``ir``.
+
+    Args:
+        ir: The program rewritten.
+
+    Returns:
+        ``ir`` itself.
+    """
     ir._check_mutable()
     facts = ProgramFacts(ir)
     static = set(map(id, facts.static()[1]))
@@ -113,7 +127,14 @@ def _find_update(facts: ProgramFacts, parent: Graph, sched, readers, pos: int, u
 
 
 def fuse_weight_updates(ir):
-    """Rewrite 2 above, in place, in every graph the main graph reaches. Returns ``ir``."""
+    """Rewrite 2 above, in place, in every graph the main graph reaches. Returns ``ir``.
+
+    Args:
+        ir: The program rewritten.
+
+    Returns:
+        ``ir`` itself.
+    """
     from popxl.ops.call import bind_site_input, mark_site_input_modified
     ir._check_mutable()
     facts = ProgramFacts(ir)

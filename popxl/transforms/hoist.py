@@ -34,7 +34,17 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
     ``bound`` maps body inputs to the ``parent`` tensors they are bound to; name only inputs that
     hold the same value in every iteration as far as the caller knows (not carried). ``bind(t,
     name)`` makes ``parent`` tensor ``t`` a new input of ``body`` and returns it. Returns the
-    hoisted ops (as they were in ``body``)."""
+    hoisted ops (as they were in ``body``).
+
+    Args:
+        body: The loop body.
+        parent: The graph the loop op is in.
+        bound: Body input -> the parent tensor bound to it, for inputs invariant across iterations.
+        bind: Makes a parent tensor a new input of ``body`` (given it and a name) and returns it.
+
+    Returns:
+        The hoisted ops.
+    """
     body.ir._check_mutable()
     readers: Dict[int, List[Op]] = {}
     for op in body.schedule():
