@@ -312,8 +312,8 @@ def conv(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1, 1), paddi
     """Grouped convolution (cross-correlation) with 1 to 3 spatial dimensions, as ONNX Conv.
 
     Args:
-        t: The input, (N, C, *spatial) with 1 to 3 spatial dimensions.
-        weight: The filters, (M, C / groups, *kernel).
+        t: The input, ``(N, C, *spatial)`` with 1 to 3 spatial dimensions.
+        weight: The filters, ``(M, C / groups, *kernel)``.
         stride: The step per spatial dimension (or one int for all).
         padding: The begin pads of each spatial dimension, then the end pads (or one int for all).
         dilation: The kernel dilation per spatial dimension (or one int for all).
@@ -324,7 +324,7 @@ def conv(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1, 1), paddi
         enable_conv_dithering: An IPU planning hint, accepted and ignored on CPUs.
 
     Returns:
-        A new tensor (N, M, *out) of ``t``'s dtype.
+        A new tensor ``(N, M, *out)`` of ``t``'s dtype.
 
     Raises:
         TypeError: If ``t`` or ``weight`` is not a Tensor, or their dtypes differ or are not
@@ -344,8 +344,8 @@ def conv_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optio
     """`conv` of float8 tensors, scaled by a power of two, in float16.
 
     Args:
-        t: The float8 input, (N, C, *spatial) with 1 to 3 spatial dimensions.
-        weight: The float8 filters, (M, C / groups, *kernel).
+        t: The float8 input, ``(N, C, *spatial)`` with 1 to 3 spatial dimensions.
+        weight: The float8 filters, ``(M, C / groups, *kernel)``.
         log2_scale: A scalar int32 tensor with a value in [-32, 32): the result is multiplied by
             ``2 ** log2_scale``.
         stride: The step per spatial dimension (or one int for all).
@@ -357,7 +357,7 @@ def conv_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optio
         enable_conv_dithering: An IPU planning hint, accepted and ignored on CPUs.
 
     Returns:
-        A new float16 tensor (N, M, *out).
+        A new float16 tensor ``(N, M, *out)``.
 
     Raises:
         TypeError: If ``t`` or ``weight`` is not a float8 Tensor, or ``log2_scale`` is not int32.
@@ -383,8 +383,8 @@ def conv_transpose(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1,
     ("same_upper").
 
     Args:
-        t: The input, (N, C, *spatial) with 1 to 3 spatial dimensions.
-        weight: The filters, (C, M / groups, *kernel).
+        t: The input, ``(N, C, *spatial)`` with 1 to 3 spatial dimensions.
+        weight: The filters, ``(C, M / groups, *kernel)``.
         stride: The step per spatial dimension (or one int for all).
         padding: The begin pads of each spatial dimension, then the end pads (or one int for all).
         dilation: The kernel dilation per spatial dimension (or one int for all).
@@ -397,7 +397,7 @@ def conv_transpose(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1,
         enable_conv_dithering: An IPU planning hint, accepted and ignored on CPUs.
 
     Returns:
-        A new tensor (N, M, *out) of ``t``'s dtype.
+        A new tensor ``(N, M, *out)`` of ``t``'s dtype.
 
     Raises:
         TypeError: If ``t`` or ``weight`` is not a Tensor, or their dtypes differ or are not
@@ -420,8 +420,8 @@ def conv_transpose_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, str
     """`conv_transpose` of float8 tensors, scaled by a power of two, in float16.
 
     Args:
-        t: The float8 input, (N, C, *spatial) with 1 to 3 spatial dimensions.
-        weight: The float8 filters, (C, M / groups, *kernel).
+        t: The float8 input, ``(N, C, *spatial)`` with 1 to 3 spatial dimensions.
+        weight: The float8 filters, ``(C, M / groups, *kernel)``.
         log2_scale: A scalar int32 tensor with a value in [-32, 32): the result is multiplied by
             ``2 ** log2_scale``.
         stride: The step per spatial dimension (or one int for all).
@@ -435,7 +435,7 @@ def conv_transpose_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, str
         enable_conv_dithering: An IPU planning hint, accepted and ignored on CPUs.
 
     Returns:
-        A new float16 tensor (N, M, *out).
+        A new float16 tensor ``(N, M, *out)``.
 
     Raises:
         TypeError: If ``t`` or ``weight`` is not a float8 Tensor, or ``log2_scale`` is not int32.

@@ -92,7 +92,7 @@ def average_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]
     Padded positions are not counted in the mean.
 
     Args:
-        t: The input, (N, C, *spatial).
+        t: The input, ``(N, C, *spatial)``.
         kernel_size: The window size per spatial dimension.
         stride: The step per spatial dimension; default 1.
         padding: The begin pads of each spatial dimension, then the end pads; default 0.
@@ -104,7 +104,7 @@ def average_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]
             the end padding is dropped).
 
     Returns:
-        A new tensor (N, C, *out) of ``t``'s dtype.
+        A new tensor ``(N, C, *out)`` of ``t``'s dtype.
 
     Raises:
         TypeError: If ``t`` is not a Tensor or not numeric.
@@ -127,7 +127,7 @@ def max_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]] = 
     Padding never wins.
 
     Args:
-        t: The input, (N, C, *spatial).
+        t: The input, ``(N, C, *spatial)``.
         kernel_size: The window size per spatial dimension.
         stride: The step per spatial dimension; default 1.
         padding: The begin pads of each spatial dimension, then the end pads; default 0.
@@ -140,7 +140,7 @@ def max_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]] = 
         storage_order: "row" or "column": the layout of indices, which this op does not return.
 
     Returns:
-        A new tensor (N, C, *out) of ``t``'s dtype.
+        A new tensor ``(N, C, *out)`` of ``t``'s dtype.
 
     Raises:
         TypeError: If ``t`` is not a Tensor or not numeric.

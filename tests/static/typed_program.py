@@ -44,9 +44,11 @@ def train_step() -> Tuple[np.ndarray, float]:
 
         grad_info: GradGraphInfo = transforms.autodiff(graph)
         dy = ops.init(y.shape, y.dtype, "dy", "zero") + 1.0
-        grads: Tuple[popxl.Tensor, ...] = ops.call(grad_info.graph, dy, inputs_dict=grad_info.inputs_dict(info))
-        by_tensor: Dict[popxl.Tensor, popxl.Tensor] = grad_info.fwd_parent_ins_to_grad_parent_outs(info, info)
-        assert len(by_tensor) >= 0
+        grad_call = ops.call_with_info(grad_info.graph, dy, inputs_dict=grad_info.inputs_dict(info))
+        grads: Tuple[popxl.Tensor, ...] = grad_call.outputs
+        by_tensor: Dict[popxl.Tensor, popxl.Tensor] = grad_info.fwd_parent_ins_to_grad_parent_outs(info, grad_call)
+        assert by_tensor[W] is grads[1]
+        again = ops.call(graph, x, inputs_dict={layer.W: W, layer.b: b})[0]  # autodiff added outputs
         every: Dict[popxl.Graph, GradGraphInfo] = transforms.autodiff(graph, return_all_grad_graphs=True)
         assert graph in every
         _, gW, gb = grads
@@ -57,7 +59,7 @@ def train_step() -> Tuple[np.ndarray, float]:
         parts: List[popxl.Tensor] = ops.split(values, 2, axis=1)
         _ = ops.cast(indices, popxl.float32) + parts[0] - 2 * parts[1] / 3.0 ** ops.abs(-parts[0])
         _ = ops.reshape(ops.relu(y).T, (-1,))[1:3]
-        _ = ops.collectives.replicated_all_reduce(loss, op="add")
+        _ = ops.collectives.replicated_all_reduce(loss + ops.mean(again), op="add")
 
     with popxl.Session(ir, "cpu") as session:
         outputs = session.run({x_stream: rng.normal(size=(2, 4)).astype(np.float32)})
