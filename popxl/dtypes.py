@@ -8,7 +8,7 @@ float8_e5m2fnuz (1-5-2, max 57344).
 from __future__ import annotations
 
 import builtins
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 import ml_dtypes
 import numpy as np
@@ -168,7 +168,7 @@ _BY_NUMPY.update({d._compute: d for d in _BY_NAME.values()})
 _NP_TO_POPXL: Dict[np.dtype, dtype] = {d._numpy: d for d in _BY_NAME.values()}
 
 
-def __getattr__(name: str) -> Any:
+def _lazy_attribute(name: str) -> Any:
     if name == "_PT_TO_POPXL":
         try:
             import torch
@@ -179,6 +179,10 @@ def __getattr__(name: str) -> Any:
         globals()[name] = table
         return table
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if not TYPE_CHECKING:  # a module __getattr__ would make every unknown name Any to type checkers
+    __getattr__ = _lazy_attribute
 
 
 def from_numpy(np_dtype: Any) -> dtype:

@@ -177,7 +177,8 @@ class Ir:
     # settings -------------------------------------------------------------------------------------
     @property
     def num_host_transfers(self) -> int:
-        """How many slices each stream advances per ``Session.run`` (the leading host buffer dimension when above 1)."""
+        """How many slices each stream advances per ``Session.run`` (the host buffers' leading dimension
+        when above 1)."""
         return self._num_host_transfers
 
     @num_host_transfers.setter

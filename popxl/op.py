@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import attrs
 
@@ -183,9 +183,22 @@ def check_tensor(graph: "Graph", t: Any, what: str, opname: str) -> "Tensor":
     return t
 
 
+# The result follows ``return_op``: the output tensors, or the Op.
+@overload
 def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str, Any]] = None,
               name: Optional[str] = None, output_names: Optional[Sequence[Optional[str]]] = None,
-              graph: Optional["Graph"] = None, return_op: bool = False) -> Any:
+              graph: Optional["Graph"] = None, return_op: Literal[False] = False) -> Tuple["Tensor", ...]: ...
+
+
+@overload
+def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str, Any]] = None,
+              name: Optional[str] = None, output_names: Optional[Sequence[Optional[str]]] = None,
+              graph: Optional["Graph"] = None, *, return_op: Literal[True]) -> "Op": ...
+
+
+def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str, Any]] = None,
+              name: Optional[str] = None, output_names: Optional[Sequence[Optional[str]]] = None,
+              graph: Optional["Graph"] = None, return_op: bool = False) -> Union[Tuple["Tensor", ...], "Op"]:
     """Trace one op into the current graph: check inputs, infer outputs, append.
     Returns the output tensors (or the Op itself with ``return_op``)."""
     from popxl.tensor import Tensor

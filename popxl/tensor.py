@@ -28,7 +28,7 @@ HostScalarTensor = Union[ScalarType, np.ndarray, Iterable]
 HostTensor = Union[np.ndarray, Iterable]
 
 
-def __getattr__(name: str) -> Any:
+def _lazy_attribute(name: str) -> Any:
     # PopXL's ``host_tensor_types``: the classes of host tensor data (isinstance checks), torch.Tensor
     # among them when torch is installed. Made on first use: importing torch takes seconds.
     if name == "host_tensor_types":
@@ -42,6 +42,12 @@ def __getattr__(name: str) -> Any:
         globals()[name] = types
         return types
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # a module __getattr__ would make every unknown name Any to type checkers
+    host_tensor_types: Tuple[type, ...]
+else:
+    __getattr__ = _lazy_attribute
 TensorLike = Union["Tensor", HostScalarTensor]
 
 

@@ -406,7 +406,8 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Union[TensorLike,
     Raises:
         TypeError: If a value cannot be made a tensor of its input's dtype, or ``graph`` is not a
             Graph.
-        ValueError: If ``repeat_count`` is negative, the graph has fewer inputs than outputs, there are more positional values than inputs, an input is bound twice, a
+        ValueError: If ``repeat_count`` is negative, the graph has fewer inputs than outputs,
+            there are more positional values than inputs, an input is bound twice, a
             key of ``inputs_dict`` is not an input of ``graph``, a tensor is not in the current graph,
             a bound value's shape or dtype does not match its input, or (``check_inputs``) an input
             is left unbound.
@@ -438,7 +439,8 @@ def repeat(graph: Graph, repeat_count: int, *inputs: Union[TensorLike, Iterable[
     Raises:
         TypeError: If a value cannot be made a tensor of its input's dtype, or ``graph`` is not a
             Graph.
-        ValueError: If ``repeat_count`` is negative, the graph has fewer inputs than outputs, there are more positional values than inputs, an input is bound twice, a
+        ValueError: If ``repeat_count`` is negative, the graph has fewer inputs than outputs,
+            there are more positional values than inputs, an input is bound twice, a
             key of ``inputs_dict`` is not an input of ``graph``, a tensor is not in the current graph,
             a bound value's shape or dtype does not match its input, or (``check_inputs``) an input
             is left unbound.

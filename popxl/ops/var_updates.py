@@ -496,7 +496,9 @@ def lamb_updater(acc_first_order: Tensor, acc_second_order: Tensor, weight: Opti
 def adamax_updater(acc_first_order: Tensor, acc_second_order: Tensor, weight: Optional[Tensor] = None,
                    time_step: Optional[Tensor] = None, weight_decay: Optional[Scalar] = None, beta1: Scalar = 0.9,
                    epsilon: Scalar = 1e-07) -> Tensor:
-    """The AdaMax update term ``m' / (u + epsilon)`` (plus ``weight_decay * weight``), with ``m' = m / (1 - beta1 ** step)``.
+    """The AdaMax update term ``m' / (u + epsilon)`` (plus ``weight_decay * weight``).
+
+    ``m' = m / (1 - beta1 ** step)``.
 
     Args:
         acc_first_order: The first moment m.

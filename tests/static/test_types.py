@@ -27,6 +27,7 @@ MISUSE = {
     "ops.collectives.replicated_all_reduce(x, group=2)": 'Argument "group" to "replicated_all_reduce" has '
                                                          'incompatible type "int"; expected "ReplicaGrouping | None"',
     "popxl.Session(ir, weights_to_host_on_exit=1.5)": 'incompatible type "float"; expected "bool"',
+    "popxl.dtypes.float33": 'Module has no attribute "float33"',
 }
 
 

@@ -61,8 +61,10 @@ def train_step() -> Tuple[np.ndarray, float]:
         _ = ops.reshape(ops.relu(y).T, (-1,))[1:3]
         _ = ops.collectives.replicated_all_reduce(loss + ops.mean(again), op="add")
 
+    x_data = rng.normal(size=(2, 4)).astype(np.float32)
+    assert isinstance(x_data, popxl.tensor.host_tensor_types)
     with popxl.Session(ir, "cpu") as session:
-        outputs = session.run({x_stream: rng.normal(size=(2, 4)).astype(np.float32)})
+        outputs = session.run({x_stream: x_data})
         weights: np.ndarray = session.get_tensor_data(W)
     return weights, float(outputs[loss_stream])
 
