@@ -44,7 +44,8 @@ def softmax(t: Tensor, axis: int) -> Tensor:
 
     Raises:
         TypeError: If ``t`` is not a Tensor or not floating point, or ``axis`` is not an int.
-        ValueError: If ``axis`` is out of range, or ``t`` is not in the current graph.
+        ValueError: If ``axis`` is out of range (a scalar has no axis), or ``t`` is not in the current
+            graph.
     """
     try:
         ax = normalize_axes(t.rank, axis)[0]

@@ -36,7 +36,7 @@ def ipu_copy(t: Tensor, destination: int, source: Optional[int] = None) -> Tenso
 
     Raises:
         TypeError: If ``t`` is not a Tensor.
-        ValueError: If the source IPU is not known, or ``t`` is not in the current graph.
+        ValueError: If ``destination`` is not a non-negative int, or ``t`` is not in the current graph.
     """
     if source is None:
         source = t.ipu

@@ -234,7 +234,8 @@ def random_uniform(seed_tensor: Tensor, shape: Tuple[int, ...], low: float = 0.0
 
     Raises:
         TypeError: If ``seed_tensor`` is not a Tensor, or ``dtype`` is not float16 or float32.
-        ValueError: If ``seed_tensor`` is not uint32 of shape (2,), or is not in the current graph.
+        ValueError: If ``seed_tensor`` is not uint32 of shape (2,) or not in the current graph, or
+            ``shape`` is not a tuple of positive ints.
     """
     return create_op("random_uniform", [seed_tensor],
                      {"shape": _shape_attr(shape), "low": float(low), "high": float(high), "dtype": dtype})[0]
@@ -256,7 +257,8 @@ def random_normal(seed_tensor: Tensor, shape: Tuple[int, ...], mean: float = 0.0
 
     Raises:
         TypeError: If ``seed_tensor`` is not a Tensor, or ``dtype`` is not float16 or float32.
-        ValueError: If ``seed_tensor`` is not uint32 of shape (2,), or is not in the current graph.
+        ValueError: If ``seed_tensor`` is not uint32 of shape (2,) or not in the current graph, or
+            ``shape`` is not a tuple of positive ints.
     """
     return create_op("random_normal", [seed_tensor],
                      {"shape": _shape_attr(shape), "mean": float(mean), "std": float(std), "dtype": dtype})[0]

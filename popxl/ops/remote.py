@@ -121,7 +121,9 @@ def remote_load(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], name: O
     Raises:
         TypeError: If ``remote_buffer`` is not a RemoteBuffer or ``offset`` is neither an int nor a
             Tensor.
-        ValueError: If ``offset`` is out of range, or a tensor is not in the current graph.
+        ValueError: If ``offset`` is negative or not a one-element integer tensor, or a tensor is not in
+            the current graph.
+        IndexError: When the program runs, if ``offset`` is not a slot of the buffer.
     """
     off = _offset_tensor("remote_load", remote_buffer, offset)
     name = name or f"id_{remote_buffer.remote_buffer_id}_offset_{off.name}"
@@ -142,8 +144,9 @@ def remote_load_(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], t: Ten
 
     Raises:
         TypeError: If ``remote_buffer`` is not a RemoteBuffer or ``t`` is not a Tensor.
-        ValueError: If ``t`` does not match the buffer, ``offset`` is out of range, or a tensor is
-            not in the current graph.
+        ValueError: If ``t`` does not match the buffer, ``offset`` is negative, or a tensor is not in
+            the current graph.
+        IndexError: When the program runs, if ``offset`` is not a slot of the buffer.
     """
     off = _offset_tensor("remote_load_", remote_buffer, offset)
     _check_tensor("remote_load_", remote_buffer, t)
@@ -160,8 +163,9 @@ def remote_store(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], t: Ten
 
     Raises:
         TypeError: If ``remote_buffer`` is not a RemoteBuffer or ``t`` is not a Tensor.
-        ValueError: If ``t`` does not match the buffer, ``offset`` is out of range, or a tensor is
-            not in the current graph.
+        ValueError: If ``t`` does not match the buffer, ``offset`` is negative, or a tensor is not in
+            the current graph.
+        IndexError: When the program runs, if ``offset`` is not a slot of the buffer.
     """
     off = _offset_tensor("remote_store", remote_buffer, offset)
     _check_tensor("remote_store", remote_buffer, t)

@@ -1085,7 +1085,7 @@ def onehot(t: Tensor, num_classes: Tensor, values: Tensor, axis: int) -> Tensor:
         A new tensor of ``values``' dtype with one more axis than ``t``.
 
     Raises:
-        TypeError: If a tensor argument is not a Tensor.
+        TypeError: If a tensor argument is not a Tensor, or ``t`` is not numeric.
         ValueError: If ``num_classes`` is not a constant scalar, ``values`` does not have 2
             elements, ``axis`` is out of range, or a tensor is not in the current graph.
     """
@@ -1228,7 +1228,7 @@ def interpolate(t: Tensor, scale_factor: Optional[Tuple[float, ...]] = (1.0, 1.0
         A new tensor of ``t``'s dtype and the scaled shape.
 
     Raises:
-        TypeError: If ``t`` is not a Tensor.
+        TypeError: If ``t`` is not a Tensor, or is not floating point for a mode other than nearest.
         ValueError: If a mode is unknown, ``scale_factor`` does not have one entry per dimension, or
             ``t`` is not in the current graph.
     """

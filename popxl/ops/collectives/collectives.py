@@ -154,7 +154,7 @@ def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: Optional[
         A new tensor of ``t``'s shape and dtype.
 
     Raises:
-        TypeError: If ``t`` is not a Tensor.
+        TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``op`` is unknown, or ``t`` is not in the current graph.
         NotImplementedError: If ``group`` is not a constant grouping.
     """
@@ -173,7 +173,7 @@ def replicated_all_reduce_(t: Tensor, op: CollectiveOps = "add", group: Optional
         An alias of ``t``.
 
     Raises:
-        TypeError: If ``t`` is not a Tensor.
+        TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``op`` is unknown, or ``t`` is not in the current graph.
         NotImplementedError: If ``group`` is not a constant grouping.
     """
@@ -218,7 +218,7 @@ def replicated_reduce_scatter(t: Tensor, op: CollectiveOps = "add", group: Optio
         A new 1-D tensor of ``t``'s dtype.
 
     Raises:
-        TypeError: If ``t`` is not a Tensor.
+        TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``op`` is unknown, or ``t`` is not in the current graph.
         NotImplementedError: If ``group`` is not a constant grouping.
     """
@@ -249,7 +249,7 @@ def replica_sharded_slice(t: Tensor, group: Optional[ReplicaGrouping] = None) ->
         A new 1-D tensor whose meta shape is ``t.shape``.
 
     Raises:
-        TypeError: If ``t`` is not a Tensor.
+        TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``t`` is not in the current graph.
         NotImplementedError: If ``group`` is not a constant grouping.
     """
@@ -286,7 +286,7 @@ def replicated_slice(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] 
         A new tensor, ``t``'s shape with ``axis`` divided by the group size.
 
     Raises:
-        TypeError: If ``t`` is not a Tensor.
+        TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If the axis length is not divisible by the group size, ``axis`` is out of range,
             or ``t`` is not in the current graph.
         NotImplementedError: If ``group`` is not a constant grouping.
@@ -345,7 +345,7 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: Optional[ReplicaGroup
         A new tensor of ``t``'s dtype.
 
     Raises:
-        TypeError: If ``t`` is not a Tensor.
+        TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``axis`` is not an int, ``output_shape`` is unknown, or ``t`` is not in the
             current graph.
         NotImplementedError: If ``group`` is not a constant grouping.
