@@ -131,6 +131,22 @@ class Context(OpCreatedHooks):
         """
         return self._graphs.pop()
 
+    def _op_created(self, op: "Op") -> None:
+        """Run the hooks for a new op: the context's, then its graph's. ``op`` may be PopART's view
+        of the op (custom ops' Python wrappers call this with what ``createOpInGraph`` returned)."""
+        from popxl.op import Op
+        if not isinstance(op, Op):
+            from popart._internal.ir import popxl_object
+            op = popxl_object(op, Op)
+        super()._op_created(op)
+        op.graph._op_created(op)
+
+    def _get_op_settings(self, name: str) -> Any:
+        """PopART's settings for an op made by ``createOpInGraph`` in the current graph: its name
+        (under the current name scopes), IPU, tile set and execution context."""
+        from popart._internal.ir.custom_op import Settings
+        return Settings._from_context(self, name)
+
     @property
     def in_sequence(self) -> Optional[Union[bool, str]]:
         """The innermost ``in_sequence`` mode, or None outside any."""

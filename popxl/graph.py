@@ -229,6 +229,8 @@ class Graph(OpCreatedHooks):
             self._tensors.pop(new.id, None)
             kept._producer = producer
             producer.outputs = tuple(kept if o is new else o for o in producer.outputs)
+            for op in made:  # new ops reading a replacement read the kept tensor instead
+                op.inputs = tuple(kept if i is new else i for i in op.inputs)
         self.remove_ops(old, keep_outputs=last.outputs)
         return made
 

@@ -16,6 +16,10 @@ Every op is declared once, with:
   var updates): the kernel computes, the engine writes into that input.
 - ``grad``: the gradient decision, used by ``popxl.transforms.autodiff``.
 - ``control``: ops the engine runs as program structure (call, repeat, host I/O, ...), not kernels.
+- ``expand``: ops that run as other ops: ``expand(op)`` traces the ops computing ``op``'s outputs
+  (returned in order), and every Session rewrites such ops so before compiling
+  (``popxl.transforms.expand_ops``), as PopART's patterns do. popxl-addons' custom ops that span
+  replicas run so, as local kernels and the collectives of ``popxl.ops.collectives``.
 
 Kernels for the native engine are registered in C++ under the same names.
 """
@@ -64,6 +68,7 @@ class OpDef:
     # For other ops: attrs -> the positions of inputs whose storage the first output may take
     # when they die at this op (every kernel reads such an input before writing the output over it).
     overwritable: Optional[Callable[..., Tuple[int, ...]]] = None
+    expand: Optional[Callable[["Op"], Any]] = None
 
     @property
     def pure(self) -> bool:
@@ -71,7 +76,7 @@ class OpDef:
         flow, collective or side-effecting, not in place, not a view aliasing its input. Such an op
         may run earlier or less often (hoisting, lowering's static program) without changing results."""
         return (not (self.control or self.collective or self.side_effect) and self.inplace is None
-                and (self.view is None or self.copy))
+                and (self.view is None or self.copy) and self.expand is None)
 
 
 REGISTRY: Dict[str, OpDef] = {}
@@ -100,7 +105,7 @@ def grad_rule(*opnames: str) -> Callable[[Callable], Callable]:
 
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
-_SKIP_DIRS = (_PKG_DIR, os.path.dirname(os.path.abspath(__file__ + "/../popart/x")))
+_SKIP_DIRS = (_PKG_DIR, os.path.join(os.path.dirname(_PKG_DIR), "popart"))
 
 
 def user_location() -> str:
@@ -187,20 +192,24 @@ def check_tensor(graph: "Graph", t: Any, what: str, opname: str) -> "Tensor":
 @overload
 def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str, Any]] = None,
               name: Optional[str] = None, output_names: Optional[Sequence[Optional[str]]] = None,
-              graph: Optional["Graph"] = None, return_op: Literal[False] = False) -> Tuple["Tensor", ...]: ...
+              graph: Optional["Graph"] = None, return_op: Literal[False] = False,
+              notify: bool = True) -> Tuple["Tensor", ...]: ...
 
 
 @overload
 def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str, Any]] = None,
               name: Optional[str] = None, output_names: Optional[Sequence[Optional[str]]] = None,
-              graph: Optional["Graph"] = None, *, return_op: Literal[True]) -> "Op": ...
+              graph: Optional["Graph"] = None, *, return_op: Literal[True], notify: bool = True) -> "Op": ...
 
 
 def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str, Any]] = None,
               name: Optional[str] = None, output_names: Optional[Sequence[Optional[str]]] = None,
-              graph: Optional["Graph"] = None, return_op: bool = False) -> Union[Tuple["Tensor", ...], "Op"]:
+              graph: Optional["Graph"] = None, return_op: bool = False,
+              notify: bool = True) -> Union[Tuple["Tensor", ...], "Op"]:
     """Trace one op into the current graph: check inputs, infer outputs, append.
-    Returns the output tensors (or the Op itself with ``return_op``)."""
+    Returns the output tensors (or the Op itself with ``return_op``). The op-created hooks run
+    unless ``notify`` is False (PopART's ``createOpInGraph``: its caller runs them, through
+    ``ctx._op_created(op)``)."""
     from popxl.tensor import Tensor
 
     opdef = REGISTRY[opname]
@@ -227,6 +236,6 @@ def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str
         outs.append(Tensor._create(g, nm, spec, producer=op))
     op.outputs = tuple(outs)
     g._ops.append(op)
-    get_current_context()._op_created(op)
-    g._op_created(op)
+    if notify:
+        get_current_context()._op_created(op)
     return op if return_op else op.outputs

@@ -20,6 +20,7 @@ from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Tensor, Variable
+from popxl.transforms.expand import expand_ops
 from popxl.transforms.fuse_matmul import fuse_matmul
 from popxl.utils import to_numpy
 
@@ -132,6 +133,7 @@ class Session:
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._lock = threading.RLock()
         progress = Progress("popxl: compiling", 2 * len(list(ir._all_graphs())) + 1)
+        expand_ops(ir)  # ops that run as other ops (popxl-addons' replica-spanning custom ops)
         fuse_matmul(ir)  # the Ir shows what runs: x @ W + b as matmul_bias, SGD updates in their GEMMs
         self._exe = lower(ir, progress.step)
         self._check_transfer_counts()

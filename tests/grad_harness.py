@@ -17,14 +17,17 @@ class GradProgram:
     ``sum(dy * y)`` with respect to the inputs listed in ``wrt``."""
 
     def __init__(self, build: Callable, inputs: Sequence[np.ndarray], wrt: Sequence[int],
-                 dtypes: Optional[Sequence[popxl.dtype]] = None) -> None:
+                 dtypes: Optional[Sequence[popxl.dtype]] = None, replication: int = 1) -> None:
+        """With ``replication`` > 1 each input holds every replica's value (a leading axis of
+        ``replication``), as do the seeds and the results."""
         self.inputs = [np.asarray(x) for x in inputs]
         dts = list(dtypes) if dtypes else [popxl.dtypes.from_numpy(x.dtype) for x in self.inputs]
-        ir = popxl.Ir()
+        shapes = [x.shape[1:] if replication > 1 else x.shape for x in self.inputs]
+        ir = popxl.Ir(replication=replication)
         with ir.main_graph:
-            fwd = ir.create_graph(build, *[popxl.TensorSpec(x.shape, dt) for x, dt in zip(self.inputs, dts)])
+            fwd = ir.create_graph(build, *[popxl.TensorSpec(s, dt) for s, dt in zip(shapes, dts)])
             self.info = transforms.autodiff(fwd, grads_required=[fwd.inputs[i] for i in wrt])
-            in_streams = [popxl.h2d_stream(x.shape, dt, f"x{i}") for i, (x, dt) in enumerate(zip(self.inputs, dts))]
+            in_streams = [popxl.h2d_stream(s, dt, f"x{i}") for i, (s, dt) in enumerate(zip(shapes, dts))]
             xs = [ops.host_load(s) for s in in_streams]
             call = ops.call_with_info(fwd, *xs)
             n_seeds = sum(c.connection_type is transforms.ExpectedConnectionType.FwdGrad
