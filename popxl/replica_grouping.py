@@ -92,6 +92,12 @@ class ReplicaGrouping:
 
     # properties -------------------------------------------------------------------------------------
     @property
+    def _pb_replica_grouping(self) -> Any:
+        """This grouping as PopART's internal IR shows it (what custom ops' bindings take)."""
+        from popart._internal.ir.custom_op import ReplicaGrouping as PbReplicaGrouping
+        return PbReplicaGrouping(self)
+
+    @property
     def is_const(self) -> bool:
         """True if the grouping is described by a stride and a group size."""
         return self._stride is not None

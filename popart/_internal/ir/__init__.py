@@ -12,12 +12,16 @@ the call and why; the README's compatibility section lists them.
 from popart._internal.ir import op, patterns, view
 from popart._internal.ir._views import popxl_object, view_of
 from popart._internal.ir.bwdgraphinfo import BwdGraphInfo, ExpectedConnection, ExpectedConnectionType
+from popart._internal.ir.custom_op import (CollectiveOperator, CustomOp, OperatorIdentifier, OptionalVGraphId,
+                                           ParameterizedOp, ReplicaGrouping, Settings)
 from popart._internal.ir.graph import Graph, GraphId, TopoCons
 from popart._internal.ir.ir import ExecutionContext, Ir, IrSessionOptions
 from popart._internal.ir.op import Op
 from popart._internal.ir.session import Session
 from popart._internal.ir.tensor import Consumers, Tensor, TensorInfo
+from popxl.tensorlocation import TileSet
 
 __all__ = ["op", "patterns", "view", "view_of", "popxl_object", "BwdGraphInfo", "ExpectedConnection",
            "ExpectedConnectionType", "Graph", "GraphId", "TopoCons", "ExecutionContext", "Ir", "IrSessionOptions",
-           "Op", "Session", "Tensor", "TensorInfo", "Consumers"]
+           "Op", "Session", "Tensor", "TensorInfo", "Consumers", "Settings", "CustomOp", "ParameterizedOp",
+           "OperatorIdentifier", "OptionalVGraphId", "CollectiveOperator", "ReplicaGrouping", "TileSet"]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Op", "SubgraphOp", "CallOp", "LoopOp", "IfOp", "InitOp", "IpuCopyOp", "AddOp", "MulOp",
            "MulLhsInplaceOp", "MulRhsInplaceOp", "AccumulateOp", "AccumulatorScaleOp", "AccumulatorZeroOp",
-           "exchange", "view_class"]
+           "exchange", "view_class", "register_view_class"]
 
 # PopART's op types where they are not popxl's name in CamelCase.
 _PB_TYPES = {"call": "Call", "repeat": "Loop", "if": "If", "matmul": "MatMul", "negate": "Neg",
@@ -517,3 +517,11 @@ _CLASSES: Dict[str, Type[Op]] = {
 def view_class(optype: str) -> Type[Op]:
     """The view class of a popxl op type (``Op`` for the kinds without one of their own)."""
     return _CLASSES.get(optype, Op)
+
+
+def register_view_class(optype: str, cls: Type[Op]) -> None:
+    """Make ``cls`` the view class of popxl op type ``optype`` (custom ops' PopART classes)."""
+    known = _CLASSES.get(optype)
+    if known is not None and known is not cls:
+        raise RuntimeError(f"popxl op type {optype!r} already has the PopART view class {known.__name__}.")
+    _CLASSES[optype] = cls
