@@ -26,6 +26,10 @@ from popxl import errors, fp8_utils, random_seed, testing, utils  # noqa: E402
 from popxl.session import Session
 from popxl import visualize  # noqa: E402  (listings, pictures, .dot files)
 from popxl.onnx_export import export_onnx  # noqa: E402
+from popxl import custom_op_modules as _custom_op_modules  # noqa: E402
+
+# C++ custom ops' binding modules (popxl-addons') resolve to popxl-cpu's, ahead of cppimport
+_custom_op_modules.install()
 
 __all__ = [
     "get_current_graph", "get_main_graph", "get_ir", "gcg", "gmg", "gir", "in_sequence", "name_scope", "ipu",

@@ -12,6 +12,7 @@ from popxl.ops import remote as _remote
 # imported before the op names below are bound, so that ``popxl.ops.conv`` ends up the function,
 # as in PopXL.
 from popxl.ops import conv as _conv, negative_log_likelihood as _nll
+from popxl.ops import addons  # popxl-addons' custom ops (registered here; not in popxl.ops' names)
 from popxl.ops.call import *  # noqa: F401,F403
 from popxl.ops.elementwise import *  # noqa: F401,F403
 from popxl.ops.host_io import *  # noqa: F401,F403

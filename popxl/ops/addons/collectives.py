@@ -1,0 +1,187 @@
+"""popxl-addons' collectives: the tensor-parallel all-reduce (``ReplicatedAllReduceTP``) and the
+strided all-reduce, all-gather and reduce-scatter (groups given as a stride and a size).
+
+Each is one op while tracing (so autodiff applies its own rule) and runs as the collective of
+``popxl.ops.collectives`` over the same replica groups (``OpDef.expand``; a Session rewrites it).
+The all-reduces carry popxl-addons' two flags: ``identical_inputs`` (every member already holds
+the sum, so the op passes its input through) and ``identical_grad_inputs`` (every member's
+gradient is the same, so the gradient passes through); the gradient of either all-reduce is the
+same all-reduce with the two flags swapped. The strided all-gather and reduce-scatter have no
+gradient (popxl-addons' ops define none).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Tuple
+
+from popxl.context import get_current_context
+from popxl.op import Grad, OpDef, create_op, grad_rule, register
+from popxl.ops.collectives.collectives import _group_size
+from popxl.ops.utils import spec
+from popxl.tensor import Tensor
+
+__all__ = ["replicated_all_reduce_tp", "replicated_all_reduce_strided", "replicated_all_gather_strided",
+           "replicated_reduce_scatter_strided"]
+
+_FAMILY = "addons"
+
+
+def reduction(op: object, allowed: Tuple[str, ...], what: str) -> str:
+    """A collective reduction given as popxl's name (``"add"``) or PopART's enum
+    (``CollectiveOperator.Add``), checked against the ones ``what`` implements."""
+    name = getattr(op, "name", op)
+    name = {"Add": "add", "Mean": "mean", "Mul": "mul", "Min": "min", "Max": "max", "LogicalAnd": "and",
+            "LogicalOr": "or", "SquareAdd": "square_add"}.get(name, name)
+    if name not in allowed:
+        raise ValueError(f"{what}: the collective operator {op!r} is not implemented; "
+                         f"it takes {' or '.join(repr(a) for a in allowed)}.")
+    return name
+
+
+def strided_groups(stride: int, group_size: Optional[int], what: str, ir: Any = None) -> Tuple[int, ...]:
+    """The replica -> group assignment of groups ``r, r + stride, ... `` of ``group_size`` replicas
+    (default: all replicas) in ``ir`` (default: the Ir being traced)."""
+    ir = ir or get_current_context().ir
+    size = ir.replication_factor if group_size is None else group_size
+    for name, v in (("stride", stride), ("group size", size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{what}: the {name} must be an int > 0, not {v!r}.")
+    try:
+        return tuple(ir.replica_grouping(stride, size).assignment)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+
+
+def groups_of(group: Any, what: str, ir: Any = None) -> Tuple[int, ...]:
+    """The replica -> group assignment of a ``popxl.ReplicaGrouping`` (or PopART's view of one;
+    None: all replicas) of ``ir`` (default: the Ir being traced)."""
+    from popxl.replica_grouping import ReplicaGrouping
+    ir = ir or get_current_context().ir
+    group = ir.replica_grouping() if group is None else getattr(group, "_popxl", group)
+    if not isinstance(group, ReplicaGrouping):
+        raise TypeError(f"{what}: the group must be a popxl.ReplicaGrouping, not {type(group).__name__}.")
+    if len(group.assignment) != ir.replication_factor:
+        raise ValueError(f"{what}: {group!r} groups {len(group.assignment)} replicas, but the Ir has "
+                         f"{ir.replication_factor}.")
+    return tuple(group.assignment)
+
+
+def flag(v: object, name: str, what: str) -> bool:
+    if not isinstance(v, (bool, int)):
+        raise TypeError(f"{what}: {name} must be a bool, not {v!r}.")
+    return bool(v)
+
+
+# all-reduce (tensor parallel and strided) ---------------------------------------------------------
+def _all_reduce_infer(specs, op, groups, identical_inputs, identical_grad_inputs):
+    return [spec(specs[0].shape, specs[0].dtype, specs[0].meta_shape)]
+
+
+def _all_reduce_expand(op):
+    x = op.inputs[0]
+    if op.attrs["identical_inputs"]:
+        return create_op("identity", [x], name="identity")
+    return create_op("replicated_all_reduce", [x], {"op": op.attrs["op"], "groups": op.attrs["groups"]},
+                     name="replicated_all_reduce")
+
+
+for _name in ("replicated_all_reduce_tp", "replicated_all_reduce_strided"):
+    register(OpDef(_name, _all_reduce_infer, expand=_all_reduce_expand, family=_FAMILY))
+
+
+@grad_rule("replicated_all_reduce_tp", "replicated_all_reduce_strided")
+def _all_reduce_grad(ctx):
+    a = dict(ctx.attrs)
+    a["identical_inputs"], a["identical_grad_inputs"] = a["identical_grad_inputs"], a["identical_inputs"]
+    return [create_op(ctx.op.type, [ctx.grad(0)], a, name=ctx.op.type)[0]]
+
+
+def all_reduce_tp_attrs(op: object, group: Any, identical_inputs: bool, identical_grad_inputs: bool,
+                        ir: Any = None) -> dict:
+    what = "replicated_all_reduce_TP"
+    return {"op": reduction(op, ("add",), what), "groups": groups_of(group, what, ir),
+            "identical_inputs": flag(identical_inputs, "identical_inputs", what),
+            "identical_grad_inputs": flag(identical_grad_inputs, "identical_grad_inputs", what)}
+
+
+def replicated_all_reduce_tp(t: Tensor, op: object = "add", group=None, identical_inputs: bool = False,
+                             identical_grad_inputs: bool = False) -> Tensor:
+    """popxl-addons' ``ReplicatedAllReduceTP``: sum ``t`` over the replicas of each group of
+    ``group`` (a ``popxl.ReplicaGrouping``, default all replicas). Only ``"add"``."""
+    attrs = all_reduce_tp_attrs(op, group, identical_inputs, identical_grad_inputs)
+    return create_op("replicated_all_reduce_tp", [t], attrs, name="replicated_all_reduce_TP")[0]
+
+
+def all_reduce_strided_attrs(op: object, stride: int, group_size: Optional[int], identical_inputs: bool,
+                             identical_grad_inputs: bool, ir: Any = None) -> dict:
+    what = "replicated_all_reduce_strided"
+    return {"op": reduction(op, ("add", "mean"), what), "groups": strided_groups(stride, group_size, what, ir),
+            "identical_inputs": flag(identical_inputs, "identical_inputs", what),
+            "identical_grad_inputs": flag(identical_grad_inputs, "identical_grad_inputs", what)}
+
+
+def replicated_all_reduce_strided(t: Tensor, op: object = "add", stride: int = 1, group_size: Optional[int] = None,
+                                  identical_inputs: bool = False, identical_grad_inputs: bool = False) -> Tensor:
+    """popxl-addons' ``ReplicatedAllReduceStrided``: sum (``"add"``) or average (``"mean"``) ``t``
+    over groups of ``group_size`` replicas ``stride`` apart (default: all replicas)."""
+    attrs = all_reduce_strided_attrs(op, stride, group_size, identical_inputs, identical_grad_inputs)
+    return create_op("replicated_all_reduce_strided", [t], attrs, name="replicated_all_reduce_strided")[0]
+
+
+# all-gather ---------------------------------------------------------------------------------------
+def _all_gather_infer(specs, groups):
+    s = specs[0]
+    return [spec((_group_size(groups) * math.prod(s.shape),), s.dtype)]
+
+
+def _all_gather_expand(op):
+    (y,) = op.outputs
+    return create_op("replicated_all_gather", [op.inputs[0]],
+                     {"axis": 0, "groups": op.attrs["groups"], "output_shape": "meta_shape", "meta_shape": y.shape},
+                     name="replicated_all_gather")
+
+
+register(OpDef("replicated_all_gather_strided", _all_gather_infer, expand=_all_gather_expand, grad=Grad.STOP,
+               family=_FAMILY))
+
+
+def replicated_all_gather_strided(t: Tensor, stride: int = 1, group_size: Optional[int] = None) -> Tensor:
+    """popxl-addons' ``ReplicatedAllGatherStrided``: the members' ``t``, flattened and concatenated
+    in replica order (1-D, ``group_size`` times ``t``'s number of values)."""
+    what = "replicated_all_gather_strided"
+    return create_op(what, [t], all_gather_strided_attrs(stride, group_size), name=what)[0]
+
+
+def all_gather_strided_attrs(stride: int, group_size: Optional[int], ir: Any = None) -> dict:
+    return {"groups": strided_groups(stride, group_size, "replicated_all_gather_strided", ir)}
+
+
+# reduce-scatter ----------------------------------------------------------------------------------
+def _reduce_scatter_infer(specs, op, groups, rts):
+    s = specs[0]
+    n = _group_size(groups)
+    return [spec((-(-math.prod(s.shape) // n),), s.dtype, s.shape if rts else ())]
+
+
+def _reduce_scatter_expand(op):
+    return create_op("replicated_reduce_scatter", [op.inputs[0]], dict(op.attrs), name="replicated_reduce_scatter")
+
+
+register(OpDef("replicated_reduce_scatter_strided", _reduce_scatter_infer, expand=_reduce_scatter_expand,
+               grad=Grad.STOP, family=_FAMILY))
+
+
+def replicated_reduce_scatter_strided(t: Tensor, op: object = "add", stride: int = 1,
+                                      group_size: Optional[int] = None, rts: bool = False) -> Tensor:
+    """popxl-addons' ``ReplicatedReduceScatterStrided``: reduce ``t`` (flattened) over the group and
+    keep this member's chunk (zero padded to ``ceil(t.nelms / group_size)`` values). With ``rts`` the result
+    records ``t``'s shape as its meta_shape (replicated tensor sharding)."""
+    what = "replicated_reduce_scatter_strided"
+    return create_op(what, [t], reduce_scatter_strided_attrs(op, stride, group_size, rts), name=what)[0]
+
+
+def reduce_scatter_strided_attrs(op: object, stride: int, group_size: Optional[int], rts: bool,
+                                 ir: Any = None) -> dict:
+    what = "replicated_reduce_scatter_strided"
+    return {"op": reduction(op, ("add", "mean"), what), "groups": strided_groups(stride, group_size, what, ir),
+            "rts": flag(rts, "configure_output_for_replicated_tensor_sharding", what)}
