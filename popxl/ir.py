@@ -152,7 +152,7 @@ class Ir:
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
-            raise ValueError(f"create_graph({qualname}): arguments do not match its signature {sig}: {e}") from None
+            raise ValueError(f"create_graph({qualname}): the arguments do not match the signature {sig}: {e}") from None
         bound.apply_defaults()
         by_ref = _by_ref_params(build, sig)
         g = self._new_graph(qualname)

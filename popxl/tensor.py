@@ -86,10 +86,10 @@ class TensorSpec(Mapping):
 
     __slots__ = ("_shape", "_dtype", "_meta_shape")
 
-    def __init__(self, shape: Tuple[int, ...], dtype: dtypes.dtype, meta_shape: Tuple[int, ...] = ()):
+    def __init__(self, shape: Tuple[int, ...], dtype: dtypes.dtype, meta_shape: Optional[Tuple[int, ...]] = ()):
         self._shape = shape_tuple(shape)
         self._dtype = dtype
-        self._meta_shape = shape_tuple(meta_shape, "meta_shape")
+        self._meta_shape = shape_tuple(() if meta_shape is None else meta_shape, "meta_shape")  # None: none
         n = 1
         for d in self._shape:
             n *= d
@@ -547,6 +547,12 @@ class Variable(Tensor):
     def shape_on_replica(self) -> Tuple[int, ...]:
         """The shape on each replica (the shard's shape for a replica-sharded variable)."""
         return self.shape
+
+    @property
+    def _memmap_arr(self) -> Optional[np.memmap]:
+        """The np.memmap the variable was made from (its host data, used in place), else None."""
+        data = self._host_data_value
+        return data if isinstance(data, np.memmap) else None
 
     @property
     def shape_on_host(self) -> Tuple[int, ...]:
