@@ -15,7 +15,7 @@ from popxl import dtypes
 from popxl.context import get_current_context
 from popxl.graph import Graph
 from popxl.op import Op, OpDef, create_op, grad_rule, register, user_location
-from popxl.ops.utils import spec
+from popxl.ops.utils import cast_if_needed, spec
 from popxl.tensor import INT64_MAX, Tensor, TensorLike, constant, graph_input, graph_output
 
 __all__ = ["call", "call_with_info", "repeat", "repeat_with_info", "conditional", "conditional_with_info",
@@ -711,7 +711,13 @@ def _call_grad(ctx):
     outs = call(info.graph, *_seeds(ctx, info, graph), inputs_dict=_forward_values(ctx, info, site.graph_to_parent))
     grads: List[Optional[Tensor]] = [None] * len(ctx.op.inputs)
     for c, g in zip(info.expected_outputs, outs):
-        grads[index.index(graph.inputs.index(c.fwd_tensor))] = g
+        p = index.index(graph.inputs.index(c.fwd_tensor))
+        # A gradient graph the user built (popxl-addons' build_grad, say) may compute an input's
+        # gradient in another float type (an fp8 matmul's float16 for a float32 input); PopART
+        # passes it on as it is, popxl casts it to the input's type so gradients sum in one type.
+        if g.dtype.is_floating_point and ctx.op.inputs[p].dtype.is_floating_point:
+            g = cast_if_needed(g, ctx.op.inputs[p].dtype)
+        grads[p] = g
     return grads
 
 

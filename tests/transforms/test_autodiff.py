@@ -160,6 +160,33 @@ def test_called_graphs_grad_info_is_reused():
         assert any(op.type == "call" and op.attrs["graph"] is inner_info.graph for op in infos[outer].graph.ops)
 
 
+def test_a_given_gradient_graph_in_another_float_type_is_cast_to_the_input_type():
+    """A hand-built gradient graph (popxl-addons' build_grad of an fp8 layer) may give a float32
+    input's gradient in float16; the caller's gradient is then cast back to float32."""
+    import popart._internal.ir as _ir
+    x, dy = R.standard_normal(4).astype(np.float32), R.standard_normal(4).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        spec = popxl.TensorSpec((4,), popxl.float32)
+        inner = ir.create_graph(lambda t: t * 2.0, spec)
+        grad = ir.create_graph(lambda g: ops.cast(g * 2.0, popxl.float16), spec)
+        bwd = _ir.BwdGraphInfo(grad._pb_graph.id,
+                               [_ir.ExpectedConnection(inner.outputs[0].id, _ir.ExpectedConnectionType.FwdGrad)],
+                               [_ir.ExpectedConnection(inner.inputs[0].id, _ir.ExpectedConnectionType.FwdGrad)])
+        inner_info = transforms.GradGraphInfo._from_pb(ir._pb_ir, inner._pb_graph, bwd)
+        outer = ir.create_graph(lambda t: ops.call(inner, t)[0] * 3.0, spec)
+        info = transforms.autodiff(outer, called_graphs_grad_info={inner: inner_info})
+        assert info.graph.outputs[0].dtype == popxl.float32
+        site = ops.call_with_info(outer, popxl.constant(x))
+        (dx,) = ops.call(info.graph, popxl.constant(dy), inputs_dict=info.inputs_dict(site))
+        s = popxl.d2h_stream(dx.shape, dx.dtype, "dx")
+        ops.host_store(s, dx)
+    with popxl.Session(ir, "ipu_model") as sess:
+        got = sess.run()[s]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, 6.0 * dy, rtol=2e-3)
+
+
 def test_errors_name_the_problem():
     ir = popxl.Ir()
     with ir.main_graph:
