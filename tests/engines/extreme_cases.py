@@ -638,6 +638,62 @@ for _dt in [np.uint32, np.int32, np.int64, np.uint8]:
                 _remote(_kind), slow=is_slow(_dt) or _k > 5)
 
 
+# popxl-addons' custom ops (popxl.ops.addons): NaN / inf / the largest floats, labels out of range ---------
+from popxl.ops import addons  # noqa: E402
+
+
+def _specials_rows(shape, seed: int, largest: bool = True) -> np.ndarray:
+    """Random floats with NaN, +-inf, a denormal (and the largest values) in the first row."""
+    x = floats(shape, seed=seed)
+    x[0] = with_specials(x[0], largest)
+    return x
+
+
+_LABELS = np.array([0, 3, -1, 2**31 - 1, 5, -(2**31)], np.int32)  # in range, past the shard, negative, limits
+_x2 = np.stack([_specials_rows((6, 4), 31), _specials_rows((6, 4), 32)])
+add("replicated_all_reduce_tp", "float32", [_x2], lambda t: addons.replicated_all_reduce_tp(t), replication=2)
+add("replicated_all_reduce_strided", "float32", [_x2],
+    lambda t: addons.replicated_all_reduce_strided(t, "add", stride=1, group_size=2), replication=2)
+add("replicated_all_gather_strided", "float32", [_x2], lambda t: addons.replicated_all_gather_strided(t),
+    replication=2)
+add("replicated_reduce_scatter_strided", "float32", [_x2],
+    lambda t: addons.replicated_reduce_scatter_strided(t, "add"), replication=2)
+add("cross_entropy_sharded", "float32", [_x2, np.stack([_LABELS, _LABELS - 4])],
+    lambda t, i: addons.cross_entropy_sharded(t, i), replication=2)
+add("cross_entropy_sharded_wr", "float32", [_x2[0], _x2[1], _LABELS, _LABELS - 4],
+    lambda a, b, i, j: (lambda r: (r[0], *r[1]))(addons.cross_entropy_sharded_wr([a, b], [i, j])))
+# the local pieces, with row maxima and denominators of every kind (0, NaN, inf, negative)
+_row = np.array([0.0, np.nan, np.inf, -np.inf, 1e-45, -3.0], np.float32)
+add("cross_entropy_sharded_denominator", "float32", [_x2[0], _row],
+    lambda x, m: create_op("cross_entropy_sharded_denominator", [x, m])[0])
+add("cross_entropy_sharded_nll", "float32", [_x2[0], _row, _row[::-1].copy(), _LABELS],
+    lambda x, m, d, i: create_op("cross_entropy_sharded_nll", [x, m, d, i]))
+add("cross_entropy_sharded_grad", "float32", [_row, _x2[0], _LABELS],
+    lambda g, nls, i: create_op("cross_entropy_sharded_grad", [g, nls, i])[0])
+add("layer_norm_distributed", "float32", [_x2, np.stack([_x2[0, 1], _x2[1, 1]]), np.stack([_x2[0, 2], _x2[1, 2]])],
+    lambda t, w, b: addons.layer_norm_distributed(t, w, b, 1e-5), replication=2)
+_rot = with_specials(floats((1, 3, 2, 6), seed=33))
+_sin, _cos = with_specials(floats((1, 3, 2), seed=34)), with_specials(floats((1, 3, 2), seed=35))[:, ::-1].copy()
+add("rotary_pos_embed", "float32", [_rot, _sin, _cos], lambda x, s, c: addons.rotary_pos_embed(x, s, c, 4))
+add("rotary_pos_embed_grad", "float32", [_rot, _sin, _cos],
+    lambda x, s, c: create_op("rotary_pos_embed_grad", [x, s, c], {"rotary_dim": 4})[0])
+add("grad_reduce_square_add", "float32", [with_specials(floats((4, 5), seed=36)), np.array(np.inf, np.float32)],
+    lambda t, scale: addons.grad_reduce_square_add(t, scale))
+add("group_quantize_decompress", "float32",
+    [np.array([0, 0xFFFF, 0x1234, 0x8000, 0x0F0F, 1], np.uint16).reshape(3, 1, 2),
+     with_specials(floats((3, 1, 1), seed=37)), with_specials(floats((3, 1, 1), seed=38))[::-1].copy()],
+    addons.group_quantize_decompress)
+for _dt in (np.float32, np.float16):
+    add("fp8_mse_scale", dname(_dt), [with_specials(floats((5, 6), _dt, seed=39))],
+        lambda t: addons.fp8_mse_scale(t, 85, 18, 2.0 ** -40), slow=is_slow(_dt))
+add("fp8_mse_scale", "empty", [np.zeros((0, 3), np.float32)], lambda t: addons.fp8_mse_scale(t, 78, 33, 2.0 ** -42))
+add("linear_layout", "float32", [with_specials(floats((3, 4), seed=40))], lambda t: addons.linear_layout(t, 4))
+_sparse = np.array([[np.inf, 0, 1.0], [0, 0, 0], [np.nan, -2.0, 0], [0, 3.4e38, 3.4e38]])
+add("dense_sparse_matmul", "float32", [with_specials(floats((2, 4), seed=41), largest=False)],
+    lambda t: addons.dense_sparse_matmul(t, _sparse[_sparse != 0], np.nonzero(_sparse)[1],
+                                         np.concatenate([[0], np.cumsum((_sparse != 0).sum(1))]), 3))
+
+
 # ops without cases ----------------------------------------------------------------------------------------
 EXCLUDED = {
     "call": "program structure (a subgraph call), no kernel",

@@ -82,15 +82,20 @@ const RegisterKernel rotary_ops[] = {
 };
 
 // ---- sharded cross entropy ----------------------------------------------------------------------
-// exp of a row of z <= 0 (the engine's softmax exponential), into y.
+// exp of a row of z, into y: the engine's softmax exponential where z <= 0 (as it is when the pieces
+// get the row maxima and their own nls), std::exp above (the ops also run on other inputs).
 template <class W>
 void exp_row(W* y, const W* z, int64_t n) {
   int64_t i = 0;
 #ifdef POPXL_VEC8
   if constexpr (std::is_same_v<W, float>)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, vec8::softmax_exp(_mm256_loadu_ps(z + i)));
+    for (; i + 8 <= n; i += 8) {
+      const __m256 z8 = _mm256_loadu_ps(z + i);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(z8, _mm256_setzero_ps(), _CMP_GT_OQ))) break;  // finish in scalar
+      _mm256_storeu_ps(y + i, vec8::softmax_exp(z8));
+    }
 #endif
-  for (; i < n; ++i) y[i] = softmax_exp(z[i]);
+  for (; i < n; ++i) y[i] = z[i] > W(0) ? std::exp(z[i]) : softmax_exp(z[i]);
 }
 
 // The common frame of the three pieces: (n, c) rows processed in compute type W on all threads,
