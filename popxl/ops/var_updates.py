@@ -83,13 +83,14 @@ def _tensor_scalar_names(attrs: Dict[str, Any], order: Sequence[str]) -> List[st
 
 
 # the accumulate family ---------------------------------------------------------------------------
-# name: (takes X, scalar parameter or None, formula on wide arrays (t[, x][, s]))
+# name: (takes X, scalar parameter or None, formula on wide arrays (t[, x][, s])); the moving
+# averages' formulas take f and g = 1 - f
 _ACCUMULATORS: Dict[str, Tuple[bool, Optional[str], Callable[..., np.ndarray]]] = {
     "accumulate_": (True, "f", lambda t, x, f: t + f * x),
     "accumulate_square_": (True, "f", lambda t, x, f: t + f * (x * x)),
     "accumulate_mean_": (True, "step", lambda t, x, s: t * s / (s + 1) + x / (s + 1)),
-    "accumulate_moving_average_": (True, "f", lambda t, x, f: f * t + (1 - f) * x),
-    "accumulate_moving_average_square_": (True, "f", lambda t, x, f: f * t + (1 - f) * (x * x)),
+    "accumulate_moving_average_": (True, "f", lambda t, x, f, g: f * t + g * x),
+    "accumulate_moving_average_square_": (True, "f", lambda t, x, f, g: f * t + g * (x * x)),
     "accumulator_scale_": (False, "f", lambda t, f: t * f),
     "accumulator_zero_": (False, None, lambda t: np.zeros_like(t)),
     "copy_var_update_": (True, None, lambda t, x: x),
@@ -108,19 +109,28 @@ def _accumulator_infer(takes_x: bool, param: Optional[str]) -> Callable:
     return infer
 
 
-def _accumulator_kernel(takes_x: bool, param: Optional[str], formula: Callable) -> Callable:
+def _in_type_of(coefficient: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """A coefficient held in a float16 accumulator's type, as PopART's expressions hold their
+    constants and factors (its float16 Adam moments depend on it: the bias correction divides by
+    the same rounded 1 - beta1 that scaled the gradient into the moment)."""
+    return coefficient.astype(t.dtype).astype(coefficient.dtype) if t.dtype == np.float16 else coefficient
+
+
+def _accumulator_kernel(takes_x: bool, param: Optional[str], formula: Callable, moving: bool) -> Callable:
     def kernel(t, *ins, **attrs):
         operands = [t, ins[0]] if takes_x else [t]
         wide = _wide(*operands)
         args = [a.astype(wide) for a in operands]
         if param is not None:
-            args.append(_Scalars(ins[len(operands) - 1:], wide)(attrs[param]))
+            f = _Scalars(ins[len(operands) - 1:], wide)(attrs[param])
+            args += [_in_type_of(f, t), _in_type_of(1 - f, t)] if moving else [f]
         return convert(formula(*args), t.dtype)
     return kernel
 
 
 for _name, (_takes_x, _param, _formula) in _ACCUMULATORS.items():
-    register(OpDef(_name, _accumulator_infer(_takes_x, _param), _accumulator_kernel(_takes_x, _param, _formula),
+    register(OpDef(_name, _accumulator_infer(_takes_x, _param),
+                   _accumulator_kernel(_takes_x, _param, _formula, "moving_average" in _name),
                    inplace=0, grad=Grad.STOP, family="var_updates"))
 
 
@@ -377,7 +387,7 @@ def _updater_infer(specs, mode, has_weight, has_step, **scalars):
         _check_same_shape(m, w, "acc_first_order", "weight")
     names = (["time_step"] if has_step else []) + _tensor_scalar_names(scalars, _UPDATER_SCALARS)
     _check_scalars(rest, names)
-    return [spec(m.shape, m.dtype, m.meta_shape)]
+    return [spec(m.shape, (w if has_weight else m).dtype, m.meta_shape)]
 
 
 def _updater_kernel(m, v, *ins, mode, has_weight, has_step, weight_decay, beta1, beta2, epsilon):
@@ -390,13 +400,15 @@ def _updater_kernel(m, v, *ins, mode, has_weight, has_step, weight_decay, beta1,
     wd, eps = wd.astype(wide), eps.astype(wide)
     mw, vw = m.astype(wide), v.astype(wide)
     if step is not None:  # bias correction with the (already incremented) step
-        mw = mw * (1 / (1 - b1 ** step)).astype(wide)
+        # divided by the correction held in the moment's type, the quotient in that type (PopART's
+        # expression; for float16 moments it undoes the moving average's rounded 1 - beta1)
+        mw = _in_type_of(mw / _in_type_of((1 - b1 ** step).astype(wide), m), m)
         if mode != "adamax":
-            vw = vw * (1 / (1 - b2 ** step)).astype(wide)
+            vw = _in_type_of(vw / _in_type_of((1 - b2 ** step).astype(wide), v), v)
     update = mw / (vw + eps) if mode == "adamax" else mw / (np.sqrt(vw) + eps)
     if w is not None:
         update = update + wd * w.astype(wide)
-    return update.astype(m.dtype)
+    return update.astype((m if w is None else w).dtype)
 
 
 for _mode in ("adam", "lamb", "adamax"):
@@ -408,7 +420,10 @@ def _updater(mode: str, m: Tensor, v: Tensor, weight: Optional[Tensor], time_ste
              epsilon: Scalar) -> Tensor:
     opname = f"{mode}_updater"
     where = f"ops.var_updates.{opname}"
-    if weight_decay is not None and weight is None:
+    # PopXL wires the weight in only for a weight decay that is a tensor or not 0; the update term
+    # then has the weight's type, else the first moment's
+    has_weight = weight_decay is not None and not (isinstance(weight_decay, numbers.Real) and weight_decay == 0.0)
+    if has_weight and weight is None:
         raise ValueError(f"{where}: weight_decay needs the weight tensor (weight=...)")
     if time_step is not None:
         betas = (("beta1", beta1),) if mode == "adamax" else (("beta1", beta1), ("beta2", beta2))
@@ -419,7 +434,6 @@ def _updater(mode: str, m: Tensor, v: Tensor, weight: Optional[Tensor], time_ste
             raise TypeError(f"{where}: time_step must be a scalar Tensor, not {type(time_step).__name__}")
     elif mode == "adamax":
         raise ValueError(f"{where}: time_step is required")
-    has_weight = weight_decay is not None
     tensors, attrs = _scalar_args(opname, weight_decay=0.0 if weight_decay is None else weight_decay,
                                   beta1=0.0 if beta1 is None else beta1, beta2=0.0 if beta2 is None else beta2,
                                   epsilon=epsilon)

@@ -213,6 +213,35 @@ def test_adamax_updater_and_int_step():
     assert values["step"] == 3 and values["step"].dtype == np.int32
 
 
+def test_float16_first_moment_rounds_as_popart_does():
+    """A float16 first moment (popxl-addons' Adam default): the moving average's f and 1 - f and
+    the bias correction 1 - beta1**step are held in float16, and m / (1 - beta1) is rounded to
+    float16, so one Adam step from zero moments gives g / (|g| + eps) rounded once, like float32
+    Adam, instead of the 2**-11 error of a float16 moment divided by the exact 0.1. The updater of
+    a weight decay of 0 takes no weight, and has the first moment's type."""
+    g = np.array([-0.23415338, -0.23413695, 1.5792128, 0.7674347], np.float32)
+
+    def build(m, v, g, step, step2, w):  # each updater counts its own step
+        vu.accumulate_moving_average_(m, g, 0.9)
+        vu.accumulate_moving_average_square_(v, g, 0.999)
+        upd = vu.adam_updater(m, v, w, step, 0.0, 0.9, 0.999, 1e-5)
+        upd_wd = vu.adam_updater(m, v, w, step2, 0.5, 0.9, 0.999, 1e-5)
+        assert len(upd.producer.inputs) == 3 and upd.dtype == popxl.float16
+        assert upd_wd.dtype == popxl.float32  # with a weight: the weight's type
+        return upd, upd_wd
+
+    values, (upd, upd_wd) = _run_updates(build, m=np.zeros(4, np.float16), v=np.zeros(4, np.float32), g=g,
+                                         step=np.array(0.0, np.float32), step2=np.array(0.0, np.float32),
+                                         w=np.full(4, 2.0, np.float32))
+    h = np.float16
+    m = (np.float32(h(np.float32(1) - np.float32(0.9))) * g).astype(h)
+    np.testing.assert_array_equal(values["m"], m)
+    np.testing.assert_array_equal(upd, h(1.0) * np.sign(g).astype(h))  # g / (|g| + 1e-5) within float16
+    m_hat = (m.astype(np.float32) / np.float32(h(0.1))).astype(h).astype(np.float32)
+    want = m_hat / (np.sqrt(values["v"] / np.float32(1 - 0.999)) + np.float32(1e-5)) + 0.5 * 2.0
+    np.testing.assert_allclose(upd_wd, want, rtol=1e-6)
+
+
 def test_adam_step_counts_in_a_loop():
     """One training step per iteration: accumulate moments, compute the update, apply it."""
     g0 = RNG.normal(size=(5,)).astype(np.float32)

@@ -18,9 +18,18 @@ bool all_numeric(const OpInstr& ins, const std::vector<Buffer>& bufs) {
   return is_numeric(bufs[ins.outputs[0]].dtype);
 }
 
-// ---- accumulate family: t = formula(t, X, s) --------------------------------------------------
+// A coefficient held in a float16 operand's type (`in_type_of` of popxl/ops/var_updates.py).
+template <class W>
+W in_type_of(W c, DType dtype) {
+  if (dtype != DType::F16) return c;
+  if constexpr (std::is_same_v<W, double>) return W(float(f16_of_double(c)));
+  else return W(float(static_cast<f16>(c)));
+}
+
+// ---- accumulate family: t = formula(t, X, s[, 1 - s]) -----------------------------------------
+// `moving`: the moving averages, whose f and 1 - f are held in a float16 accumulator's type.
 template <class Formula>
-KernelFactory accumulator(bool takes_x, const char* param, Formula formula) {
+KernelFactory accumulator(bool takes_x, const char* param, Formula formula, bool moving = false) {
   return [=](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     if (!all_numeric(ins, bufs)) return nullptr;
     const Buffer t = bufs[ins.inputs[0]], y = bufs[ins.outputs[0]];
@@ -32,8 +41,9 @@ KernelFactory accumulator(bool takes_x, const char* param, Formula formula) {
       using W = typename decltype(tag)::type;
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         const W sv = s.get<W>(a);
+        const W f = moving ? in_type_of(sv, t.dtype) : sv, g = moving ? in_type_of(W(1) - sv, t.dtype) : W(0);
         map_rows<W, 2>(a, y, {t, x}, [&](W* out, const W* const* in, int64_t n) {
-          for (int64_t i = 0; i < n; ++i) out[i] = formula(in[0][i], in[1][i], sv);
+          for (int64_t i = 0; i < n; ++i) out[i] = formula(in[0][i], in[1][i], f, g);
         });
       });
     });
@@ -42,21 +52,21 @@ KernelFactory accumulator(bool takes_x, const char* param, Formula formula) {
 }
 
 const RegisterKernel accumulators[] = {
-    {{"accumulate_"}, accumulator(true, "f", [](auto t, auto x, auto f) { return t + f * x; })},
-    {{"accumulate_square_"}, accumulator(true, "f", [](auto t, auto x, auto f) { return t + f * (x * x); })},
-    {{"accumulate_mean_"}, accumulator(true, "step", [](auto t, auto x, auto s) {
+    {{"accumulate_"}, accumulator(true, "f", [](auto t, auto x, auto f, auto) { return t + f * x; })},
+    {{"accumulate_square_"}, accumulator(true, "f", [](auto t, auto x, auto f, auto) { return t + f * (x * x); })},
+    {{"accumulate_mean_"}, accumulator(true, "step", [](auto t, auto x, auto s, auto) {
        using W = decltype(t);
        return t * s / (s + W(1)) + x / (s + W(1));
      })},
-    {{"accumulate_moving_average_"}, accumulator(true, "f", [](auto t, auto x, auto f) {
-       return f * t + (decltype(t)(1) - f) * x;
-     })},
-    {{"accumulate_moving_average_square_"}, accumulator(true, "f", [](auto t, auto x, auto f) {
-       return f * t + (decltype(t)(1) - f) * (x * x);
-     })},
-    {{"accumulator_scale_"}, accumulator(false, "f", [](auto t, auto, auto f) { return t * f; })},
-    {{"accumulator_zero_"}, accumulator(false, nullptr, [](auto t, auto, auto) { return decltype(t)(0); })},
-    {{"copy_var_update_"}, accumulator(true, nullptr, [](auto, auto x, auto) { return x; })},
+    {{"accumulate_moving_average_"}, accumulator(true, "f", [](auto t, auto x, auto f, auto g) {
+       return f * t + g * x;
+     }, true)},
+    {{"accumulate_moving_average_square_"}, accumulator(true, "f", [](auto t, auto x, auto f, auto g) {
+       return f * t + g * (x * x);
+     }, true)},
+    {{"accumulator_scale_"}, accumulator(false, "f", [](auto t, auto, auto f, auto) { return t * f; })},
+    {{"accumulator_zero_"}, accumulator(false, nullptr, [](auto t, auto, auto, auto) { return decltype(t)(0); })},
+    {{"copy_var_update_"}, accumulator(true, nullptr, [](auto, auto x, auto, auto) { return x; })},
 };
 
 // ---- sparse_accumulate_: t[.., indices[j], ..] += f * X[.., j, ..] (out-of-range rows dropped) ----
@@ -105,18 +115,19 @@ KernelFactory updater(Mode mode) {
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         // Coefficients are formed in float64 and rounded to W, as the reference does.
         const W wdv = W(wd.get<double>(a)), epsv = W(eps.get<double>(a));
+        // the bias corrections held in the moments' types, the quotients rounded to them
         W c1 = 1, c2 = 1;
         if (has_step) {
           const double st = load_scalar<double>(a, step);
-          c1 = W(1.0 / (1.0 - std::pow(b1.get<double>(a), st)));
-          if (mode != Mode::AdaMax) c2 = W(1.0 / (1.0 - std::pow(b2.get<double>(a), st)));
+          c1 = in_type_of(W(1.0 - std::pow(b1.get<double>(a), st)), m.dtype);
+          if (mode != Mode::AdaMax) c2 = in_type_of(W(1.0 - std::pow(b2.get<double>(a), st)), v.dtype);
         }
         map_rows<W, 3>(a, y, {m, v, w}, [&](W* out, const W* const* in, int64_t n) {
           for (int64_t i = 0; i < n; ++i) {
             W mw = in[0][i], vw = in[1][i];
             if (has_step) {
-              mw = mw * c1;
-              if (mode != Mode::AdaMax) vw = vw * c2;
+              mw = in_type_of(mw / c1, m.dtype);
+              if (mode != Mode::AdaMax) vw = in_type_of(vw / c2, v.dtype);
             }
             W u = mode == Mode::AdaMax ? mw / (vw + epsv) : mw / (std::sqrt(vw) + epsv);
             if (has_weight) u = u + wdv * in[2][i];
