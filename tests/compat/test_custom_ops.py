@@ -3,8 +3,10 @@ use it, and where their binding modules come from (popxl.custom_op_modules): pop
 resolve to popxl-cpu's, a Python port beside a C++ source wins, an unknown PopART C++ op fails
 clearly, cppimport's finder never gets in first."""
 import importlib
+import re
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,40 +220,17 @@ def test_an_unknown_popart_cpp_op_fails_naming_it(import_area):
 
 
 # ---- the README's guide: a PopXL custom op of one's own, ported (the user guide's leaky ReLU) -------
-LEAKY_RELU_PORT = '''
-"""leaky_relu_op_impl: the CPU port of the C++ binding module of this name."""
-import numpy as np
-from popart._internal.ir.custom_op import ParameterizedOp
-from popxl.op import Grad, OpDef, create_op, grad_rule, register
-from popxl.ops.utils import spec
+def _readme_port() -> str:
+    """The README's guide ships the port as a code block (its first line names the file): the test
+    runs exactly that block, so the guide stays true."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for block in re.findall(r"```python\n(.*?)```", readme, flags=re.S):
+        if block.startswith("# leaky_relu_op_impl.py"):
+            return block
+    raise AssertionError("README.md: the custom-op guide's leaky_relu_op_impl.py block is missing")
 
 
-def _same(specs, alpha):
-    return [spec(specs[0].shape, specs[0].dtype)]
-
-
-register(OpDef("leaky_relu", _same, lambda x, alpha: np.where(x >= 0, x, x * x.dtype.type(alpha))))
-register(OpDef("leaky_relu_grad", lambda specs, alpha: _same(specs[1:], alpha),
-               lambda dy, x, alpha: np.where(x >= 0, dy, dy * dy.dtype.type(alpha)), grad=Grad.RAISE))
-
-
-@grad_rule("leaky_relu")
-def _leaky_relu_grad(ctx):
-    return [create_op("leaky_relu_grad", [ctx.grad(0), ctx.input(0)], dict(ctx.attrs))[0]]
-
-
-class LeakyReluParams:
-    def __init__(self, alpha=0.01):
-        self.alpha = alpha
-
-
-class LeakyRelu(ParameterizedOp):
-    popxl_type, op_type = "leaky_relu", "LeakyRelu"
-
-    @classmethod
-    def attributes(cls, graph, params):
-        return {"alpha": float(params.alpha)}
-'''
+LEAKY_RELU_PORT = _readme_port()
 
 
 @pytest.fixture
