@@ -83,7 +83,7 @@ class Context(OpCreatedHooks):
         self._in_sequence: List[Union[bool, str]] = []
         self._init_hooks()
         self.debug_frame_offset: int = 0
-        self.execution_context: Any = None  # set by _execution_context (Normal or Subgraph)
+        self.execution_context: Any = None  # set by _execution_context (an ExecutionContext)
 
     # graphs -----------------------------------------------------------------------------------
     @property
@@ -296,17 +296,20 @@ def io_tiles() -> Iterator[None]:
 @contextlib.contextmanager
 def _execution_context(execution_context: "ExecutionContext") -> Iterator["ExecutionContext"]:
     """PopXL's (private) switch of the program part that ops created inside belong to. ``Normal``
-    (the program ``Session.run`` runs) and ``Subgraph`` change nothing here. The other parts (ops
-    run while weights go to or come from the device, the optimizer fragment, the outer
-    accumulation loop) are not supported: NotImplementedError names the part at once, before any
-    op is placed wrongly. ``execution_context`` is a ``popxl.ExecutionContext`` or an enum with
-    the same member names (PopART's binding)."""
+    (the program ``Session.run`` runs) and ``Subgraph`` change nothing here. Main-graph ops made
+    in ``WeightsFromHostFragment`` run at the start of every ``Session.run``, those made in
+    ``WeightsToHostFragment`` at its end (PopART runs them when weights go to and come from the
+    device; for state loaded into a tensor and stored back, as popxl-addons' ``seed_variable``
+    does, the results are the same: see popxl.transforms.fragments). The optimizer fragment and
+    the outer accumulation loop are not supported: NotImplementedError names the part at once,
+    before any op is placed wrongly. ``execution_context`` is a ``popxl.ExecutionContext`` or an
+    enum with the same member names (PopART's binding)."""
     from popxl.tensorlocation import ExecutionContext
     name = getattr(execution_context, "name", None)
     if name not in ExecutionContext.__members__:
         raise TypeError(f"_execution_context: expected a popxl.ExecutionContext, not {execution_context!r}.")
     mode = ExecutionContext[name]
-    if mode not in (ExecutionContext.Normal, ExecutionContext.Subgraph):
+    if mode in (ExecutionContext.AccumulateOuterFragment, ExecutionContext.OptimizerFromHostFragment):
         raise NotImplementedError(
             f"_execution_context({mode.name}): ops that run outside the main program (in the {mode.name}) "
             f"are not supported by popxl-cpu; create them in the main graph's normal program.")

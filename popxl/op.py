@@ -140,6 +140,8 @@ class Op:
         self.ipu: int = ctx.ipu_id
         self.tile_set: str = "io" if ctx.io_tile_set else "compute"
         self.in_sequence = ctx.in_sequence
+        # the program part it runs in (None: the normal program); fragments are main-graph only
+        self.execution_context = _fragment_of(ctx.execution_context, graph, name, location)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return self.graph.ir.__reduce_ex__(protocol)  # the Ir's error: IR objects cannot be pickled
@@ -164,6 +166,17 @@ class Op:
         ins = ", ".join(t.id for t in self.inputs)
         outs = ", ".join(t.id for t in self.outputs)
         return f"Op[{self.type} {self.name!r} ({ins}) -> ({outs})]"
+
+
+def _fragment_of(context: Any, graph: "Graph", name: str, location: str) -> Any:
+    """The weight fragment (an ExecutionContext) an op made under ``context`` belongs to, or None."""
+    from popxl.tensorlocation import ExecutionContext
+    if context not in (ExecutionContext.WeightsFromHostFragment, ExecutionContext.WeightsToHostFragment):
+        return None
+    if graph is not graph.ir.main_graph:
+        raise ValueError(f"op {name!r} (at {location}): the {context.name} holds main-graph ops only; "
+                         f"graph {graph.id!r} is a subgraph.")
+    return context
 
 
 def _describe(specs: Sequence["TensorSpec"]) -> str:

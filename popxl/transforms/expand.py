@@ -42,3 +42,4 @@ def _expand(graph: Any, op: Op) -> None:
         new.name = f"{op.name}/{new.name}"
         new.location = op.location
         new.ipu, new.tile_set, new.in_sequence = op.ipu, op.tile_set, op.in_sequence
+        new.execution_context = op.execution_context

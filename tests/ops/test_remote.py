@@ -549,3 +549,73 @@ def test_run_time_bad_offset(eng):
         with pytest.raises(IndexError, match="remote_store: offset 5"):
             sess.run({at: np.int32(1)})
     assert out is not None
+
+
+# weight fragments: state loaded before the main program and stored after it ------------------------
+def _fragment_state(ir, values, grouping=None):
+    """popxl-addons' seed_variable pattern in our words: a remote variable loaded into a tensor in
+    the WeightsFromHostFragment and stored back in the WeightsToHostFragment, both made before
+    the main program's ops (which then read and change the tensor in place)."""
+    from popxl.context import _execution_context
+    buf = popxl.remote_buffer(values.shape[1:] if grouping is not None else values.shape, popxl.float32)
+    var = popxl.remote_variable(values, buf, replica_grouping=grouping, name="state")
+    with _execution_context(popxl.ExecutionContext.WeightsFromHostFragment):
+        state = ops.remote_load(buf, 0, "state_from_host")
+    with _execution_context(popxl.ExecutionContext.WeightsToHostFragment):
+        ops.remote_store(buf, 0, state)
+    return var, state
+
+
+def test_weight_fragments_run_around_the_main_program(eng):
+    ir = popxl.Ir(replication=4)
+    rg = ir.replica_grouping(group_size=2)  # replicas 0,1 and 2,3
+    values = np.array([[1.0, 2.0], [10.0, 20.0]], np.float32)
+    with ir.main_graph:
+        var, state = _fragment_state(ir, values, rg)
+        seen = _out(state + 0.0, "seen")  # what this run started from
+        ops.var_updates.accumulate_(state, popxl.constant(np.ones(2, np.float32)))  # changed in place
+    ops_order = [op.type for op in ir.main_graph.schedule()]
+    with _session(ir, eng) as sess:
+        assert [op.type for op in ir.main_graph.schedule()] == ["remote_load", "add", "host_store", "accumulate_",
+                                                                 "remote_store"] != ops_order
+        np.testing.assert_array_equal(sess.run()[seen], values[[0, 0, 1, 1]])
+        np.testing.assert_array_equal(sess.run()[seen], values[[0, 0, 1, 1]] + 1)  # the stored state
+        np.testing.assert_array_equal(sess.get_tensor_data(var), values + 2)
+        sess.write_variable_data(var, np.zeros((2, 2), np.float32))  # the next run loads it
+        np.testing.assert_array_equal(sess.run()[seen], np.zeros((4, 2)))
+    np.testing.assert_array_equal(sess.get_tensor_data(var), np.ones((2, 2)))
+
+
+def test_weight_fragment_misuse_is_named():
+    from popxl.context import _execution_context
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buf = popxl.remote_buffer((2,), popxl.float32)
+        popxl.remote_variable(np.zeros(2, np.float32), buf, name="state")
+        x = popxl.variable(np.ones(2, np.float32), name="x")
+        y = x * 2.0
+        with _execution_context(popxl.ExecutionContext.WeightsFromHostFragment):
+            ops.remote_store(buf, 0, y)
+    with pytest.raises(ValueError, match=r"remote_store .* runs in the WeightsFromHostFragment, before the main "
+                                         r"program, but reads 'mul.*', which mul"):
+        popxl.Session(ir, "ipu_model")
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buf = popxl.remote_buffer((2,), popxl.float32)
+        popxl.remote_variable(np.zeros(2, np.float32), buf, name="state")
+        with _execution_context(popxl.ExecutionContext.WeightsToHostFragment):
+            late = ops.remote_load(buf, 0)
+        _out(late + 1.0, "y")
+    with pytest.raises(ValueError, match="add 'add' .* reads '.*remote_loaded', which remote_load 'remote_load' makes in the "
+                                         "WeightsToHostFragment"):
+        popxl.Session(ir, "ipu_model")
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones(2, np.float32), name="x")
+
+        def body(t):
+            with _execution_context(popxl.ExecutionContext.WeightsFromHostFragment):
+                return t + 1.0
+
+        with pytest.raises(ValueError, match="WeightsFromHostFragment holds main-graph ops only"):
+            ir.create_graph(body, x)
