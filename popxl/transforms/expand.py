@@ -16,9 +16,17 @@ __all__ = ["expand_ops"]
 
 
 def expand_ops(ir: Any) -> Any:
-    """Rewrite every op with an ``expand`` rule, in every graph of ``ir``, in place (the ops it
-    traces take the op's place in the schedule and its output tensors, and keep its placement).
-    Returns ``ir``."""
+    """Rewrite every op with an ``expand`` rule, in every graph of ``ir``, in place.
+
+    The ops it traces take the op's place in the schedule and its output tensors, and keep its
+    placement.
+
+    Args:
+        ir: The Ir rewritten.
+
+    Returns:
+        ``ir``.
+    """
     for graph in ir._all_graphs():
         while True:
             pending = [op for op in graph.schedule() if op.opdef.expand is not None]

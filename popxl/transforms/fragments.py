@@ -22,11 +22,21 @@ _FROM_HOST, _TO_HOST = ExecutionContext.WeightsFromHostFragment, ExecutionContex
 
 
 def order_weight_fragments(ir: Any) -> Any:
-    """Move the main graph's WeightsFromHostFragment ops to the start of its schedule and its
-    WeightsToHostFragment ops to the end (each kind in its own order). A from-host op may read
-    only tensors that exist before the normal program (variables, constants, other from-host
-    ops' outputs); no op outside the to-host fragment may read a to-host op's outputs: both
-    raise ValueError naming the ops. Returns ``ir``."""
+    """Run the main graph's weight-fragment ops first (from host) and last (to host).
+
+    Each kind keeps its own order. A from-host op may read only tensors that exist before the
+    normal program (variables, constants, other from-host ops' outputs); no op outside the to-host
+    fragment may read a to-host op's outputs.
+
+    Args:
+        ir: The Ir whose main graph is reordered.
+
+    Returns:
+        ``ir``.
+
+    Raises:
+        ValueError: If an op reads across the fragments' order, naming both ops.
+    """
     graph = ir.main_graph
     ops = list(graph.schedule())
     parts = {ctx: [op for op in ops if op.execution_context is ctx] for ctx in (_FROM_HOST, _TO_HOST)}

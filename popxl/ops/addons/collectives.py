@@ -106,8 +106,27 @@ def all_reduce_tp_attrs(op: object, group: Any, identical_inputs: bool, identica
 
 def replicated_all_reduce_tp(t: Tensor, op: object = "add", group=None, identical_inputs: bool = False,
                              identical_grad_inputs: bool = False) -> Tensor:
-    """popxl-addons' ``ReplicatedAllReduceTP``: sum ``t`` over the replicas of each group of
-    ``group`` (a ``popxl.ReplicaGrouping``, default all replicas). Only ``"add"``."""
+    """popxl-addons' ``ReplicatedAllReduceTP``: sum ``t`` over the replicas of each group.
+
+    With ``identical_inputs`` the op is an identity (every member already holds the result). Its
+    gradient is the same op with the two ``identical`` flags swapped, which gives the two halves
+    of a tensor-parallel layer: an identity whose gradient is a sum, and a sum whose gradient (with
+    ``identical_grad_inputs``) is an identity.
+
+    Args:
+        t: The tensor summed.
+        op: The reduction: only "add" (or PopART's ``CollectiveOperator.Add``).
+        group: A ``popxl.ReplicaGrouping`` of the replicas communicating; default all replicas.
+        identical_inputs: Every member holds the same ``t`` (the result is then ``t`` itself).
+        identical_grad_inputs: Every member gets the same output gradient.
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If ``group`` is not a ReplicaGrouping or a flag is not a bool.
+        ValueError: If ``op`` is not "add" or ``group`` belongs to another replication factor.
+    """
     attrs = all_reduce_tp_attrs(op, group, identical_inputs, identical_grad_inputs)
     return create_op("replicated_all_reduce_tp", [t], attrs, name="replicated_all_reduce_TP")[0]
 
@@ -122,8 +141,27 @@ def all_reduce_strided_attrs(op: object, stride: int, group_size: Optional[int],
 
 def replicated_all_reduce_strided(t: Tensor, op: object = "add", stride: int = 1, group_size: Optional[int] = None,
                                   identical_inputs: bool = False, identical_grad_inputs: bool = False) -> Tensor:
-    """popxl-addons' ``ReplicatedAllReduceStrided``: sum (``"add"``) or average (``"mean"``) ``t``
-    over groups of ``group_size`` replicas ``stride`` apart (default: all replicas)."""
+    """popxl-addons' ``ReplicatedAllReduceStrided``: reduce ``t`` over strided replica groups.
+
+    Groups are ``group_size`` replicas ``stride`` apart (``r, r + stride, ...``); the gradient is
+    the same all-reduce with the ``identical`` flags swapped.
+
+    Args:
+        t: The tensor reduced.
+        op: The reduction: "add" or "mean" (or PopART's ``CollectiveOperator`` of them).
+        stride: The distance between the replicas of a group.
+        group_size: The replicas per group; default all replicas.
+        identical_inputs: Every member holds the same ``t``.
+        identical_grad_inputs: Every member gets the same output gradient.
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If a flag is not a bool.
+        ValueError: If ``op`` is not "add" or "mean", or ``stride`` / ``group_size`` do not divide
+            the replicas into groups.
+    """
     attrs = all_reduce_strided_attrs(op, stride, group_size, identical_inputs, identical_grad_inputs)
     return create_op("replicated_all_reduce_strided", [t], attrs, name="replicated_all_reduce_strided")[0]
 
@@ -146,8 +184,19 @@ register(OpDef("replicated_all_gather_strided", _all_gather_infer, expand=_all_g
 
 
 def replicated_all_gather_strided(t: Tensor, stride: int = 1, group_size: Optional[int] = None) -> Tensor:
-    """popxl-addons' ``ReplicatedAllGatherStrided``: the members' ``t``, flattened and concatenated
-    in replica order (1-D, ``group_size`` times ``t``'s number of values)."""
+    """popxl-addons' ``ReplicatedAllGatherStrided``: every member's ``t``, flattened, in replica order.
+
+    Args:
+        t: The tensor gathered.
+        stride: The distance between the replicas of a group.
+        group_size: The replicas per group; default all replicas.
+
+    Returns:
+        A new 1-D tensor of ``group_size`` times ``t``'s number of values, ``t``'s dtype.
+
+    Raises:
+        ValueError: If ``stride`` / ``group_size`` do not divide the replicas into groups.
+    """
     what = "replicated_all_gather_strided"
     return create_op(what, [t], all_gather_strided_attrs(stride, group_size), name=what)[0]
 
@@ -173,9 +222,26 @@ register(OpDef("replicated_reduce_scatter_strided", _reduce_scatter_infer, expan
 
 def replicated_reduce_scatter_strided(t: Tensor, op: object = "add", stride: int = 1,
                                       group_size: Optional[int] = None, rts: bool = False) -> Tensor:
-    """popxl-addons' ``ReplicatedReduceScatterStrided``: reduce ``t`` (flattened) over the group and
-    keep this member's chunk (zero padded to ``ceil(t.nelms / group_size)`` values). With ``rts`` the result
-    records ``t``'s shape as its meta_shape (replicated tensor sharding)."""
+    """popxl-addons' ``ReplicatedReduceScatterStrided``: reduce ``t`` over the group, keep this member's chunk.
+
+    ``t`` is flattened and zero padded to a multiple of ``group_size`` values; member ``k`` of a
+    group keeps chunk ``k`` of the reduction.
+
+    Args:
+        t: The tensor reduced.
+        op: The reduction: "add", "mean", "mul", "min", "max", "and", "or" or "square_add".
+        stride: The distance between the replicas of a group.
+        group_size: The replicas per group; default all replicas.
+        rts: The result records ``t``'s shape as its meta_shape (replicated tensor sharding).
+
+    Returns:
+        A new 1-D tensor of ``ceil(t.nelms / group_size)`` values, ``t``'s dtype.
+
+    Raises:
+        TypeError: If ``rts`` is not a bool.
+        ValueError: If ``op`` is unknown, or ``stride`` / ``group_size`` do not divide the replicas
+            into groups.
+    """
     what = "replicated_reduce_scatter_strided"
     return create_op(what, [t], reduce_scatter_strided_attrs(op, stride, group_size, rts), name=what)[0]
 

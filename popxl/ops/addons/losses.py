@@ -162,10 +162,26 @@ def _sharded_grad(ctx):
 
 def cross_entropy_sharded(logits: Tensor, indices: Tensor, group=None,
                           available_memory_proportion: float = 0.4) -> Tuple[Tensor, Tensor]:
-    """popxl-addons' ``CrossEntropySharded``: ``logits`` (n, classes of this shard), sharded over
-    the replicas of ``group`` (default all) in replica order; ``indices`` (n,) the labels, the same
-    on every member but shifted to this shard's class range. Returns (loss (n,), equal on every
-    member, and this shard's negative log softmax (n, shard classes))."""
+    """popxl-addons' ``CrossEntropySharded``: the cross entropy of logits sharded over replicas.
+
+    The classes are split over the replicas of ``group`` in replica order; the loss is the same
+    on every member. Its gradient flows to ``logits`` (each member its own shard).
+
+    Args:
+        logits: (n, classes of this shard), float16 or float32.
+        indices: (n,) integer labels, the same on every member but shifted to this shard's class
+            range (labels outside it pick nothing here).
+        group: A ``popxl.ReplicaGrouping`` of the replicas sharing the classes; default all.
+        available_memory_proportion: A planning hint for IPU memory; recorded only.
+
+    Returns:
+        (loss (n,), this shard's negative log softmax (n, shard classes)), in ``logits``' dtype.
+
+    Raises:
+        TypeError: If ``logits`` is not float16 / float32 or ``indices`` not integer, or ``group``
+            is not a ReplicaGrouping.
+        ValueError: If the shapes do not match.
+    """
     attrs = {"groups": groups_of(group, "cross_entropy_sharded"), "available_memory_proportion": float(available_memory_proportion)}
     loss, nls = create_op("cross_entropy_sharded", [logits, indices], attrs)
     return loss, nls
@@ -226,10 +242,21 @@ def _wr_grad(ctx):
 
 def cross_entropy_sharded_wr(logits: Sequence[Tensor], indices: Sequence[Tensor],
                              ipus: Sequence[int] = ()) -> Tuple[Tensor, List[Tensor]]:
-    """popxl-addons' within-replica sharded cross entropy: ``logits[i]`` (n, classes of shard i),
-    the shards' classes in order; ``indices[i]`` (n,) the labels over all classes (the op shifts
-    them per shard). ``ipus`` names each shard's IPU (default 0, 1, ...). Returns (loss (n,),
-    each shard's negative log softmax)."""
+    """popxl-addons' within-replica sharded cross entropy: the classes split over tensors of one replica.
+
+    Args:
+        logits: One (n, classes of shard i) tensor per shard, the shards' classes in order.
+        indices: One (n,) integer tensor of labels over all classes per shard (the op shifts them
+            to each shard's range).
+        ipus: The IPU of each shard (default 0, 1, ...); recorded only.
+
+    Returns:
+        (loss (n,), the list of each shard's negative log softmax), in the logits' dtype.
+
+    Raises:
+        TypeError: If the logits are not float16 / float32 or the labels not integer.
+        ValueError: If there are not as many labels as logits, or the shapes do not match.
+    """
     logits, indices = list(logits), list(indices)
     ipus = tuple(int(i) for i in ipus) if ipus else tuple(range(len(logits)))
     loss, *nls = create_op("cross_entropy_sharded_wr", logits + indices, {"ipus": ipus})

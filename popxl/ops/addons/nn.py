@@ -79,9 +79,24 @@ def _rotary_grad(ctx):
 
 
 def rotary_pos_embed(t: Tensor, sin: Tensor, cos: Tensor, rotary_dim: Optional[int] = None) -> Tensor:
-    """popxl-addons' ``RotaryPosEmbed``: ``t`` (batch, seq, heads, head size) with the first
-    ``rotary_dim`` values (default all) of each head rotated pairwise by the position's angles;
-    ``sin`` / ``cos`` (1 or batch, seq, rotary_dim / 2)."""
+    """popxl-addons' ``RotaryPosEmbed``: rotary position embeddings.
+
+    The first ``rotary_dim`` values of each head are rotated pairwise, (x0, x1) by the angle whose
+    sine and cosine the position gives; the rest pass unchanged. The gradient rotates back.
+
+    Args:
+        t: (batch, seq, heads, head size), float16 or float32.
+        sin: (1 or batch, seq, rotary_dim / 2), ``t``'s dtype.
+        cos: (1 or batch, seq, rotary_dim / 2), ``t``'s dtype.
+        rotary_dim: An even number of values rotated per head; default the head size.
+
+    Returns:
+        A new tensor of ``t``'s shape and dtype.
+
+    Raises:
+        TypeError: If the dtypes are not float16 / float32 or differ.
+        ValueError: If the shapes do not match or ``rotary_dim`` is odd or too large.
+    """
     rotary_dim = rotary_dim or (t.shape[-1] if t.shape else 0)
     return create_op("rotary_pos_embed", [t, sin, cos], {"rotary_dim": rotary_dim})[0]
 
@@ -159,9 +174,25 @@ def _ln_grad(ctx):
 
 def layer_norm_distributed(t: Tensor, w: Tensor, b: Tensor, epsilon: float = 1e-5,
                            group=None) -> Tuple[Tensor, Tensor, Tensor]:
-    """popxl-addons' ``LayerNormDistributed``: layer norm of ``t`` (samples, hidden shard) whose
-    hidden axis is split over the replicas of ``group`` (default all); ``w`` / ``b`` this shard's
-    scale and bias. Returns (normalised t, per-sample mean, per-sample 1 / std)."""
+    """popxl-addons' ``LayerNormDistributed``: layer norm over a hidden axis split over replicas.
+
+    The mean and variance are summed over the replicas of ``group``; the gradient is the true
+    layer-norm gradient (scale included; see the README's deliberate differences).
+
+    Args:
+        t: (samples, hidden shard), float16 or float32.
+        w: (hidden shard,) this shard's scale.
+        b: (hidden shard,) this shard's bias.
+        epsilon: Added to the variance.
+        group: A ``popxl.ReplicaGrouping`` of the replicas sharing the hidden axis; default all.
+
+    Returns:
+        (normalised ``t``, per-sample mean (samples,), per-sample 1 / std (samples,)).
+
+    Raises:
+        TypeError: If ``t`` is not float16 / float32, or ``group`` is not a ReplicaGrouping.
+        ValueError: If the shapes, or the dtypes of ``w`` and ``b`` against ``t``, do not match.
+    """
     y, mean, inv_std = create_op("layer_norm_distributed", [t, w, b],
                                  {"epsilon": float(epsilon), "groups": groups_of(group, "layer_norm_distributed")})
     return y, mean, inv_std
@@ -189,8 +220,19 @@ register(OpDef("grad_reduce_square_add", _square_add_infer, expand=_square_add_e
 
 
 def grad_reduce_square_add(t: Tensor, scale: Tensor) -> Tensor:
-    """popxl-addons' ``GradReduceSquareAdd``: ``scale * sum(t ** 2)`` as a float32 scalar, summed in
-    float32 (``scale`` is ``1 / loss_scaling ** 2`` for the norm of a loss-scaled gradient)."""
+    """popxl-addons' ``GradReduceSquareAdd``: ``scale * sum(t ** 2)``, summed in float32.
+
+    Args:
+        t: The tensor, float16 or float32 (a loss-scaled gradient).
+        scale: A scalar float tensor (``1 / loss_scaling ** 2`` for the gradient's norm).
+
+    Returns:
+        A new float32 scalar.
+
+    Raises:
+        TypeError: If ``t`` or ``scale`` is not a float tensor.
+        ValueError: If ``scale`` is not a scalar.
+    """
     return create_op("grad_reduce_square_add", [t, scale])[0]
 
 
@@ -206,16 +248,39 @@ register(OpDef("linear_layout", _linear_layout_infer, expand=lambda op: create_o
 
 
 def linear_layout(t: Tensor, bs: int = 1) -> Tensor:
-    """popxl-addons' ``LinearLayout``: a copy of ``t`` (on an IPU it maps the copy linearly over the
-    tiles in grains of ``bs`` values; a CPU has no tiles)."""
+    """popxl-addons' ``LinearLayout``: a copy of ``t``.
+
+    On an IPU it lays the copy out linearly over the tiles in grains of ``bs`` values; a CPU has
+    no tiles.
+
+    Args:
+        t: The tensor copied.
+        bs: The grain size, an int > 0.
+
+    Returns:
+        A new tensor equal to ``t``.
+
+    Raises:
+        ValueError: If ``bs`` is not an int > 0.
+    """
     return create_op("linear_layout", [t], {"bs": bs})[0]
 
 
 # dense x constant sparse -----------------------------------------------------------------------------
 class CSRMatrix:
-    """A constant sparse matrix in compressed sparse row form, as an op attribute: ``nz`` its
-    values, ``cols`` their columns, ``rows`` where each row starts in them (``rows[r]`` ..
-    ``rows[r + 1]``), ``shape`` (rows, columns). Equal and hashed by content; its repr is short."""
+    """A constant sparse matrix in compressed sparse row form, as an op attribute.
+
+    Equal and hashed by content; its repr is short. ``shape`` is (rows, columns).
+
+    Args:
+        nz: The nonzero values (stored as float32).
+        cols: Their column indices.
+        rows: Where each row starts in ``nz``: row r is ``nz[rows[r]:rows[r + 1]]``.
+        n_cols: The number of columns.
+
+    Raises:
+        ValueError: If the arrays are not a CSR matrix of ``n_cols`` columns.
+    """
 
     def __init__(self, nz: Any, cols: Any, rows: Any, n_cols: int) -> None:
         self.nz = np.array(nz, np.float32).reshape(-1)
@@ -239,6 +304,14 @@ class CSRMatrix:
         return str(a.tolist()) if len(a) <= 6 else f"[{a[0]}, {a[1]}, ..., {a[-1]}] ({len(a)})"
 
     def dense(self, dtype: Any) -> np.ndarray:
+        """The matrix as a dense NumPy array.
+
+        Args:
+            dtype: The array's dtype.
+
+        Returns:
+            A new (rows, columns) array.
+        """
         out = np.zeros(self.shape, np.float32)
         row_of = np.repeat(np.arange(self.shape[0]), np.diff(self.rows))
         out[row_of, self.cols] = self.nz
@@ -279,9 +352,23 @@ register(OpDef("dense_sparse_matmul", _sparse_infer, expand=_sparse_expand, grad
 
 
 def dense_sparse_matmul(lhs: Tensor, nz: Any, cols: Any, rows: Any, output_cols: int) -> Tensor:
-    """popxl-addons' ``SparseMatmul``: ``lhs`` (m, k) or (1, m, k) times the constant sparse matrix
-    (k, output_cols) given in CSR form (``nz`` values, ``cols`` their columns, ``rows`` the row
-    starts). The product is computed in ``lhs``'s dtype."""
+    """popxl-addons' ``SparseMatmul``: ``lhs`` times a constant sparse matrix given in CSR form.
+
+    Args:
+        lhs: (m, k) or (1, m, k), float16 or float32.
+        nz: The sparse matrix's nonzero values.
+        cols: Their column indices.
+        rows: Where each of the k rows starts in ``nz`` (k + 1 values, from 0 to ``len(nz)``).
+        output_cols: The sparse matrix's number of columns.
+
+    Returns:
+        A new tensor of ``lhs``'s leading shape and ``output_cols`` columns, computed in
+        ``lhs``'s dtype.
+
+    Raises:
+        TypeError: If ``lhs`` is not float16 / float32.
+        ValueError: If the arrays are not a CSR matrix, or its rows do not match ``lhs``.
+    """
     try:
         rhs = CSRMatrix(nz, cols, rows, output_cols)
     except ValueError as e:

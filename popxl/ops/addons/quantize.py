@@ -54,9 +54,20 @@ register(OpDef("group_quantize_decompress", _decompress_infer, expand=_decompres
 
 
 def group_quantize_decompress(t: Tensor, group_scale: Tensor, group_bias: Tensor) -> Tensor:
-    """popxl-addons' ``GroupQuantizeDecompress``: ``t`` (rows, groups, k) uint16, each holding four
-    4-bit values (highest bits first), becomes (rows, groups * k * 4) values ``v * scale + bias``
-    with each group's ``group_scale`` / ``group_bias`` (rows, groups, 1), in their dtype."""
+    """popxl-addons' ``GroupQuantizeDecompress``: 4-bit values to floats, per group ``v * scale + bias``.
+
+    Args:
+        t: (rows, groups, k) uint16, each holding four 4-bit values, the first in the highest bits.
+        group_scale: (rows, groups, 1) each group's scale, a float dtype.
+        group_bias: (rows, groups, 1) each group's bias, ``group_scale``'s dtype.
+
+    Returns:
+        A new (rows, groups * k * 4) tensor in ``group_scale``'s dtype.
+
+    Raises:
+        TypeError: If the scale and bias are not of one float dtype.
+        ValueError: If ``t`` is not rank-3 uint16 or the shapes do not match.
+    """
     return create_op("group_quantize_decompress", [t, group_scale, group_bias])[0]
 
 
@@ -125,9 +136,24 @@ register(OpDef("fp8_mse_scale", _fp8_infer, _fp8_mse_scale, grad=Grad.STOP, fami
 
 
 def fp8_mse_scale(src: Tensor, min_fp32_exp_index: int, format_span: int, quantisation_error: float) -> Tensor:
-    """popxl-addons' ``Fp8Scale`` (``Fp8FindBestScaleOp``): the float8 scaling bias (int32 scalar)
-    whose histogram-estimated squared error for ``src`` is least. The three parameters describe the
-    float8 format, as popxl-addons' ``fp8_mse_scale`` derives them."""
+    """popxl-addons' ``Fp8Scale``: the float8 scaling bias that represents ``src`` best.
+
+    The bias whose squared error, estimated from a histogram of ``src``'s binades, is least
+    (``Fp8FindBestScaleOp``). Not differentiable.
+
+    Args:
+        src: The values, float16 or float32.
+        min_fp32_exp_index: The float8 format's lowest binade, as a float32 exponent index.
+        format_span: The number of binades the format covers.
+        quantisation_error: The relative squared error of a value inside the format's range.
+
+    Returns:
+        A new int32 scalar.
+
+    Raises:
+        TypeError: If ``src`` is not float16 / float32.
+        ValueError: If the indices are not ints from 0 to 253.
+    """
     return create_op("fp8_mse_scale", [src], {"min_fp32_exp_index": int(min_fp32_exp_index),
                                              "format_span": int(format_span),
                                              "quantisation_error": float(quantisation_error)})[0]
