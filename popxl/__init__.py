@@ -5,7 +5,7 @@ the program in a ``popxl.Session``.
 """
 __version__ = "0.1.0"
 
-from popxl import dtypes
+from popxl import dtypes, tensor
 from popxl.context import (gcg, get_current_graph, get_ir, get_main_graph, gir, gmg, in_sequence, io_tiles, ipu,
                            name_scope)
 from popxl.dtypes import (bool, complex64, complex128, double, dtype, float, float8_143, float8_152, float16,
@@ -40,5 +40,7 @@ __all__ = [
     "remote_variable", "remote_replica_sharded_variable", "replica_sharded_variable", "constant", "graph_input",
     "graph_output", "TensorByRef",
     "TensorSpec", "TensorStorage", "TensorLocation", "ReplicatedTensorSharding", "TileSet", "ExecutionContext",
-    "Session",
+    "Session", "Constant", "Variable", "replica_sharded_buffer", "export_onnx",
+    # submodules a program reaches as popxl.<name> (named here so type checkers see them exported)
+    "dtypes", "ops", "transforms", "tensor", "errors", "fp8_utils", "random_seed", "testing", "utils", "visualize",
 ]

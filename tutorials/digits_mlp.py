@@ -30,9 +30,9 @@ def load_digits_split(seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray
     """Train/test split (80/20) of the 8x8 digits, pixels scaled to [0, 1]."""
     from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int32)
+    pixels, labels = load_digits(return_X_y=True)
+    x = (pixels / 16.0).astype(np.float32)
+    y = labels.astype(np.int32)
     order = np.random.default_rng(seed).permutation(len(x))
     x, y = x[order], y[order]
     n_test = len(x) // 5

@@ -22,9 +22,9 @@ import popxl.ops as ops
 def load_digits_split(seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)  # pixels in [0, 1]
-    y = digits.target.astype(np.int32)
+    pixels, labels = load_digits(return_X_y=True)
+    x = (pixels / 16.0).astype(np.float32)  # pixels in [0, 1]
+    y = labels.astype(np.int32)
     order = np.random.default_rng(seed).permutation(len(x))
     x, y = x[order], y[order]
     n_test = len(x) // 5

@@ -1,10 +1,13 @@
-"""Type checkers see popxl's real signatures: mypy (configured in pyproject.toml, as a user's program
-sees the package) accepts the tutorials and tests/static/typed_program.py without a single error,
-and reports the errors of a program that misuses the API, so the check can fail."""
+"""Type checkers see popxl's real signatures: mypy and pyright (configured in pyproject.toml, as a
+user's program sees the package) accept the tutorials and tests/static/typed_program.py without a
+single error, and report the errors of a program that misuses the API, so the check can fail."""
 from __future__ import annotations
 
+import json
 import re
 import runpy
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Dict, List
@@ -60,7 +63,7 @@ def test_mypy_accepts_programs_and_finds_misuse(tmp_path):
 
     misuse = tmp_path / "misuse.py"
     misuse.write_text(_misuse_program())
-    programs = [ROOT / "tests" / "static" / "typed_program.py", *sorted((ROOT / "tutorials").glob("*.py"))]
+    programs = _programs()
     stdout, stderr, status = api.run(["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir",
                                       str(tmp_path / "cache"), "--no-error-summary", "--show-error-codes",
                                       *map(str, programs), str(misuse)])
@@ -77,6 +80,32 @@ def test_mypy_accepts_programs_and_finds_misuse(tmp_path):
         assert message in reported.pop(line), stdout
     assert not reported, stdout
     assert status == 1
+
+
+def _programs() -> List[Path]:
+    return [ROOT / "tests" / "static" / "typed_program.py", *sorted((ROOT / "tutorials").glob("*.py"))]
+
+
+@pytest.mark.slow  # pyright's node process, about 10 s
+def test_pyright_accepts_programs_and_finds_misuse(tmp_path):
+    misuse = tmp_path / "misuse.py"
+    misuse.write_text(_misuse_program())
+    run = subprocess.run([sys.executable, "-m", "pyright", "--outputjson", "-p", str(ROOT / "pyproject.toml"),
+                          *map(str, _programs()), str(misuse)], capture_output=True, text=True, timeout=600)
+    report = json.loads(run.stdout)
+    errors: Dict[str, Dict[int, str]] = {}
+    for d in report["generalDiagnostics"]:
+        if d["severity"] == "error":
+            errors.setdefault(Path(d["file"]).name, {})[d["range"]["start"]["line"] + 1] = d["message"]
+    assert set(errors) <= {"misuse.py"}, errors  # no false errors in correct programs
+    source = misuse.read_text().splitlines()
+    reported = errors.get("misuse.py", {})
+    for code in MISUSE:
+        line = next(i for i, text in enumerate(source, 1) if text.strip() == code)
+        assert line in reported, f"pyright missed {code!r}: {errors}"
+        reported.pop(line)
+    assert not reported, reported
+    assert report["summary"]["filesAnalyzed"] == len(_programs()) + 1
 
 
 def test_typed_program_runs():
