@@ -26,7 +26,7 @@ import popxl
 import popxl.ops as ops
 from popart.errors import OnnxImportError
 from popart.onnx.importer import SubgraphImporter, Value
-from popart.onnx.ops import Node, _as_tensor, _axis, _stack, _unstack, onnx_op
+from popart.onnx.table import Node, _as_tensor, _axis, _stack, _unstack, onnx_op
 
 __all__: List[str] = []
 

@@ -13,7 +13,7 @@ import popxl
 import popxl.ops as ops
 from popxl import dtypes
 from popart.losses import GRAPHCORE_DOMAIN, ReductionType, reduction_of
-from popart.onnx.ops import OPS, Entry, Node, Value
+from popart.onnx.table import OPS, Entry, Node, Value
 
 __all__: List[str] = []
 

@@ -11,8 +11,8 @@ import numpy as np
 
 import popxl
 import popxl.ops as ops
-from popart.onnx.ops import (Node, Value, _activation, _as_int32, _less, _scalar, _sigmoid, _stack, _unstack,
-                             onnx_op)
+from popart.onnx.elementwise import _activation, _less, _sigmoid
+from popart.onnx.table import Node, Value, _as_int32, _scalar, _stack, _unstack, onnx_op
 
 Activation = Callable[[popxl.Tensor], popxl.Tensor]
 

@@ -13,8 +13,10 @@ import numpy as np
 import popxl
 import popxl.ops as ops
 from popxl import dtypes
-from popart.onnx.ops import (Node, Value, _as_int32, _i32, _kernel_shape, _less, _prod, _round_half_even, _scalar,
-                             _scatter_rows, _stack, _strides, onnx_op)
+from popart.onnx.elementwise import _less, _round_half_even
+from popart.onnx.indexing import _scatter_rows
+from popart.onnx.nn import _kernel_shape
+from popart.onnx.table import Node, Value, _as_int32, _i32, _prod, _scalar, _stack, _strides, onnx_op
 from popart.rounding import _c, _f32  # coordinates and weights are computed in float32
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 import popxl
 import popxl.ops as ops
-from popart.onnx.ops import Node, Value, _i32, _popxl_dtype_of_onnx, _prod, onnx_op
+from popart.onnx.table import Node, Value, _i32, _popxl_dtype_of_onnx, _prod, onnx_op
 
 
 def _dft_matrix(rows: int, cols: int, length: int, complex_in: bool, complex_out: bool, inverse: bool,
