@@ -12,18 +12,13 @@ import popxl
 import popxl.ops as ops
 from popxl import dtypes
 from popxl.op import create_op
+from popxl.ops.elementwise import sigmoid  # popxl's own sigmoid op (popxl.ops does not name it)
 from popart.onnx.table import Node, Value, _axis, _i32, _popxl_dtype_of_onnx, _scalar, onnx_fold, onnx_op
 
 __all__: List[str] = []
 
 
 # elementwise ------------------------------------------------------------------------------------------
-def _sigmoid(x: popxl.Tensor) -> popxl.Tensor:
-    # 1 / (1 + exp(-x)): exact in relative terms for large negative x, where 0.5 * tanh(x / 2) + 0.5 is not.
-    one = popxl.constant(np.ones((), x.dtype.as_numpy()))
-    return ops.div(one, ops.add(one, ops.exp(ops.negate(x))))
-
-
 def _poly(x: popxl.Tensor, coefficients: Sequence[float]) -> popxl.Tensor:
     """c0 + c1 x + c2 x^2 + ... by Horner's rule."""
     y = _scalar(coefficients[-1], x)
@@ -51,7 +46,7 @@ def _reciprocal(x: popxl.Tensor) -> popxl.Tensor:
 _UNARY: Dict[str, Callable[[popxl.Tensor], popxl.Tensor]] = {
     "Relu": ops.relu, "Tanh": ops.tanh, "Sqrt": ops.sqrt, "Exp": ops.exp, "Log": ops.log, "Neg": ops.negate,
     "Abs": ops.abs, "Sin": ops.sin, "Cos": ops.cos, "Ceil": ops.ceil, "Floor": ops.floor, "Sign": ops.sign,
-    "Not": ops.logical_not, "IsNaN": ops.isnan, "Sigmoid": _sigmoid, "Erf": _erf, "Reciprocal": _reciprocal,
+    "Not": ops.logical_not, "IsNaN": ops.isnan, "Sigmoid": sigmoid, "Erf": _erf, "Reciprocal": _reciprocal,
 }
 
 
@@ -203,10 +198,14 @@ def _variadic(n: Node) -> List[Value]:
     xs = n.xs()
     if n.op_type == "Max":
         return [ops.maximum(*xs) if len(xs) > 1 else xs[0]]
-    fold = _minimum if n.op_type == "Min" else ops.add
-    y = xs[0]
-    for x in xs[1:]:
-        y = fold(y, x)
+    if n.op_type == "Min":
+        y = xs[0]
+        for x in xs[1:]:
+            y = _minimum(y, x)
+    elif len(xs) > 2:  # popxl's N-ary sum (made by name) adds left to right, as a chain of adds would
+        y = create_op("add_n", xs)[0]
+    else:
+        y = ops.add(*xs) if len(xs) == 2 else xs[0]
     if n.op_type == "Mean" and len(xs) > 1:
         y = ops.div(y, n.scalar(len(xs), y))
     return [y]

@@ -215,6 +215,13 @@ def _root(x: popxl.Tensor, p: int) -> popxl.Tensor:
     return x if p == 1 else ops.sqrt(x) if p == 2 else ops.pow(x, _scalar(1.0 / p, x))
 
 
+def _lp_norm(x: popxl.Tensor, axes: Sequence[int], p: int) -> popxl.Tensor:
+    """The p-norm over ``axes`` (kept): popxl's l1 / l2 reductions for p = 1, 2."""
+    if p in (1, 2):
+        return (ops.l1 if p == 1 else ops.l2)(x, list(axes), keepdims=True)
+    return _root(ops.sum(_abs_pow(x, p), list(axes), keepdims=True), p)
+
+
 def _p(n: Node) -> int:
     p = int(n.attr("p", 2))
     if p < 1:
@@ -227,7 +234,7 @@ def _p(n: Node) -> int:
 @onnx_op("GlobalLpPool", foldable=False)
 def _global_lp_pool(n: Node) -> List[Value]:
     x, p = n.x(0), _p(n)
-    return [_root(ops.sum(_abs_pow(x, p), list(range(2, x.rank)), keepdims=True), p)]
+    return [_lp_norm(x, range(2, x.rank), p)]
 
 
 def _window_sum(x: popxl.Tensor, kernel: Sequence[int], **window) -> popxl.Tensor:
@@ -358,8 +365,11 @@ def _instance_norm(n: Node) -> List[Value]:
     x = n.x(0)
     if x.rank < 2:
         raise n.fail(f"the input must be (N, C, ...), got shape {x.shape}")
-    y, _, _ = _standardise(x, range(2, x.rank), float(n.attr("epsilon", 1e-5)), n)
-    return [ops.add(ops.mul(y, _per_channel(n.x(1), x.rank)), _per_channel(n.x(2), x.rank))]
+    scale, bias = n.x(1), n.x(2)
+    if x.shape[1] == 0:  # no channels: nothing to normalise (group_norm needs at least one group)
+        return [ops.add(ops.mul(x, _per_channel(scale, x.rank)), _per_channel(bias, x.rank))]
+    # popxl's group_norm with one group per channel: each (n, c) normalised over its positions
+    return [ops.group_norm(x, scale, bias, x.shape[1], float(n.attr("epsilon", 1e-5)))]
 
 
 # Not computed at import: ONNX's reference fails on its opset-21 form (constant inputs run on the device).
@@ -403,7 +413,7 @@ def _lp_normalization(n: Node) -> List[Value]:
     if p not in (1, 2):
         raise n.fail(f"p must be 1 or 2, got {p}")
     axis = _axis(int(n.attr("axis", -1)), x.rank, n)
-    norm = _root(ops.sum(_abs_pow(x, p), [axis], keepdims=True), p)
+    norm = _lp_norm(x, [axis], p)
     zero = _scalar(0.0, x)
     # an all-zero line stays zero (its norm is 0; the division's NaN is not selected)
     return [ops.where(ops.equal(norm, zero), zero, ops.div(x, norm))]

@@ -11,7 +11,8 @@ import numpy as np
 
 import popxl
 import popxl.ops as ops
-from popart.onnx.elementwise import _activation, _less, _sigmoid
+from popxl.ops.elementwise import sigmoid
+from popart.onnx.elementwise import _activation, _less
 from popart.onnx.table import Node, Value, _as_int32, _scalar, _stack, _unstack, onnx_op
 
 Activation = Callable[[popxl.Tensor], popxl.Tensor]
@@ -41,7 +42,7 @@ def _make_activation(name: str, alpha: Optional[float], beta: Optional[float]) -
     if name == "Tanh":
         return ops.tanh
     if name == "Sigmoid":
-        return _sigmoid
+        return sigmoid
     if name == "Affine":
         return lambda x: ops.add(ops.mul(x, _scalar(alpha, x)), _scalar(beta, x))
     if name == "ScaledTanh":

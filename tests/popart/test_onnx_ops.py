@@ -69,6 +69,8 @@ CASES = [
     Case("Max", [N("Max", ["a", "b", "c"], ["y"])], {"a": f32(3, 4), "b": f32(4), "c": f32(3, 1)}, ["y"]),
     Case("Sum-Mean", [N("Sum", ["a", "b"], ["s"]), N("Mean", ["a", "b"], ["m"])],
          {"a": f32(3, 4), "b": f32(4)}, ["s", "m"]),
+    Case("Sum-Mean-3", [N("Sum", ["a", "b", "c"], ["s"]), N("Mean", ["a", "b", "c"], ["m"])],
+         {"a": f32(3, 4), "b": f32(4), "c": f32(3, 1)}, ["s", "m"]),
     Case("Clip-inputs", [N("Clip", ["x", "lo", "hi"], ["y"])], {"x": f32(3, 4)}, ["y"],
          {"lo": np.float32(-0.5), "hi": np.float32(0.7)}),
     Case("Clip-min-only", [N("Clip", ["x", "lo"], ["y"])], {"x": f32(3, 4)}, ["y"], {"lo": np.float32(0.1)}),
@@ -421,3 +423,22 @@ def test_op_matches_spec(node, x, oracle) -> None:
     from popart_helpers import run_session
     got = run_session(make_model([node], {"x": x}, ["y"], opset=18), {"x": x}, ["y"])[0]
     np.testing.assert_allclose(got, oracle(x), rtol=1e-5, atol=1e-6)
+
+
+
+@pytest.mark.parametrize("node,inputs,inits,op_type,composed", [
+    (N("Sigmoid", ["x"], ["y"]), {"x": f32(3, 4)}, {}, "sigmoid", ("exp", "div")),
+    (N("InstanceNormalization", ["x", "s", "b"], ["y"]), {"x": X4}, {"s": f32(3), "b": f32(3)}, "group_norm",
+     ("mean", "sqrt")),
+    (N("Sum", ["a", "b", "c"], ["y"]), {"a": f32(3, 4), "b": f32(4), "c": f32(3, 1)}, {}, "add_n", ("add",)),
+    (N("LpNormalization", ["x"], ["y"], p=2, axis=1), {"x": f32(3, 4)}, {}, "l2", ("sqrt", "sum")),
+    (N("GlobalLpPool", ["x"], ["y"], p=1), {"x": X4}, {}, "l1", ("abs", "sum")),
+], ids=["Sigmoid", "InstanceNormalization", "Sum", "LpNormalization", "GlobalLpPool"])
+def test_entries_use_popxl_ops_of_the_same_meaning(node, inputs, inits, op_type, composed) -> None:
+    # Where popxl has an op that computes what the ONNX op does, the entry uses it rather than
+    # composing it from smaller ones (one kernel, and that op's gradient rule when training).
+    from popart_helpers import make_session
+    from popxl.analysis import reachable_graphs
+    s, _ = make_session(make_model([node], inputs, ["y"], inits), ["y"])
+    types = [op.type for g in reachable_graphs(s._ir) for op in g.schedule()]
+    assert op_type in types and not set(composed) & set(types), types
