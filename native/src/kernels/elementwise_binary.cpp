@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "loops.hpp"
+#include "vec_math.hpp"
 
 namespace popxl {
 namespace {
@@ -140,6 +141,50 @@ const RegisterKernel maximum_op{{"maximum"}, [](const OpInstr& ins, const std::v
     return a > c ? a : c;
   }, Result::Same, true)(ins, b);
 }};
+
+// ---- gelu gradients ---------------------------------------------------------------------------
+// g * d/dx gelu(x), in float32 (float64 for float64), rounded once to x's dtype. When given,
+// `given_row` computes float32 rows from the third input, gelu(x) (gelu_grad_row), and `x_row`
+// float rows from x alone (float16's for gelu_grad, gelu_grad_row_of_x; all of geluerf_grad's):
+// vectorised forms of `form`.
+using GivenRow = void (*)(float*, const float*, const float*, const float*, int64_t);
+using XRow = void (*)(float*, const float*, const float*, int64_t);
+
+template <class Form>
+KernelFactory gelu_grad(Form form, GivenRow given_row = nullptr, XRow x_row = nullptr) {
+  return [form, given_row, x_row](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+    const Buffer &g = bufs[ins.inputs[0]], &x = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
+    if (given_row && x.dtype == DType::F32 && ins.inputs.size() == 3) {
+      const Buffer& gelu_x = bufs[ins.inputs[2]];
+      return std::make_unique<FnKernel>([=](uint8_t* a) {
+        map_rows<float, 3>(a, y, {g, x, gelu_x}, [&](float* out, const float* const* in, int64_t n) {
+          given_row(out, in[0], in[1], in[2], n);
+        });
+      });
+    }
+    unique_ptr<Kernel> k;
+    dispatch_float(x.dtype, [&](auto tag) {
+      using W = typename Wide<typename decltype(tag)::type>::type;
+      k = std::make_unique<FnKernel>([=](uint8_t* a) {
+        map_rows<W, 2>(a, y, {g, x}, [&](W* out, const W* const* in, int64_t n) {
+          if constexpr (std::is_same_v<W, float>) {
+            if (x_row) {
+              x_row(out, in[0], in[1], n);
+              return;
+            }
+          }
+          for (int64_t i = 0; i < n; ++i) out[i] = in[0][i] * form(in[1][i]);
+        });
+      });
+    });
+    return k;
+  };
+}
+
+const RegisterKernel gelu_grad_ops[] = {
+    {{"gelu_grad"}, gelu_grad([](auto x) { return gelu_slope(x); }, gelu_grad_row, gelu_grad_row_of_x)},
+    {{"geluerf_grad"}, gelu_grad([](auto x) { return geluerf_slope(x); }, nullptr, geluerf_grad_row)},
+};
 
 }  // namespace
 }  // namespace popxl

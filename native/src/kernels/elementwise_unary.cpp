@@ -160,5 +160,16 @@ const RegisterKernel clip_op{{"clip"}, [](const OpInstr& ins, const std::vector<
   }, true)(ins, bufs);
 }};
 
+// ---- logical_not: the input read as bool (any nonzero value, NaN included, is true) -------------
+const RegisterKernel logical_not_op{{"logical_not"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+  const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
+  if (!is_numeric(x.dtype) || y.dtype != DType::Bool) return nullptr;
+  return std::make_unique<FnKernel>([=](uint8_t* a) {
+    map_rows<double, 1>(a, y, {x}, [](double* out, const double* const* in, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) out[i] = in[0][i] == 0;  // NaN is true, so its negation is false
+    });
+  });
+}};
+
 }  // namespace
 }  // namespace popxl

@@ -1,4 +1,4 @@
-// The float32 GEMM backend of matmul (OpenBLAS sgemm), used by the matmul kernel in dnnl_ops.cpp.
+// The float32 GEMM backend of matmul (OpenBLAS sgemm), used by the matmul kernel in matmul.cpp.
 #pragma once
 
 #include <memory>

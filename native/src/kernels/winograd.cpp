@@ -14,7 +14,7 @@
 // into scratch first, and the result back, through 8x8 register transposes: the same two passes
 // oneDNN's direct kernels make into and out of their blocked layout.
 //
-// In training, dx of such a convolution is one itself (conv_grad in dnnl_ops.cpp runs this kernel
+// In training, dx of such a convolution is one itself (conv_grad in conv.cpp runs this kernel
 // with the weights turned round); dw has a kernel of its own below, on the same tiling.
 //
 // Work is cut two ways. Many tiles: blocks of ~64 tiles, each transformed, multiplied and

@@ -1,5 +1,5 @@
 // 3x3 stride-1 float32 convolutions and their gradients by Winograd's minimal filtering F(4x4, 3x3),
-// used by the conv and conv_grad kernels in dnnl_ops.cpp where it pays.
+// used by the conv and conv_grad kernels in conv.cpp where it pays.
 #pragma once
 
 #include <memory>
