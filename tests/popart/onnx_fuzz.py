@@ -8,6 +8,8 @@ in long-lived worker processes (``WorkerPool``), so a crash (a signal) or a hang
 timeout) is reported with the seed and the mutations that caused it, and the campaign goes on
 with a fresh worker. Every other outcome is a result or a Python exception; ``INTERNAL`` names the
 exception types that show a bug in popart (an unchecked input reaching code that assumed it valid).
+Longer than our ~800-line rule on purpose: it is a self-contained program (models, mutations, the
+case runner and the pool), run as a script by each worker and from the command line.
 
 From the command line (from the repository root):
     python tests/popart/onnx_fuzz.py --count 10000 [--start 0] [--workers 2]   a campaign, with a summary
