@@ -520,7 +520,7 @@ class Tensor:
         return True
 
     def __getitem__(self, key: Any) -> "Tensor":
-        from popxl.ops.shape import getitem
+        from popxl.ops.indexing import getitem
         return getitem(self, key)
 
     def __repr__(self) -> str:

@@ -5,6 +5,7 @@ from popxl.ops import collectives
 from popxl.ops import var_updates
 from popxl.ops import call as _call, elementwise as _elementwise, host_io as _host_io
 from popxl.ops import matmul as _matmul, normalisation as _normalisation, pooling as _pooling, fp8 as _fp8
+from popxl.ops import indexing as _indexing, resize as _resize
 from popxl.ops import roi_align as _roi_align
 from popxl.ops import misc as _misc, placement as _placement, random as _random, reduce as _reduce, shape as _shape
 from popxl.ops import remote as _remote
@@ -29,10 +30,12 @@ from popxl.ops.random import *  # noqa: F401,F403
 from popxl.ops.reduce import *  # noqa: F401,F403
 from popxl.ops.remote import *  # noqa: F401,F403
 from popxl.ops.shape import *  # noqa: F401,F403
+from popxl.ops.indexing import *  # noqa: F401,F403
+from popxl.ops.resize import *  # noqa: F401,F403
 # As in PopXL, these are public functions but missing from ``popxl.ops.__all__``.
 from popxl.ops.elementwise import floor, log2  # noqa: F401
 from popxl.ops.remote import remote_code_load  # noqa: F401
 
-__all__ = [name for module in (_elementwise, _reduce, _shape, _matmul, _conv, _pooling, _normalisation, _nll,
-                               _roi_align, _fp8, _misc, _random, _host_io, _remote, _placement, _call)
+__all__ = [name for module in (_elementwise, _reduce, _shape, _indexing, _resize, _matmul, _conv, _pooling,
+                               _normalisation, _nll, _roi_align, _fp8, _misc, _random, _host_io, _remote, _placement, _call)
            for name in module.__all__ if not name[0].isupper()]

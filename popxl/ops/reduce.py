@@ -612,7 +612,7 @@ def _cumsum_grad(ctx):
 @grad_rule("topk")
 def _topk_grad(ctx):  # the values' gradients go back to the places they were taken from
     from popxl.ops.misc import init
-    from popxl.ops.shape import scatter
+    from popxl.ops.indexing import scatter
     x = ctx.op.inputs[0]
     zeros = init(x.shape, x.dtype, name="zero_grad_topk")
     return [scatter(zeros, ctx.output(1), ctx.grad_or_zeros(0), ctx.attrs["axis"])]
