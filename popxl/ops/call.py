@@ -3,6 +3,10 @@
 A called graph sees parent values only through its inputs. Inputs pass by value; by-reference
 inputs (``TensorByRef`` / ``graph_input(by_ref=True)``) write their in-place changes back to
 the parent tensor after the call.
+
+Longer than ~800 lines for a reason: ~350 of them are the public functions' docstrings, and the
+three ops share one call-site machinery (inputs by value or by reference, subgraph outputs,
+site infos), which splitting would scatter.
 """
 from __future__ import annotations
 
