@@ -22,6 +22,8 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Tensor, Variable
 from popxl.transforms.expand import expand_ops
 from popxl.transforms.fragments import order_weight_fragments
+from popxl.transforms.fuse_attention import fuse_attention
+from popxl.transforms.fuse_decomposed import fuse_decomposed
 from popxl.transforms.fuse_matmul import fuse_matmul
 from popxl.utils import to_numpy
 
@@ -136,7 +138,9 @@ class Session:
         progress = Progress("popxl: compiling", 2 * len(list(ir._all_graphs())) + 1)
         expand_ops(ir)  # ops that run as other ops (popxl-addons' replica-spanning custom ops)
         order_weight_fragments(ir)  # weight-fragment ops at the start / end of the main program
-        fuse_matmul(ir)  # the Ir shows what runs: x @ W + b as matmul_bias, SGD updates in their GEMMs
+        # The Ir shows what runs: exported layer norms, GELUs and attention as single ops, x @ W + b
+        # as matmul_bias, SGD updates in their GEMMs.
+        fuse_matmul(fuse_attention(fuse_decomposed(ir)))
         self._exe = lower(ir, progress.step)
         self._check_transfer_counts()
         self._check_memory()

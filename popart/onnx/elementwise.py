@@ -12,6 +12,7 @@ import popxl
 import popxl.ops as ops
 from popxl import dtypes
 from popxl.op import create_op
+from popxl.ops.elementwise import erf as elementwise_erf  # an internal op (not PopXL API)
 from popxl.ops.elementwise import sigmoid  # popxl's own sigmoid op (popxl.ops does not name it)
 from popart.onnx.table import Node, Value, _axis, _i32, _popxl_dtype_of_onnx, _scalar, onnx_fold, onnx_op
 
@@ -27,18 +28,6 @@ def _poly(x: popxl.Tensor, coefficients: Sequence[float]) -> popxl.Tensor:
     return y
 
 
-# Abramowitz & Stegun 7.1.26: |error| < 1.5e-7, below float32 resolution of erf near 1.
-_ERF_P = 0.3275911
-_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
-
-
-def _erf(x: popxl.Tensor) -> popxl.Tensor:
-    one = _scalar(1.0, x)
-    t = ops.div(one, ops.add(one, ops.mul(_scalar(_ERF_P, x), ops.abs(x))))
-    y = ops.sub(one, ops.mul(ops.mul(_poly(t, _ERF_A), t), ops.exp(ops.negate(ops.mul(x, x)))))
-    return ops.mul(ops.sign(x), y)
-
-
 def _reciprocal(x: popxl.Tensor) -> popxl.Tensor:
     return ops.div(popxl.constant(np.ones((), x.dtype.as_numpy())), x)
 
@@ -46,7 +35,7 @@ def _reciprocal(x: popxl.Tensor) -> popxl.Tensor:
 _UNARY: Dict[str, Callable[[popxl.Tensor], popxl.Tensor]] = {
     "Relu": ops.relu, "Tanh": ops.tanh, "Sqrt": ops.sqrt, "Exp": ops.exp, "Log": ops.log, "Neg": ops.negate,
     "Abs": ops.abs, "Sin": ops.sin, "Cos": ops.cos, "Ceil": ops.ceil, "Floor": ops.floor, "Sign": ops.sign,
-    "Not": ops.logical_not, "IsNaN": ops.isnan, "Sigmoid": sigmoid, "Erf": _erf, "Reciprocal": _reciprocal,
+    "Not": ops.logical_not, "IsNaN": ops.isnan, "Sigmoid": sigmoid, "Erf": elementwise_erf, "Reciprocal": _reciprocal,
 }
 
 

@@ -7,6 +7,7 @@ from popxl.ops import call as _call, elementwise as _elementwise, host_io as _ho
 from popxl.ops import matmul as _matmul, normalisation as _normalisation, pooling as _pooling, fp8 as _fp8
 from popxl.ops import indexing as _indexing, resize as _resize
 from popxl.ops import roi_align as _roi_align
+from popxl.ops import fused_attention as _fused_attention  # internal ops that fuse_attention makes
 from popxl.ops import misc as _misc, placement as _placement, random as _random, reduce as _reduce, shape as _shape
 from popxl.ops import remote as _remote
 # Family modules named as PopXL's per-op module paths (``from popxl.ops.conv import PadType``);

@@ -529,6 +529,12 @@ def logical_not(t: Tensor) -> Tensor:
     """
     return _unary("logical_not", t)
 
+# erf is not a PopXL op: it is what the ONNX importer makes of Erf (and fuse_decomposed finds
+# inside an erf-form GELU). Reachable as popxl.ops.elementwise.erf, outside ``__all__``.
+register(OpDef("erf", _unary_infer(_FLOAT), _in_float(lambda x: np.asarray(_erf(x), x.dtype)), family="elementwise",
+               elementwise=True))
+erf = _make_fn("erf", "Elementwise error function, 2/sqrt(pi) * integral of exp(-u**2) from 0 to t.")
+
 
 # binary ---------------------------------------------------------------------------------------------
 # Integer division and remainder are defined for every operand pair, in both engines: a divisor
@@ -1170,6 +1176,7 @@ _UNARY_DERIVATIVES: Dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "sqrt": lambda x, y: 0.5 / y,
     "negate": lambda x, y: as_tensor(-1.0, like=x),
     "swish": lambda x, y: _swish_derivative(x),
+    "erf": lambda x, y: create_op("exp", [negate(x * x)])[0] * (2.0 / math.sqrt(math.pi)),
 }
 
 

@@ -125,6 +125,7 @@ const RegisterKernel unary_ops[] = {
        using W = decltype(x);
        return W(0.5) * x * (W(1) + std::erf(x * W(kInvSqrt2)));
      })},
+    {{"erf"}, unary([](auto x) { return std::erf(x); })},
     {{"negate"}, unary([](auto x) { return wrap_neg(x); }, true)},  // integers wrap: -INT_MIN is INT_MIN
     {{"abs"}, unary([](auto x) { return wrap_abs(x); }, true)},
     {{"relu", "relu_"}, unary([](auto x) { return x < 0 ? decltype(x)(0) : x; }, true)},  // NaN stays NaN

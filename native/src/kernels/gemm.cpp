@@ -22,29 +22,13 @@ constexpr int64_t kThinSide = 32;
 // Batches of matrices smaller than this (multiply-adds each) go to oneDNN (see sgemm_matmul).
 constexpr int64_t kSmallBatchedMatrix = int64_t(1) << 25;
 
-// How sgemm reads a (rows x cols) operand with element strides (row_stride, col_stride).
-struct Layout {
-  CBLAS_TRANSPOSE trans;
-  int64_t ld;
-};
-
-bool blas_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, Layout& out) {
-  if (col_stride == 1 && row_stride >= std::max<int64_t>(cols, 1)) {
-    out = {CblasNoTrans, row_stride};
-    return true;
-  }
-  if (row_stride == 1 && col_stride >= std::max<int64_t>(rows, 1)) {
-    out = {CblasTrans, col_stride};
-    return true;
-  }
-  return false;
-}
+CBLAS_TRANSPOSE cblas(const BlasLayout& l) { return l.trans ? CblasTrans : CblasNoTrans; }
 
 struct GemmKernel : Kernel {
   struct Call {  // one sgemm: offsets in floats from the operands' bases, its share of rows/cols,
     int64_t a, b, y, m, n, col;  // and the output column it starts at
   };
-  Layout la{}, lb{};
+  BlasLayout la{}, lb{};
   int64_t k = 0, ldy = 0;
   int64_t a_base = 0, b_base = 0, y_base = 0;  // byte offsets in the arena
   bool has_bias = false;
@@ -66,7 +50,7 @@ struct GemmKernel : Kernel {
           float* row = Y + c.y + r * ldy;
           for (int64_t j = 0; j < c.n; ++j) row[j] = bias[(c.col + j) * bias_step];
         }
-      scipy_cblas_sgemm(CblasRowMajor, la.trans, lb.trans, c.m, c.n, k, alpha, A + c.a, la.ld, B + c.b, lb.ld,
+      scipy_cblas_sgemm(CblasRowMajor, cblas(la), cblas(lb), c.m, c.n, k, alpha, A + c.a, la.ld, B + c.b, lb.ld,
                         beta, Y + c.y, ldy);
     };
     const int64_t n = static_cast<int64_t>(calls.size());
@@ -80,6 +64,18 @@ struct GemmKernel : Kernel {
 };
 
 }  // namespace
+
+bool blas_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, BlasLayout& out) {
+  if (col_stride == 1 && row_stride >= std::max<int64_t>(cols, 1)) {
+    out = {false, row_stride};
+    return true;
+  }
+  if (row_stride == 1 && col_stride >= std::max<int64_t>(rows, 1)) {
+    out = {true, col_stride};
+    return true;
+  }
+  return false;
+}
 
 void blas_single_threaded() {
   static const bool once = [] {
@@ -96,6 +92,17 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   const size_t r = ydims.size();
   const int64_t m = ydims[r - 2], n = ydims[r - 1], kk = a.dims[r - 1];
   const int64_t int_max = 0x7fffffff;
+  // A stack of matrices times one matrix (x (batch, seq, d) @ W: how ONNX models apply Linear
+  // layers) whose rows are evenly spaced through the stack is one (batch * seq, d) GEMM: W is
+  // packed once instead of once per matrix, and the threads take bands of all the rows.
+  bool stacked_rows = r > 2 && a.strides[r - 1] == 1;
+  for (size_t d = 0; d + 2 < r && stacked_rows; ++d)
+    stacked_rows = b.dims[d] == 1 && a.dims[d] == ydims[d] && a.strides[d] == a.dims[d + 1] * a.strides[d + 1];
+  if (stacked_rows) {
+    const int64_t rows = prod(ydims) / std::max<int64_t>(n, 1);
+    return sgemm_matmul({{rows, kk}, {a.strides[r - 2], 1}}, {{kk, n}, {b.strides[r - 2], b.strides[r - 1]}},
+                        {rows, n}, a_base, b_base, y_base, into);
+  }
   if (std::max({m, n, kk}) > int_max) return nullptr;  // blasint is 32-bit
   int64_t batches = 1;
   for (size_t d = 0; d + 2 < r; ++d) batches *= ydims[d];

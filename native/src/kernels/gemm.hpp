@@ -22,6 +22,14 @@ struct GemmInto {
   float alpha = 1.0f;
 };
 
+// How sgemm reads a (rows x cols) operand with element strides (row_stride, col_stride): row-major
+// (trans false) or transposed, with leading dimension ld. False when neither stride is 1.
+struct BlasLayout {
+  bool trans = false;
+  int64_t ld = 0;
+};
+bool blas_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, BlasLayout& out);
+
 // Make OpenBLAS single-threaded (once): the kernels that call sgemm split the work over the
 // OpenMP threads themselves, so there is one thread pool in the process.
 void blas_single_threaded();
