@@ -19,14 +19,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 # Framework keys, in table order. "popxl" is the primary popxl variant of a case (for training:
-# 100 steps per session.run); "popxl_1" is 1 step per run; "popxl_ops" is a program built directly
-# with popxl ops where the primary variant goes through the PopART front end. "jax_scan" is 100 steps in one jitted
+# the case's steps_per_run per session.run); "popxl_1" is 1 step per run; "popxl_ops" is a program built directly
+# with popxl ops where the primary variant goes through the PopART front end. "torch_compile" is
+# PyTorch's step through torch.compile (inductor). "jax_scan" is a run's steps in one jitted
 # lax.scan. Each key belongs to an installable family that --frameworks selects.
 FRAMEWORKS: Dict[str, str] = {
     "popxl": "popxl",
     "popxl_1": "popxl",
     "popxl_ops": "popxl",
     "torch": "torch",
+    "torch_compile": "torch",
     "jax": "jax",
     "jax_scan": "jax",
     "ort": "onnxruntime",
@@ -36,8 +38,9 @@ LABELS: Dict[str, str] = {
     "popxl_1": "popxl 1 step/run",
     "popxl_ops": "popxl ops (direct)",
     "torch": "PyTorch eager",
+    "torch_compile": "PyTorch compiled",
     "jax": "JAX jit",
-    "jax_scan": "JAX scan(100)",
+    "jax_scan": "JAX scan",
     "ort": "ONNX Runtime",
 }
 FAMILY_OF_OPTION = {"popxl": "popxl", "torch": "torch", "jax": "jax", "ort": "onnxruntime"}
@@ -64,6 +67,7 @@ class Bench:
     output: Optional[Callable[[Any], Any]] = None
     close: Optional[Callable[[], None]] = None
     fixed_inner: Optional[int] = None
+    session: Any = None  # popxl's Session behind the call, for profiles (benchmarks/op_profile.py)
 
 
 @dataclass
@@ -79,6 +83,7 @@ class Case:
     rtol: float = 1e-4  # on max|a - b| / max|b| of the checked results
     reference: Optional[Callable[[], np.ndarray]] = None  # framework-free expected results
     must_match: bool = False  # a mismatch fails the run (correctness gate, not only a table note)
+    steps_per_run: int = 100  # training: the steps of popxl's primary variant per session.run
 
 
 @dataclass

@@ -1,8 +1,15 @@
 """Peak resident memory of a popxl training run against what it must hold (issue target: at most
-1.2x the device arena + the weights + the host stream buffers).
+1.2x the device arena + the weights + the host stream buffers), and of a training workload per
+framework (--peers).
 
     python benchmarks/memory.py              # 784-2048-2048-10 MLP, batch 256, 100 steps per run
     python benchmarks/memory.py --quick      # a small model (smoke test)
+    python benchmarks/memory.py --peers bert_train [--quick]   # peak RSS: popxl vs PyTorch, JAX
+
+--peers: each framework trains the workload (every batch once: one popxl run, one JAX scan,
+one call per step otherwise) in a process of its own, started from this one before anything
+large is allocated here; the number is that process's whole peak resident set (VmHWM:
+interpreter, libraries, weights, activations, compiled code), as a user would see it.
 
 Runs in its own process. The baseline is taken after a small warm-up session, so the interpreter,
 NumPy, oneDNN's code and the OpenMP threads are already resident and not charged to the run; then
@@ -69,10 +76,57 @@ def measure(sizes, batch: int) -> Dict[str, float]:
             "ratio": used / budget}
 
 
+PEER_KEYS = ["popxl", "torch", "torch_compile", "jax", "jax_scan"]
+
+
+def child_peak(workload: str, key: str, quick: bool) -> int:
+    """Train ``workload`` with framework ``key`` once through its batches; return VmHWM in KiB."""
+    from benchmarks.run import workload_cases
+    (case,) = workload_cases(workload, quick)
+    bench = case.builders[key]()
+    steps = int(case.steps_per_run)
+    for _ in range(max(1, round(steps / bench.items))):
+        bench.call()
+    if bench.close:
+        bench.close()
+    return _status_kib("VmHWM")
+
+
+def peers(workload: str, quick: bool, threads: int) -> int:
+    import os
+    import subprocess
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "JAX_PLATFORMS": "cpu"}
+    peaks: Dict[str, float] = {}
+    for key in PEER_KEYS:
+        cmd = [sys.executable, __file__, "--child", f"{workload}:{key}"] + (["--quick"] if quick else [])
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith("VmHWM ")]
+        if out.returncode != 0 or not line:
+            print(f"{key}: failed ({out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode})")
+            continue
+        peaks[key] = int(line[0].split()[1]) / 1024
+    print(f"{workload}{' (quick)' if quick else ''}: peak resident memory of a training process per framework, MiB")
+    print("| framework | peak RSS MiB | popxl / it |")
+    print("|---|---|---|")
+    for key, mib in peaks.items():
+        ratio = f"{peaks['popxl'] / mib:.2f}x" if "popxl" in peaks else ""
+        print(f"| {key} | {mib:.0f} | {ratio} |")
+    return 0 if "popxl" in peaks else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--peers", metavar="WORKLOAD", help="peak RSS per framework of a training workload (bert_train)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # workload:framework, run by --peers
     args = parser.parse_args(argv)
+    if args.child:
+        workload, key = args.child.split(":")
+        print(f"VmHWM {child_peak(workload, key, args.quick)}")
+        return 0
+    if args.peers:
+        return peers(args.peers, args.quick, args.threads)
     sizes, batch = ((784, 64, 10), 16) if args.quick else ((784, 2048, 2048, 10), 256)
     r = measure(sizes, batch)
     mib = 1 << 20

@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks` 
 from benchmarks.common import FAMILY_OF_OPTION, FRAMEWORKS, LABELS, Case, Row, run_case  # noqa: E402
 
 # Ratio columns: popxl against each peer (for training rows, the popxl variant of that row).
-PEERS = ["torch", "jax", "jax_scan", "ort"]
+PEERS = ["torch", "torch_compile", "jax", "jax_scan", "ort"]
 
 
 _CASES = {"gemm": ("gemm", "cases"), "mlp_small": ("mlp", "cases"), "mlp_big": ("mlp", "big_cases"),
           "gpt_block": ("gpt_block", "cases"), "cnn_infer": ("cnn", "cases"), "overhead": ("overhead", "cases"),
-          "compile": ("compile", "cases")}
+          "compile": ("compile", "cases"), "bert_infer": ("bert", "infer_cases"), "bert_train": ("bert", "train_cases")}
 
 
 WORKLOADS = list(_CASES)
@@ -87,7 +87,7 @@ def table(rows: List[Row]) -> str:
     for row in rows:
         variants = ["popxl"] + (["popxl_1"] if "popxl_1" in row.results else [])
         for v in variants:
-            name = row.case.name + (" (100 steps/run)" if v == "popxl" and len(variants) > 1 else "")
+            name = row.case.name + (f" ({row.case.steps_per_run} steps/run)" if v == "popxl" and len(variants) > 1 else "")
             name = row.case.name + " (1 step/run)" if v == "popxl_1" else name
             cells = [row.case.workload, name, row.case.unit,
                      *[fmt_cell(row, v if k == "popxl" else k) for k in present if k != "popxl_1"],

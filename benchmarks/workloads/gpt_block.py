@@ -118,5 +118,5 @@ def jax_forward(tokens, params):
 def cases(quick: bool) -> List[Case]:
     # float32 accumulations in different orders over 100 steps: the losses agree to ~1e-5.
     return [Case("gpt_block", f"batch {BATCH}, seq {SEQ}, d {D}", "steps/s",
-                 training_builders(make_spec, popxl_forward, torch_forward, jax_forward), rtol=1e-3,
+                 training_builders(make_spec, popxl_forward, torch_forward, jax_forward, torch_compile=True), rtol=1e-3,
                  must_match=False)]

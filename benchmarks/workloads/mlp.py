@@ -106,11 +106,11 @@ def numpy_losses(spec: TrainSpec) -> np.ndarray:
     return np.array(losses)
 
 
-def _case(name: str, sizes: Sequence[int], batch: int, must_match: bool) -> Case:
+def _case(name: str, sizes: Sequence[int], batch: int, must_match: bool, torch_compile: bool = False) -> Case:
     def spec() -> TrainSpec:
         return make_spec(sizes, batch)
     return Case(name, f"batch {batch}, {'-'.join(map(str, sizes))}", "steps/s",
-                training_builders(spec, popxl_forward, torch_forward, jax_forward),
+                training_builders(spec, popxl_forward, torch_forward, jax_forward, torch_compile=torch_compile),
                 rtol=1e-4, reference=lambda: numpy_losses(spec()), must_match=must_match)
 
 
@@ -119,4 +119,4 @@ def cases(quick: bool) -> List[Case]:
 
 
 def big_cases(quick: bool) -> List[Case]:
-    return [_case("mlp_big", BIG, 256, must_match=False)]
+    return [_case("mlp_big", BIG, 256, must_match=False, torch_compile=True)]

@@ -5,6 +5,7 @@ per framework mapping (inputs, params) to 2-D logits (rows, classes). Everything
 softmax cross-entropy against int32 labels (mean over rows), gradients of all parameters, plain
 SGD, and the data: ``STEPS`` batches made up front, step i of any framework using batch i % STEPS,
 so the losses of the first STEPS steps are comparable across frameworks (the warm-up check).
+A workload may make fewer batches (``TrainSpec.steps``): its device loop and scan then run that many.
 """
 from __future__ import annotations
 
@@ -26,10 +27,15 @@ class TrainSpec:
     lr: float
     check_steps: int = STEPS  # steps a one-step-per-call bench checks (its warm-up); fewer if slow
 
+    @property
+    def steps(self) -> int:
+        """Batches made up front: the steps of one device loop or scan, and of the checked losses."""
+        return len(self.inputs)
+
 
 # popxl --------------------------------------------------------------------------------------------
 def build_popxl_program(spec: TrainSpec, forward: Callable, steps_per_run: int):
-    """The training Ir: the forward pass is one graph, differentiated with autodiff; a step graph
+    """The training Ir: the forward pass is one graph (its attention fused), differentiated with autodiff; a step graph
     loads a batch, calls forward, the fused softmax-NLL gradient and the gradient graph, and
     updates every parameter in place; ``ops.repeat`` runs ``steps_per_run`` steps per run.
     Returns (ir, input stream, label stream, loss stream)."""
@@ -46,6 +52,9 @@ def build_popxl_program(spec: TrainSpec, forward: Callable, steps_per_run: int):
         loss_stream = popxl.d2h_stream((), popxl.float32, name="loss")
         params = [popxl.variable(p, name=f"p{i}") for i, p in enumerate(spec.params)]
         fwd = ir.create_graph(forward, popxl.TensorSpec(x_stream.shape, in_dtype), *params)
+        # Before autodiff, so that the gradient recomputes attention's probabilities block by
+        # block (attention_grad) instead of storing them.
+        transforms.fuse_attention(fwd)
         grad = transforms.autodiff(fwd, grads_required=fwd.inputs[1:])
 
         def step(*ps: popxl.TensorByRef) -> None:
@@ -70,7 +79,7 @@ def popxl_trainer(spec: TrainSpec, forward: Callable, steps_per_run: int) -> Ben
     ir, x_stream, y_stream, loss_stream = build_popxl_program(spec, forward, steps_per_run)
     session = popxl.Session(ir, "cpu")
     session.__enter__()  # attached for the bench's lifetime; close() detaches
-    runs = STEPS // steps_per_run
+    runs = spec.steps // steps_per_run
     k = steps_per_run
 
     def feed(r: int) -> dict:
@@ -84,14 +93,14 @@ def popxl_trainer(spec: TrainSpec, forward: Callable, steps_per_run: int) -> Ben
         return session.run(feeds[next(counter) % runs])[loss_stream]
 
     return Bench(call, items=steps_per_run, check_calls=max(1, spec.check_steps // steps_per_run),
-                 close=lambda: session.__exit__(None, None, None))
+                 close=lambda: session.__exit__(None, None, None), session=session)
 
 
 # PyTorch eager ------------------------------------------------------------------------------------
-def torch_trainer(spec: TrainSpec, forward: Callable) -> Bench:
-    """Autograd + torch.optim.SGD, one Python call per step."""
+def torch_trainer(spec: TrainSpec, forward: Callable, compiled: bool = False) -> Bench:
+    """Autograd + torch.optim.SGD, one Python call per step; ``compiled``: the loss (forward and
+    backward) through ``torch.compile``."""
     torch = import_or_unavailable("torch")
-    F = torch.nn.functional
     params = [torch.tensor(p, requires_grad=True) for p in spec.params]
     opt = torch.optim.SGD(params, lr=spec.lr)
     xs = torch.from_numpy(spec.inputs)
@@ -99,16 +108,32 @@ def torch_trainer(spec: TrainSpec, forward: Callable) -> Bench:
         xs = xs.long()
     ys = torch.from_numpy(spec.labels).long()  # cross_entropy wants int64 targets
     counter = iter(range(1 << 62))
+    loss_fn = _torch_loss(forward)
+    if compiled:
+        # Inductor compiles the forward and (through AOTAutograd) the backward at their first call:
+        # made here on copies of the parameters, so that neither the compilation nor a step of
+        # training is part of the bench's first (checked) calls.
+        loss_fn = torch.compile(loss_fn, backend="inductor")
+        copies = [p.detach().clone().requires_grad_() for p in params]
+        loss_fn(xs[0], ys[0], copies).backward()
 
     def call() -> Any:
-        i = next(counter) % STEPS
+        i = next(counter) % spec.steps
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(forward(xs[i], params), ys[i])
+        loss = loss_fn(xs[i], ys[i], params)
         loss.backward()
         opt.step()
         return loss.detach()
 
     return Bench(call, items=1, check_calls=spec.check_steps)
+
+
+def _torch_loss(forward: Callable) -> Callable:
+    import torch.nn.functional as F
+
+    def loss_fn(x, y, params):
+        return F.cross_entropy(forward(x, params), y)
+    return loss_fn
 
 
 # JAX ----------------------------------------------------------------------------------------------
@@ -135,8 +160,8 @@ def jax_step_fn(forward: Callable, lr: float) -> Callable:
 
 
 def jax_trainer(spec: TrainSpec, forward: Callable, scan: bool) -> Bench:
-    """One jitted step per call with donated parameters, or (``scan``) STEPS steps per call in
-    one jitted lax.scan."""
+    """One jitted step per call with donated parameters, or (``scan``) all ``spec.steps`` steps per
+    call in one jitted lax.scan."""
     import_or_unavailable("jax")
     import jax
     import jax.numpy as jnp
@@ -144,33 +169,38 @@ def jax_trainer(spec: TrainSpec, forward: Callable, scan: bool) -> Bench:
     step = jax_step_fn(forward, spec.lr)
     state = {"params": [jnp.asarray(p) for p in spec.params]}
     xs, ys = jnp.asarray(spec.inputs), jnp.asarray(spec.labels)
+    # Compiled ahead of time (lower + compile), so that the first, checked call does not compile.
     if scan:
         def many(params, xs, ys):
             return jax.lax.scan(lambda ps, xy: step(ps, *xy), params, (xs, ys))
-        run = jax.jit(many, donate_argnums=0)
+        run = jax.jit(many, donate_argnums=0).lower(state["params"], xs, ys).compile()
 
         def call() -> Any:
             state["params"], losses = run(state["params"], xs, ys)
             return losses.block_until_ready()
-        return Bench(call, items=STEPS, check_calls=1)
+        return Bench(call, items=spec.steps, check_calls=1)
 
-    run = jax.jit(step, donate_argnums=0)
-    batches = [(xs[i], ys[i]) for i in range(STEPS)]  # device-resident slices, made once
+    batches = [(xs[i], ys[i]) for i in range(spec.steps)]  # device-resident slices, made once
+    run = jax.jit(step, donate_argnums=0).lower(state["params"], *batches[0]).compile()
     counter = iter(range(1 << 62))
 
     def call() -> Any:
-        state["params"], loss = run(state["params"], *batches[next(counter) % STEPS])
+        state["params"], loss = run(state["params"], *batches[next(counter) % spec.steps])
         return loss.block_until_ready()
     return Bench(call, items=1, check_calls=spec.check_steps)
 
 
 def training_builders(make_spec: Callable[[], TrainSpec], popxl_fwd: Callable, torch_fwd: Callable,
-                      jax_fwd: Callable) -> dict:
-    """The per-framework builders of a training case (see `benchmarks.common.FRAMEWORKS`)."""
-    return {
-        "popxl": lambda: popxl_trainer(make_spec(), popxl_fwd, STEPS),
+                      jax_fwd: Callable, torch_compile: bool = False) -> dict:
+    """The per-framework builders of a training case (see `benchmarks.common.FRAMEWORKS`); with
+    ``torch_compile``, PyTorch's step through torch.compile too."""
+    builders = {
+        "popxl": lambda: (lambda spec: popxl_trainer(spec, popxl_fwd, spec.steps))(make_spec()),
         "popxl_1": lambda: popxl_trainer(make_spec(), popxl_fwd, 1),
         "torch": lambda: torch_trainer(make_spec(), torch_fwd),
         "jax": lambda: jax_trainer(make_spec(), jax_fwd, scan=False),
         "jax_scan": lambda: jax_trainer(make_spec(), jax_fwd, scan=True),
     }
+    if torch_compile:
+        builders["torch_compile"] = lambda: torch_trainer(make_spec(), torch_fwd, compiled=True)
+    return builders

@@ -1,0 +1,81 @@
+"""Where a popxl workload's time goes: the native engine's per-op timers, summed per op kind.
+
+    python benchmarks/op_profile.py bert_train            # 2-layer BERT training, 20 steps per run
+    python benchmarks/op_profile.py bert_infer --batch 1  # BERT-base through popart.InferenceSession
+    python benchmarks/op_profile.py bert_infer --quick --runs 2
+
+Prints one line per op kind: its share of the summed op time, calls and milliseconds per run.
+A matmul is told apart by the rank of its output (``matmul 4-D``: attention's per-head products).
+Fractions are what to read on a shared machine: noise moves every op's time alike, absolute
+times are only this run's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Dict, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks` as a package
+
+
+def op_kind(exe, instr: dict) -> str:
+    kind = instr["type"]
+    if kind.startswith("matmul"):
+        kind += f" {len(exe.buffers[instr['outputs'][0]]['shape'])}-D"
+    return kind
+
+
+def profile(px_session, run: Callable[[], None], runs: int) -> Dict[str, Tuple[float, int]]:
+    """{op kind: (seconds per run, calls per run)} over ``runs`` calls of ``run`` (after one unprofiled call)."""
+    run()
+    engine = px_session._engine
+    engine.profiling = True  # resets the timers
+    for _ in range(runs):
+        run()
+    exe = px_session._exe
+    kinds: Dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for (gi, k), (secs, calls) in engine.op_profile().items():
+        entry = kinds[op_kind(exe, exe.graphs[gi]["program"][k])]
+        entry[0] += float(secs.sum()) / runs
+        entry[1] += int(calls.sum()) // runs
+    engine.profiling = False
+    return {k: (s, c) for k, (s, c) in kinds.items()}
+
+
+def table(kinds: Dict[str, Tuple[float, int]]) -> str:
+    total = sum(s for s, _ in kinds.values())
+    lines = [f"total op time {total * 1e3:.1f} ms per run", "| op kind | share | calls/run | ms/run |", "|---|---|---|---|"]
+    for kind, (secs, calls) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"| {kind} | {secs / total:.1%} | {calls} | {secs * 1e3:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workload", choices=["bert_train", "bert_infer"])
+    parser.add_argument("--quick", action="store_true", help="the workload's --quick configuration")
+    parser.add_argument("--batch", type=int, default=8, help="bert_infer: batch size")
+    parser.add_argument("--runs", type=int, default=3, help="profiled session runs")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+
+    from benchmarks.workloads import bert
+    if args.workload == "bert_train":
+        from benchmarks.workloads.training import popxl_trainer
+        cfg = bert.TRAIN_QUICK if args.quick else bert.TRAIN
+        bench = popxl_trainer(bert.make_train_spec(cfg), lambda *a: bert.popxl_train_forward(cfg, *a), cfg.steps)
+    else:
+        cfg = bert.Config(**{**(bert.QUICK if args.quick else bert.BERT_BASE).__dict__, "batch": args.batch})
+        bench = bert.build_popart_infer(cfg)
+    print(f"{args.workload}: {cfg}")
+    print(table(profile(bench.session, bench.call, args.runs)))
+    bench.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
