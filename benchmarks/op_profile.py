@@ -3,6 +3,7 @@
     python benchmarks/op_profile.py bert_train            # 2-layer BERT training, 20 steps per run
     python benchmarks/op_profile.py bert_infer --batch 1  # BERT-base through popart.InferenceSession
     python benchmarks/op_profile.py bert_infer --quick --runs 2
+    python benchmarks/op_profile.py bert_train --unfused   # without fuse_attention / fuse_decomposed
 
 Prints one line per op kind: its share of the summed op time, calls and milliseconds per run.
 A matmul is told apart by the rank of its output (``matmul 4-D``: attention's per-head products).
@@ -60,8 +61,14 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="bert_infer: batch size")
     parser.add_argument("--runs", type=int, default=3, help="profiled session runs")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--unfused", action="store_true",
+                        help="without the attention, layer norm and GELU fusions (what they save)")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    if args.unfused:
+        import popxl.session
+        from popxl import transforms
+        popxl.session.fuse_attention = popxl.session.fuse_decomposed = transforms.fuse_attention = lambda ir: ir
 
     from benchmarks.workloads import bert
     if args.workload == "bert_train":

@@ -1,5 +1,6 @@
-"""Matrix products: ``matmul`` (NumPy's semantics), ``matmul_pow2scaled`` (float8), and the two
-fused forms that ``popxl.transforms.fuse_matmul`` makes (``matmul_bias``, ``matmul_update_``)."""
+"""Matrix products: ``matmul`` (NumPy's semantics), ``matmul_pow2scaled`` (float8), and the
+fused forms that ``popxl.transforms.fuse_matmul`` makes (``matmul_bias``, ``matmul_bias_add``,
+``matmul_update_``)."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -60,6 +61,21 @@ def _matmul_bias_infer(specs):
 # makes it of an adjacent matmul and add (popxl/compiler/lower.py); it is not traced by users.
 register(OpDef("matmul_bias", _matmul_bias_infer, lambda a, b, bias: np.matmul(a, b) + bias, grad=Grad.RAISE,
                family="nn"))
+
+
+def _matmul_bias_add_infer(specs):
+    a, b, bias, residual = specs
+    (out,) = _matmul_bias_infer([a, b, bias])
+    if residual.shape != out.shape or residual.dtype != out.dtype:
+        raise ValueError(f"matmul_bias_add: the added tensor ({residual.dtype.name} {residual.shape}) must match the "
+                         f"product ({out.dtype.name} {out.shape})")
+    return [out]
+
+
+# matmul_bias whose result is added to a tensor of its shape (a residual connection), as one
+# instruction: fuse_matmul makes it; the GEMM starts from bias + residual instead of the bias.
+register(OpDef("matmul_bias_add", _matmul_bias_add_infer, lambda a, b, bias, r: np.matmul(a, b) + bias + r,
+               grad=Grad.RAISE, family="nn"))
 
 
 def _matmul_update_infer(specs, b):

@@ -10,7 +10,12 @@ runs):
    read back, and the update costs no pass of its own. The weight reaches the called graph as a
    by-reference input.
 
-Both change no result: each rewrite is made only where nothing can observe the difference.
+3. ``fuse_matmul_residual``: a ``matmul_bias`` whose product only an ``add`` of a tensor of the
+   product's shape reads (a residual connection: ``(x @ W + b) + h``) becomes ``matmul_bias_add``:
+   the GEMM starts from the bias plus that tensor, so the addition costs no pass of its own.
+
+None changes a result beyond rounding (the sums are taken in another order); each rewrite is made
+only where nothing else can observe the intermediate value.
 """
 from __future__ import annotations
 
@@ -22,11 +27,11 @@ from popxl.graph import Graph
 from popxl.op import REGISTRY, Op, create_op
 from popxl.tensor import Tensor
 
-__all__ = ["fuse_matmul", "fuse_matmul_bias", "fuse_weight_updates"]
+__all__ = ["fuse_matmul", "fuse_matmul_bias", "fuse_matmul_residual", "fuse_weight_updates"]
 
 
 def fuse_matmul(ir):
-    """Both fusions, in place. Returns ``ir``.
+    """The three fusions, in place.
 
     Args:
         ir: The program rewritten.
@@ -34,7 +39,7 @@ def fuse_matmul(ir):
     Returns:
         ``ir`` itself.
     """
-    return fuse_weight_updates(fuse_matmul_bias(ir))
+    return fuse_weight_updates(fuse_matmul_residual(fuse_matmul_bias(ir)))
 
 
 def _is_float32_matmul(op: Op) -> bool:
@@ -76,6 +81,39 @@ def fuse_matmul_bias(ir):
         for mm, add, bias in pairs:
             g.replace_ops([mm, add], lambda mm=mm, bias=bias: create_op("matmul_bias", [*mm.inputs, bias],
                                                                         name=mm.name)[0])
+    return ir
+
+
+def fuse_matmul_residual(ir):
+    """Rewrite 3 above, in place, in every graph the main graph reaches; as for rewrite 1, both
+    ops in the static program or both out of it. Returns ``ir``."""
+    ir._check_mutable()
+    facts = ProgramFacts(ir)
+    static = set(map(id, facts.static()[1]))
+    for g in facts.graphs:
+        readers = reader_counts(g)
+        outputs = g.outputs
+        pairs = []
+        for mm in g.schedule():
+            if mm.type != "matmul_bias" or mm.outputs[0].dtype != dtypes.float32:
+                continue
+            product = mm.outputs[0]
+            add = next((op for op in g.readers(product)), None)
+            if (add is None or add.type != "add" or readers.get(product) != 1 or any(o is product for o in outputs)
+                    or (id(mm) in static) != (id(add) in static)):
+                continue
+            others = [t for t in add.inputs if t is not product]
+            if len(others) != 1 or others[0].shape != product.shape or others[0].dtype != product.dtype:
+                continue
+            # the GEMM moves to the add: nothing in between may write what it reads
+            order = g.schedule()
+            if not all(op.opdef.pure for op in order[order.index(mm) + 1:order.index(add)]):
+                continue
+            pairs.append((mm, add, others[0]))
+        for mm, add, residual in pairs:
+            order = g.schedule()
+            g.replace_ops(sorted([mm, add], key=order.index), lambda mm=mm, residual=residual: create_op(
+                "matmul_bias_add", [*mm.inputs, residual], name=mm.name)[0])
     return ir
 
 

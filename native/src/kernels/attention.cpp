@@ -2,9 +2,10 @@
 // attention_grad, its three gradients, for float32 (other dtypes fall back to the NumPy kernels).
 //
 // Work goes by blocks of query rows of one (batch, head) matrix: a block's scores are one sgemm
-// into a per-thread buffer of kBlockRows x Sk floats (in cache), the mask is added and each row
-// softmaxed there, and one more sgemm multiplies the block by v straight into the output. No
-// (seq, seq) tensor is ever stored: O(seq) memory per head. q, k and v are read through their
+// into a per-thread buffer of rows x Sk floats (kScoreFloats, 64 KiB: in cache), the mask is added
+// and each row softmaxed there, and one more sgemm multiplies the block by v straight into the
+// output. No (seq, seq) tensor is ever stored: O(seq) memory per head. Blocks are as tall as the
+// buffer allows (all 128 rows of a BERT head), as sgemm's cost per call dominates small products. q, k and v are read through their
 // strides (a head of a (batch, seq, heads, dim) tensor is a strided matrix sgemm reads as is), so
 // the transposes that split heads cost nothing.
 //
@@ -26,7 +27,13 @@ namespace {
 
 using std::unique_ptr;
 
-constexpr int64_t kBlockRows = 32;
+constexpr int64_t kScoreFloats = 16384;
+constexpr int64_t kMinBlockRows = 16;
+
+// Query rows per block for Sk keys.
+int64_t block_rows(int64_t sq, int64_t sk) {
+  return std::min(sq, std::max(kMinBlockRows, kScoreFloats / std::max<int64_t>(sk, 1)));
+}
 
 // One (rows x cols) float32 matrix of every (batch, head): element strides and per-matrix offsets
 // (in floats from the arena base).
@@ -87,6 +94,7 @@ struct Attention {
   int64_t mask_offset = 0;
   std::vector<int64_t> mask_strides, shape;  // over (stack axes..., Sq, Sk)
   int threads = 1;
+  int64_t rows_per_block = 1;
 
   bool init(const OpInstr& ins, const std::vector<Buffer>& bufs, bool with_mask) {
     const Buffer &qb = in(ins, bufs, 0), &kb = in(ins, bufs, 1), &vb = in(ins, bufs, 2);
@@ -106,6 +114,7 @@ struct Attention {
       mask_strides = broadcast_strides(mb, shape);
     }
     threads = omp_get_max_threads();
+    rows_per_block = block_rows(sq, sk);
     blas_single_threaded();
     return true;
   }
@@ -137,7 +146,7 @@ struct Attention {
     for (int64_t row = 0; row < rows; ++row) softmax_row(p + row * sk, p + row * sk, sk);
   }
 
-  int64_t blocks() const { return (sq + kBlockRows - 1) / kBlockRows; }
+  int64_t blocks() const { return (sq + rows_per_block - 1) / rows_per_block; }
 };
 
 struct AttentionKernel : Kernel {
@@ -150,7 +159,8 @@ struct AttentionKernel : Kernel {
     const float* A = reinterpret_cast<const float*>(arena);
     const int64_t blocks = at.blocks(), items = at.stack * blocks;
     auto work = [&](int64_t item, float* p) {
-      const int64_t i = item / blocks, r0 = (item % blocks) * kBlockRows, rows = std::min(kBlockRows, at.sq - r0);
+      const int64_t i = item / blocks, r0 = (item % blocks) * at.rows_per_block;
+      const int64_t rows = std::min(at.rows_per_block, at.sq - r0);
       at.probabilities(arena, i, r0, rows, p);
       BlasLayout packed{false, at.sk};
       gemm(rows, at.dv, at.sk, 1.0f, p, packed, false, A + at.v.base[i], at.v.layout, false, 0.0f,
@@ -185,8 +195,8 @@ struct AttentionGradKernel : Kernel {
       float* DQ = A + dq + i * sq * d;
       float* DK = A + dk + i * sk * d;
       float* DV = A + dvb + i * sk * dv;
-      for (int64_t r0 = 0; r0 < sq; r0 += kBlockRows) {
-        const int64_t rows = std::min(kBlockRows, sq - r0);
+      for (int64_t r0 = 0; r0 < sq; r0 += at.rows_per_block) {
+        const int64_t rows = std::min(at.rows_per_block, sq - r0);
         const float beta = r0 == 0 ? 0.0f : 1.0f;  // dk and dv: the first block writes, the others add
         at.probabilities(arena, i, r0, rows, p);
         const float* G = A + g.base[i] + r0 * row_stride(g);
@@ -216,7 +226,7 @@ struct AttentionGradKernel : Kernel {
              beta, DK, d);
       }
     };
-    const size_t block = size_t(kBlockRows * sk);
+    const size_t block = size_t(at.rows_per_block * sk);
     auto buffers = [&](int t, float*& p, float*& ds, float*& dot) {
       float* base = reinterpret_cast<float*>(scratch.at(per_thread * size_t(t)));
       p = base, ds = base + block, dot = base + 2 * block;
@@ -246,7 +256,7 @@ const RegisterKernel attention_ops[] = {
        if (!k->at.init(ins, bufs, ins.inputs.size() == 4) || !packed_f32(y)) return nullptr;
        k->y_base = y.offset / 4;
        k->ldy = k->at.dv;
-       k->per_thread = ScratchLayout::aligned(size_t(kBlockRows * k->at.sk) * sizeof(float));
+       k->per_thread = ScratchLayout::aligned(size_t(k->at.rows_per_block * k->at.sk) * sizeof(float));
        k->scratch.reserve(k->per_thread * size_t(k->at.threads));
        return k;
      }},
@@ -258,7 +268,8 @@ const RegisterKernel attention_ops[] = {
        const Buffer &dq = bufs[ins.outputs[0]], &dk = bufs[ins.outputs[1]], &dv = bufs[ins.outputs[2]];
        if (!packed_f32(dq) || !packed_f32(dk) || !packed_f32(dv)) return nullptr;
        k->dq = dq.offset / 4, k->dk = dk.offset / 4, k->dvb = dv.offset / 4;
-       k->per_thread = ScratchLayout::aligned((size_t(2 * kBlockRows * k->at.sk) + kBlockRows) * sizeof(float));
+       const size_t rows = size_t(k->at.rows_per_block);
+       k->per_thread = ScratchLayout::aligned((2 * rows * size_t(k->at.sk) + rows) * sizeof(float));
        k->scratch.reserve(k->per_thread * size_t(k->at.threads));
        return k;
      }},

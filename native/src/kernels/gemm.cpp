@@ -33,6 +33,8 @@ struct GemmKernel : Kernel {
   int64_t a_base = 0, b_base = 0, y_base = 0;  // byte offsets in the arena
   bool has_bias = false;
   int64_t bias_base = 0, bias_step = 1;  // the bias row: byte offset, element stride
+  bool has_residual = false;
+  int64_t residual_base = 0;  // byte offset of a packed tensor of y's shape, added with the bias
   float alpha = 1.0f, beta = 0.0f;
   std::vector<Call> calls;
   bool parallel = false;
@@ -42,10 +44,18 @@ struct GemmKernel : Kernel {
     const float* B = reinterpret_cast<const float*>(arena + b_base);
     float* Y = reinterpret_cast<float*>(arena + y_base);
     const float* bias = reinterpret_cast<const float*>(arena + bias_base);
+    const float* R = reinterpret_cast<const float*>(arena + residual_base);
     auto gemm = [&](const Call& c) {
       // sgemm computes Y = A B + beta Y; with a bias, Y starts as its rows (beta = 1) rather than
-      // being zeroed first (beta = 0), so adding it costs no pass of its own.
-      if (has_bias)
+      // being zeroed first (beta = 0), so adding it costs no pass of its own; nor does adding a
+      // residual, which joins the bias there.
+      if (has_residual)
+        for (int64_t r = 0; r < c.m; ++r) {
+          float* row = Y + c.y + r * ldy;
+          const float* res = R + c.y + r * ldy;
+          for (int64_t j = 0; j < c.n; ++j) row[j] = bias[(c.col + j) * bias_step] + res[j];
+        }
+      else if (has_bias)
         for (int64_t r = 0; r < c.m; ++r) {
           float* row = Y + c.y + r * ldy;
           for (int64_t j = 0; j < c.n; ++j) row[j] = bias[(c.col + j) * bias_step];
@@ -109,12 +119,12 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   const int64_t macs = batches * m * n * kk;
   // A big product with a thin side (a 10-class layer, say) is mostly memory traffic, which
   // oneDNN's matmul streams 2-3x faster than sgemm's packing does.
-  if (!into.accumulate && macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
+  if (!into.sgemm_only() && macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
   // Many small matrices (attention's per-head products): oneDNN's batched matmul keeps both
   // threads busy with less packing per matrix than a sgemm call per matrix, 5-15% faster
   // (32 x (128, 64, 128): 174 vs 149 GFLOP/s on two threads); from ~100M multiply-adds a
   // matrix, sgemm is the faster again.
-  if (!into.accumulate && batches > 1 && m * n * kk < kSmallBatchedMatrix) return nullptr;
+  if (!into.sgemm_only() && batches > 1 && m * n * kk < kSmallBatchedMatrix) return nullptr;
   auto g = std::make_unique<GemmKernel>();
   if (!blas_layout(m, kk, a.strides[r - 2], a.strides[r - 1], g->la) ||
       !blas_layout(kk, n, b.strides[r - 2], b.strides[r - 1], g->lb))
@@ -127,6 +137,10 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
     g->has_bias = true;
     g->bias_base = into.bias->offset;
     g->bias_step = into.bias->strides.back() / static_cast<int64_t>(sizeof(float));
+  }
+  if (into.residual) {  // its bytes are read as y's (packed, same shape)
+    g->has_residual = true;
+    g->residual_base = into.residual->offset;
   }
   g->alpha = into.alpha;
   g->beta = into.bias || into.accumulate ? 1.0f : 0.0f;
@@ -159,4 +173,27 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   return g;
 }
 
+namespace {
+
+// matmul_bias_add (fuse_matmul's x @ W + b + residual): sgemm from bias + residual. Float32 with a
+// 2-D weight and packed residual and output only; anything else runs the NumPy kernel.
+const RegisterKernel matmul_bias_add_op{{"matmul_bias_add"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs)
+                                                                 -> std::unique_ptr<Kernel> {
+  const Buffer &a = bufs[ins.inputs[0]], &b = bufs[ins.inputs[1]], &bias = bufs[ins.inputs[2]];
+  const Buffer &res = bufs[ins.inputs[3]], &y = bufs[ins.outputs[0]];
+  for (const Buffer* t : {&a, &b, &bias, &res, &y})
+    if (t->dtype != DType::F32) return nullptr;
+  const size_t r = a.shape.size();
+  if (r < 2 || b.shape.size() != 2 || !res.contiguous || !y.contiguous || bias.shape.empty()) return nullptr;
+  MatOperand A{a.shape, a.strides}, B{std::vector<int64_t>(r, 1), std::vector<int64_t>(r, 0)};
+  for (auto& s : A.strides) s /= int64_t(sizeof(float));
+  B.dims[r - 2] = b.shape[0], B.dims[r - 1] = b.shape[1];
+  B.strides[r - 2] = b.strides[0] / int64_t(sizeof(float)), B.strides[r - 1] = b.strides[1] / int64_t(sizeof(float));
+  GemmInto into;
+  into.bias = &bias;
+  into.residual = &res;
+  return sgemm_matmul(A, B, y.shape, a.offset, b.offset, y.offset, into);
+}};
+
+}  // namespace
 }  // namespace popxl

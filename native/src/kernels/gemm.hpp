@@ -14,12 +14,15 @@ struct MatOperand {
   std::vector<int64_t> dims, strides;
 };
 
-// How the product meets y: written over it, added to a bias row first written into it, or
-// scaled and added to what y holds (y += alpha * a @ b).
+// How the product meets y: written over it, added to a bias row first written into it (plus a
+// packed `residual` of y's shape, when given), or scaled and added to what y holds
+// (y += alpha * a @ b).
 struct GemmInto {
   const Buffer* bias = nullptr;
+  const Buffer* residual = nullptr;
   bool accumulate = false;
   float alpha = 1.0f;
+  bool sgemm_only() const { return accumulate || residual; }  // oneDNN's matmul does neither here
 };
 
 // How sgemm reads a (rows x cols) operand with element strides (row_stride, col_stride): row-major
