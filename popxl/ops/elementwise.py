@@ -529,11 +529,27 @@ def logical_not(t: Tensor) -> Tensor:
     """
     return _unary("logical_not", t)
 
+
 # erf is not a PopXL op: it is what the ONNX importer makes of Erf (and fuse_decomposed finds
 # inside an erf-form GELU). Reachable as popxl.ops.elementwise.erf, outside ``__all__``.
 register(OpDef("erf", _unary_infer(_FLOAT), _in_float(lambda x: np.asarray(_erf(x), x.dtype)), family="elementwise",
                elementwise=True))
-erf = _make_fn("erf", "Elementwise error function, 2/sqrt(pi) * integral of exp(-u**2) from 0 to t.")
+
+
+def erf(t: Tensor) -> Tensor:
+    """Elementwise error function, 2/sqrt(pi) times the integral of exp(-u**2) from 0 to t.
+
+    Args:
+        t: A floating point tensor.
+
+    Returns:
+        ``erf(t)``, same shape and dtype.
+
+    Raises:
+        TypeError: If ``t`` is not a Tensor, or its dtype is not floating point.
+        ValueError: If ``t`` is not a tensor of the current graph.
+    """
+    return _unary("erf", t)
 
 
 # binary ---------------------------------------------------------------------------------------------

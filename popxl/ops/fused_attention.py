@@ -16,6 +16,7 @@ import numpy as np
 
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import broadcast_shapes, spec, wide_dtype
+from popxl.tensor import Tensor
 
 __all__: List[str] = []  # internal ops: made by a transform
 
@@ -97,8 +98,23 @@ def _attention_grad_kernel(q, k, v, *rest, scale):
 register(OpDef("attention_grad", _attention_grad_infer, _attention_grad_kernel, grad=Grad.RAISE, family="nn"))
 
 
-def attention(q, k, v, mask: Optional[object] = None, scale: float = 1.0):
-    """The fused op (what ``fuse_attention`` makes): softmax(q @ k^T * scale + mask) @ v."""
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, scale: float = 1.0) -> Tensor:
+    """The fused op (what ``fuse_attention`` makes): softmax(q @ k^T * scale + mask) @ v.
+
+    Args:
+        q: Queries (..., Sq, D).
+        k: Keys (..., Sk, D), the leading axes as q's.
+        v: Values (..., Sk, Dv), the leading axes as q's.
+        mask: Added to the scores before the softmax; broadcasts to (..., Sq, Sk).
+        scale: Multiplies q @ k^T.
+
+    Returns:
+        The attention output (..., Sq, Dv).
+
+    Raises:
+        TypeError: If the operands are not of one floating point dtype.
+        ValueError: If their shapes do not fit together.
+    """
     return create_op("attention", [q, k, v] + ([mask] if mask is not None else []), {"scale": float(scale)})[0]
 
 

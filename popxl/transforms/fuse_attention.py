@@ -98,8 +98,15 @@ def _single_reader(r: _Readers, t) -> Optional[Op]:
 
 
 def fuse_attention(target):
-    """The rewrite above, in place, in ``target``: a Graph, or an Ir (every graph its main graph
-    reaches). Returns ``target``."""
+    """The rewrite above, in place.
+
+    Args:
+        target: A Graph (a forward graph before autodiff, say), or an Ir: every graph its main
+            graph reaches.
+
+    Returns:
+        ``target`` itself.
+    """
     import popxl.ops as ops
     from popxl.ops.fused_attention import attention
 

@@ -34,7 +34,14 @@ __all__ = ["fuse_decomposed", "fuse_layer_norm", "fuse_gelu"]
 
 
 def fuse_decomposed(ir):
-    """Both rewrites, in place, in every graph the main graph reaches. Returns ``ir``."""
+    """Both rewrites, in place, in every graph the main graph reaches.
+
+    Args:
+        ir: The program rewritten.
+
+    Returns:
+        ``ir`` itself.
+    """
     from popxl.analysis import ProgramFacts
     ir._check_mutable()
     for g in ProgramFacts(ir).graphs:
@@ -159,7 +166,14 @@ def _match_layer_norm(r: _Readers, mean1: Op):
 
 
 def fuse_layer_norm(graph: Graph) -> Graph:
-    """Rewrite 1 above, in place. Returns ``graph``."""
+    """Rewrite 1 above, in place.
+
+    Args:
+        graph: The graph rewritten.
+
+    Returns:
+        ``graph`` itself.
+    """
     import popxl
     import popxl.ops as ops
 
@@ -238,7 +252,14 @@ def _match_gelu(r: _Readers, erf: Op):
 
 
 def fuse_gelu(graph: Graph) -> Graph:
-    """Rewrite 2 above, in place. Returns ``graph``."""
+    """Rewrite 2 above, in place.
+
+    Args:
+        graph: The graph rewritten.
+
+    Returns:
+        ``graph`` itself.
+    """
     import popxl.ops as ops
 
     graph.ir._check_mutable()

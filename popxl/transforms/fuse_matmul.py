@@ -47,9 +47,20 @@ def _is_float32_matmul(op: Op) -> bool:
             and op.outputs[0].dtype == dtypes.float32)
 
 
+def _graphs(ir):
+    """(graph, its reader counts, its outputs, ids of the static program's ops) for every graph the
+    main graph reaches, for rewrites 1 and 3 (whose two ops must be both in the static program, see
+    ``ProgramFacts.static``, or both out of it)."""
+    ir._check_mutable()
+    facts = ProgramFacts(ir)
+    static = set(map(id, facts.static()[1]))
+    for g in facts.graphs:
+        yield g, reader_counts(g), g.outputs, static
+
+
 def fuse_matmul_bias(ir):
     """Rewrite 1 above, in place, in every graph the main graph reaches. Both ops must be in the
-    static program (see ``ProgramFacts.static``) or both out of it. Returns ``ir``.
+    static program (see ``ProgramFacts.static``) or both out of it.
 
     Args:
         ir: The program rewritten.
@@ -57,12 +68,7 @@ def fuse_matmul_bias(ir):
     Returns:
         ``ir`` itself.
     """
-    ir._check_mutable()
-    facts = ProgramFacts(ir)
-    static = set(map(id, facts.static()[1]))
-    for g in facts.graphs:
-        readers = reader_counts(g)
-        outputs = g.outputs
+    for g, readers, outputs, static in _graphs(ir):
         sched = g.schedule()
         pairs = []
         for mm, add in zip(sched, sched[1:]):
@@ -86,13 +92,15 @@ def fuse_matmul_bias(ir):
 
 def fuse_matmul_residual(ir):
     """Rewrite 3 above, in place, in every graph the main graph reaches; as for rewrite 1, both
-    ops in the static program or both out of it. Returns ``ir``."""
-    ir._check_mutable()
-    facts = ProgramFacts(ir)
-    static = set(map(id, facts.static()[1]))
-    for g in facts.graphs:
-        readers = reader_counts(g)
-        outputs = g.outputs
+    ops in the static program or both out of it.
+
+    Args:
+        ir: The program rewritten.
+
+    Returns:
+        ``ir`` itself.
+    """
+    for g, readers, outputs, static in _graphs(ir):
         pairs = []
         for mm in g.schedule():
             if mm.type != "matmul_bias" or mm.outputs[0].dtype != dtypes.float32:

@@ -110,7 +110,7 @@ def op_fn(name: str) -> Callable:
 
 # elementwise unary ----------------------------------------------------------------------------------
 UNARY_FLOAT = ["cos", "sin", "tanh", "exp", "exp_", "log", "log2", "sqrt", "gelu", "gelu_", "geluerf", "geluerf_",
-               "swish", "swish_", "sigmoid", "floor", "ceil"]
+               "swish", "swish_", "sigmoid", "floor", "ceil", "erf"]
 UNARY_SIGNED = ["abs", "negate", "relu", "relu_", "sign"]
 PREDICATES = ["isnan", "isinf", "isfinite"]
 
@@ -346,6 +346,9 @@ for _dt in FLOATS:
     add("matmul_bias", dname(_dt), [_a, _b, with_specials(floats((7,), _dt))],
         lambda a, b, c: create_op("matmul_bias", [a, b, c])[0], slow=is_slow(_dt), fallback_ok=_dt != np.float32,
         atol=GEMM_ATOL[_dt])
+    add("matmul_bias_add", dname(_dt), [_a, _b, floats((7,), _dt, seed=3), with_specials(floats((16, 7), _dt))],
+        lambda a, b, c, r: create_op("matmul_bias_add", [a, b, c, r])[0], slow=is_slow(_dt),
+        fallback_ok=_dt != np.float32, atol=GEMM_ATOL[_dt])
     add("matmul_update_", dname(_dt), [_a, _b, with_specials(floats((16, 7), _dt))],
         lambda a, b, t: create_op("matmul_update_", [a, b, t], {"b": -0.5})[0], slow=is_slow(_dt),
         fallback_ok=_dt not in NATIVE_GEMM, atol=GEMM_ATOL[_dt])
@@ -390,6 +393,23 @@ for _dt in FLOATS:
     add("softmax", f"columns-{dname(_dt)}", [_rows], lambda t: ops.softmax(t, 0), slow=is_slow(_dt))
     add("softmax_grad", dname(_dt), [_x, floats((4, 9), _dt, seed=9, low=0, high=1)],
         lambda g, y: create_op("softmax_grad", [g, y], {"axis": 1})[0], slow=is_slow(_dt))
+# fused attention (fuse_attention): q, k, v (2, 5, 3) / (2, 4, 3), a mask with -inf and -1e4 entries
+for _dt in FLOATS:
+    _q, _k, _v = floats((2, 5, 3), _dt, seed=11), floats((2, 4, 3), _dt, seed=12), floats((2, 4, 3), _dt, seed=13)
+    _mask = np.where(rng(14).random((5, 4)) < 0.3, -1e4, 0).astype(_dt)
+    _mask[0, 1] = -np.inf
+    _g = floats((2, 5, 3), _dt, seed=15)
+    add("attention", dname(_dt), [_q, _k, _v, _mask],
+        lambda q, k, v, m: create_op("attention", [q, k, v, m], {"scale": 0.5})[0], slow=is_slow(_dt),
+        fallback_ok=_dt != np.float32, atol=GEMM_ATOL[_dt])
+    add("attention_grad", dname(_dt), [_q, _k, _v, _mask, _g],
+        lambda q, k, v, m, g: create_op("attention_grad", [q, k, v, m, create_op("attention", [q, k, v, m],
+                                                                                 {"scale": 0.5})[0], g],
+                                        {"scale": 0.5})[0], slow=is_slow(_dt), fallback_ok=_dt != np.float32,
+        atol=GEMM_ATOL[_dt])
+add("attention", "empty", [np.zeros((2, 0, 3), np.float32), np.zeros((2, 4, 3), np.float32),
+                           np.zeros((2, 4, 3), np.float32)],
+    lambda q, k, v: create_op("attention", [q, k, v], {"scale": 1.0})[0], fallback_ok=True)
 add("softmax", "empty", [np.zeros((0, 3), np.float32)], lambda t: ops.softmax(t, 1))
 add("softmax", "empty-axis", [np.zeros((3, 0), np.float32)], lambda t: ops.softmax(t, 1))
 
