@@ -117,7 +117,8 @@ def peers(workload: str, quick: bool, threads: int) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--peers", metavar="WORKLOAD", help="peak RSS per framework of a training workload (bert_train)")
+    parser.add_argument("--peers", metavar="WORKLOAD",
+                        help="peak RSS per framework of a training workload (bert_train)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--child", help=argparse.SUPPRESS)  # workload:framework, run by --peers
     args = parser.parse_args(argv)

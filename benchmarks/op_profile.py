@@ -48,7 +48,8 @@ def profile(px_session, run: Callable[[], None], runs: int) -> Dict[str, Tuple[f
 
 def table(kinds: Dict[str, Tuple[float, int]]) -> str:
     total = sum(s for s, _ in kinds.values())
-    lines = [f"total op time {total * 1e3:.1f} ms per run", "| op kind | share | calls/run | ms/run |", "|---|---|---|---|"]
+    lines = [f"total op time {total * 1e3:.1f} ms per run", "| op kind | share | calls/run | ms/run |",
+             "|---|---|---|---|"]
     for kind, (secs, calls) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
         lines.append(f"| {kind} | {secs / total:.1%} | {calls} | {secs * 1e3:.1f} |")
     return "\n".join(lines)

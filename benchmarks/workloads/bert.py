@@ -208,8 +208,8 @@ def infer_cases(quick: bool) -> List[Case]:
     cases = []
     for batch in (8, 1):
         cfg = Config(**{**base.__dict__, "batch": batch})
-        builders = {"popxl": functools.partial(build_popart_infer, cfg), "torch": functools.partial(build_torch_infer, cfg),
-                    "ort": functools.partial(build_ort_infer, cfg)}
+        builders = {"popxl": functools.partial(build_popart_infer, cfg),
+                    "torch": functools.partial(build_torch_infer, cfg), "ort": functools.partial(build_ort_infer, cfg)}
         name = f"{cfg.layers} layers, hidden {cfg.hidden}, batch {batch} x seq {cfg.seq}"
         # 12 float32 layers summed in different orders: the hidden states agree to ~1e-5 of their largest.
         if batch == 1:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 
 
@@ -29,3 +31,18 @@ def test_memory_benchmark_prints_its_measurement() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ratio = float(proc.stdout.strip().splitlines()[-1].split("|")[-2].strip().rstrip("x"))
     assert 0.5 < ratio < 5  # a plausible measurement; the 1.2x target is the benchmark's business
+
+
+@pytest.mark.slow  # exports a 2-layer BERT and compiles three sessions: about 30 s
+def test_quick_bert_workloads_run_and_agree() -> None:
+    """bert_infer (exported by torch.onnx.export) through popart against ONNX Runtime, and bert_train's
+    popxl programs (20-step and 1-step runs, attention fused before autodiff) agreeing step by step."""
+    proc = subprocess.run([sys.executable, str(RUN), "--quick", "--only", "bert_infer,bert_train", "--frameworks",
+                           "popxl,ort", "--repeats", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "| bert_infer | 2 layers, hidden 256, batch 8 x seq 128 | sequences/s |" in out
+    assert "| bert_infer | 2 layers, hidden 256, batch 1 x seq 128 | ms |" in out
+    assert "| bert_train | 2 layers, hidden 256, batch 4 x seq 64 (4 steps/run) | steps/s |" in out
+    assert out.count("ONNX Runtime: ok vs popxl") == 2
+    assert "popxl 1 step/run: ok vs popxl" in out and "MISMATCH" not in out

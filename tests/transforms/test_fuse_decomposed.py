@@ -151,13 +151,15 @@ def test_bert_style_onnx_layer_runs_fused():
              n("Mul", ["ln", "g2"], ["g3"]), n("Mul", ["g3", "half"], ["gelu"]),
              n("Reshape", ["gelu", "split"], ["r"]), n("Transpose", ["r"], ["q"], perm=[0, 2, 1, 3]),
              n("Transpose", ["r"], ["kt"], perm=[0, 2, 3, 1]), n("MatMul", ["q", "kt"], ["sc"]),
-             n("Div", ["sc", "scale"], ["sc2"]), n("Add", ["sc2", "mask"], ["sc3"]), n("Softmax", ["sc3"], ["p"], axis=-1),
+             n("Div", ["sc", "scale"], ["sc2"]), n("Add", ["sc2", "mask"], ["sc3"]),
+             n("Softmax", ["sc3"], ["p"], axis=-1),
              n("MatMul", ["p", "q"], ["y"])]
     graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, h, s, dh])],
                               [numpy_helper.from_array(v, k) for k, v in weights.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    session = popart.InferenceSession(model.SerializeToString(), popart.DataFlow(1, {"y": popart.AnchorReturnType("All")}),
+    session = popart.InferenceSession(model.SerializeToString(),
+                                      popart.DataFlow(1, {"y": popart.AnchorReturnType("All")}),
                                       popart.DeviceManager().createCpuDevice())
     session.prepareDevice()
     session.weightsFromHost()
