@@ -4,6 +4,7 @@
     python benchmarks/op_profile.py bert_infer --batch 1  # BERT-base through popart.InferenceSession
     python benchmarks/op_profile.py bert_infer --quick --runs 2
     python benchmarks/op_profile.py bert_train --unfused   # without fuse_attention / fuse_decomposed
+    python benchmarks/op_profile.py gpt_block
 
 Prints one line per op kind: its share of the summed op time, calls and milliseconds per run.
 A matmul is told apart by the rank of its output (``matmul 4-D``: attention's per-head products).
@@ -57,7 +58,7 @@ def table(kinds: Dict[str, Tuple[float, int]]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workload", choices=["bert_train", "bert_infer"])
+    parser.add_argument("workload", choices=["bert_train", "bert_infer", "gpt_block"])
     parser.add_argument("--quick", action="store_true", help="the workload's --quick configuration")
     parser.add_argument("--batch", type=int, default=8, help="bert_infer: batch size")
     parser.add_argument("--runs", type=int, default=3, help="profiled session runs")
@@ -72,7 +73,12 @@ def main(argv=None) -> int:
         popxl.session.fuse_attention = popxl.session.fuse_decomposed = transforms.fuse_attention = lambda ir: ir
 
     from benchmarks.workloads import bert
-    if args.workload == "bert_train":
+    if args.workload == "gpt_block":
+        from benchmarks.workloads import gpt_block
+        from benchmarks.workloads.training import STEPS, popxl_trainer
+        cfg = "gpt_block, 100 steps per run"
+        bench = popxl_trainer(gpt_block.make_spec(), gpt_block.popxl_forward, STEPS)
+    elif args.workload == "bert_train":
         from benchmarks.workloads.training import popxl_trainer
         cfg = bert.TRAIN_QUICK if args.quick else bert.TRAIN
         bench = popxl_trainer(bert.make_train_spec(cfg), lambda *a: bert.popxl_train_forward(cfg, *a), cfg.steps)

@@ -26,6 +26,9 @@ class TrainSpec:
     labels: np.ndarray  # (STEPS, rows) int32
     lr: float
     check_steps: int = STEPS  # steps a one-step-per-call bench checks (its warm-up); fewer if slow
+    # popxl: fuse the forward's attention before autodiff (transforms.fuse_attention): the
+    # gradient recomputes the probabilities instead of storing them, memory for a little time
+    fuse_attention: bool = False
 
     @property
     def steps(self) -> int:
@@ -35,7 +38,7 @@ class TrainSpec:
 
 # popxl --------------------------------------------------------------------------------------------
 def build_popxl_program(spec: TrainSpec, forward: Callable, steps_per_run: int):
-    """The training Ir: the forward pass is one graph (its attention fused), differentiated with autodiff; a step graph
+    """The training Ir: the forward pass is one graph, differentiated with autodiff; a step graph
     loads a batch, calls forward, the fused softmax-NLL gradient and the gradient graph, and
     updates every parameter in place; ``ops.repeat`` runs ``steps_per_run`` steps per run.
     Returns (ir, input stream, label stream, loss stream)."""
@@ -52,9 +55,8 @@ def build_popxl_program(spec: TrainSpec, forward: Callable, steps_per_run: int):
         loss_stream = popxl.d2h_stream((), popxl.float32, name="loss")
         params = [popxl.variable(p, name=f"p{i}") for i, p in enumerate(spec.params)]
         fwd = ir.create_graph(forward, popxl.TensorSpec(x_stream.shape, in_dtype), *params)
-        # Before autodiff, so that the gradient recomputes attention's probabilities block by
-        # block (attention_grad) instead of storing them.
-        transforms.fuse_attention(fwd)
+        if spec.fuse_attention:
+            transforms.fuse_attention(fwd)
         grad = transforms.autodiff(fwd, grads_required=fwd.inputs[1:])
 
         def step(*ps: popxl.TensorByRef) -> None:

@@ -36,7 +36,7 @@ def test_memory_benchmark_prints_its_measurement() -> None:
 @pytest.mark.slow  # exports a 2-layer BERT and compiles three sessions: about 30 s
 def test_quick_bert_workloads_run_and_agree() -> None:
     """bert_infer (exported by torch.onnx.export) through popart against ONNX Runtime, and bert_train's
-    popxl programs (20-step and 1-step runs, attention fused before autodiff) agreeing step by step."""
+    popxl programs (20-step and 1-step runs) agreeing step by step."""
     proc = subprocess.run([sys.executable, str(RUN), "--quick", "--only", "bert_infer,bert_train", "--frameworks",
                            "popxl,ort", "--repeats", "1"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
