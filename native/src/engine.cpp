@@ -1,5 +1,6 @@
 #include "engine.hpp"
 
+#include "instances.hpp"
 #include "kernels/loops.hpp"
 
 #include <chrono>
@@ -132,6 +133,32 @@ void copy_buffer(uint8_t* arena_dst, const Buffer& dst, const uint8_t* arena_src
              }, bytes >= kParallelCopyBytes);
 }
 
+Engine::Engine() : layout_(std::make_unique<InstanceLayout>()) {}
+Engine::~Engine() = default;
+
+void Engine::set_layout(const InstanceLayout& layout) {
+  if (layout.local != replicas)
+    throw std::invalid_argument("the launch gives each instance " + std::to_string(layout.local) +
+                                " replicas, but the executable has " + std::to_string(replicas));
+  *layout_ = layout;
+  link_.reset();
+  bind_instances();
+}
+
+void Engine::join(std::unique_ptr<InstanceLink> link) {
+  link_ = std::move(link);
+  bind_instances();
+}
+
+void Engine::leave() {
+  link_.reset();
+  bind_instances();
+}
+
+void Engine::bind_instances() {
+  for (size_t k = 0; k < kernels.size(); ++k) kernels[k]->bind_instances(*layout_, link_.get(), static_cast<int>(k));
+}
+
 void Engine::attach() {
   arenas_.clear();
   arena_ptrs_.clear();
@@ -156,6 +183,7 @@ void Engine::attach() {
 }
 
 void Engine::detach() {
+  leave();
   for (auto& k : kernels) k->bind_scratch(nullptr);
   scratch_.reset();
   arenas_.clear();
@@ -165,6 +193,14 @@ void Engine::detach() {
 void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outputs,
                  const std::function<void()>* poll) {
   if (!attached()) throw std::runtime_error("engine is not attached");
+  if (layout_->count > 1 && !link_)
+    throw std::runtime_error("engine of instance " + std::to_string(layout_->index) + " of " +
+                             std::to_string(layout_->count) + " has not joined the other instances");
+  struct PollScope {  // the link polls too while it waits for other instances, for this run only
+    InstanceLink* link;
+    PollScope(InstanceLink* l, const std::function<void()>* poll) : link(l) { if (link) link->poll = poll; }
+    ~PollScope() { if (link) link->poll = nullptr; }
+  } poll_scope(link_.get(), poll);
   in_ = inputs;
   out_ = outputs;
   poll_ = poll;

@@ -19,6 +19,9 @@
 
 namespace popxl {
 
+struct InstanceLayout;
+class InstanceLink;
+
 enum class DType : uint8_t { Bool, I8, I16, I32, I64, U8, U16, U32, U64, F16, F32, F64, F8_143, F8_152, C64, C128 };
 
 DType dtype_from_name(const std::string& name);
@@ -115,6 +118,11 @@ class Kernel {
   // kernel made of kernels passes it on.
   virtual void bind_weights_epoch(const uint64_t* epoch) { weights_epoch = epoch; }
   const uint64_t* weights_epoch = nullptr;
+  // Collectives: where this instance's replicas sit among all instances' (`layout`), the link to the
+  // other instances (null when there are none) and the kernel's place in the program (`index`, the
+  // same on every instance, which tags its messages). Bound at load and again when the engine joins
+  // or leaves other instances.
+  virtual void bind_instances(const InstanceLayout& layout, InstanceLink* link, int index) {}
 };
 
 using KernelFactory = std::function<std::unique_ptr<Kernel>(const OpInstr&, const std::vector<Buffer>&)>;
@@ -152,7 +160,8 @@ struct StreamInfo {
 
 class Engine {
  public:
-  Engine() = default;
+  Engine();
+  ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   std::vector<Buffer> buffers;
@@ -170,6 +179,14 @@ class Engine {
 
   void attach();
   void detach();
+  // A launch of several instances (processes, poprun): this one's place, set at load (replica
+  // groupings count all instances' replicas), and its link to the others, joined before a run and
+  // left at detach. Collectives whose groups span instances exchange data through the link.
+  void set_layout(const InstanceLayout& layout);
+  const InstanceLayout& layout() const { return *layout_; }
+  void join(std::unique_ptr<InstanceLink> link);
+  void leave();
+  InstanceLink* link() const { return link_.get(); }
   bool attached() const { return !arenas_.empty(); }
   // Every write of device variables from outside a run must be followed by this (attach counts
   // as one): it moves the weights epoch on, so the static program runs again before the next
@@ -215,6 +232,9 @@ class Engine {
   void transfer(const Node& n, const std::vector<int>& reps, bool load);
   void timed_op(int kernel, const std::vector<int>& reps);
   bool profiling_ = false;
+  std::unique_ptr<InstanceLayout> layout_;
+  std::unique_ptr<InstanceLink> link_;
+  void bind_instances();
   uint64_t weights_epoch_ = 0;
   uint64_t static_epoch_ = 0;  // the epoch the static program last ran at (0: never, epochs start at 1)
 };

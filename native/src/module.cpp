@@ -12,6 +12,7 @@
 #include <csignal>
 
 #include "engine.hpp"
+#include "instances.hpp"
 
 namespace nb = nanobind;
 using namespace popxl;
@@ -214,6 +215,9 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
     }
     e->graphs.push_back(std::move(nodes));
   }
+  InstanceLayout alone;  // until set_layout says otherwise, one instance runs every replica
+  alone.local = alone.global = e->replicas;
+  e->set_layout(alone);
   return e;
 }
 
@@ -352,6 +356,15 @@ void run(Engine& e, nb::handle inputs, nb::handle outputs, int64_t transfers, bo
 
 NB_MODULE(_native, m) {
   m.doc() = "popxl-cpu native engine";
+  nb::exception<InstanceError>(m, "InstanceError", PyExc_RuntimeError);
+  m.def("set_peer_state", [](int instance, int state, const std::string& message) {
+    if (state < 0 || state > 2) throw std::invalid_argument("peer state must be 0 (running), 1 (finished) or 2 (failed)");
+    set_peer_state(instance, static_cast<PeerState>(state), message);
+  }, nb::arg("instance"), nb::arg("state"), nb::arg("message"),
+        "What popdist knows of another instance of the launch (0 running, 1 finished, 2 failed, with why): "
+        "collectives waiting for instances stop with InstanceError when one failed or when the one they wait "
+        "for finished.");
+  m.def("reset_peer_states", &reset_peer_states, "Forget every instance's state (all running).");
   m.def("abi_version", []() { return 2; },
         "Version of the executable contract this engine implements (popxl.compiler.executable.VERSION).");
   m.def("instruction_fields", []() { return instruction_fields(); },
@@ -385,7 +398,32 @@ NB_MODULE(_native, m) {
                   "Prepare an executable (its plain-data dict form). `fallback(kernel_index, replicas)` runs "
                   "ops that have no native kernel.")
       .def("attach", &Engine::attach)
-      .def("detach", &Engine::detach)
+      .def("detach", &Engine::detach, "Release the device memory (and leave the other instances).")
+      .def("set_layout", [](Engine& e, int index, int count, int local, int global) {
+        if (count < 1 || index < 0 || index >= count || local < 1 || global != local * count)
+          throw std::invalid_argument("set_layout: instance " + std::to_string(index) + " of " + std::to_string(count) +
+                                      " with " + std::to_string(local) + " of " + std::to_string(global) +
+                                      " replicas is not a launch");
+        InstanceLayout l;
+        l.index = index;
+        l.count = count;
+        l.local = local;
+        l.global = global;
+        e.set_layout(l);
+      }, nb::arg("index"), nb::arg("count"), nb::arg("local"), nb::arg("global_replicas"),
+         "This process is instance `index` of `count`, each running `local` of the `global_replicas` replicas "
+         "(replica groupings and collectives count them all).")
+      .def("join", [](Engine& e, uint64_t comm, double timeout) {
+        // MPICH's handles are ints; mpi4py shows them as unsigned (sign-extended) integers
+        static_assert(sizeof(MPI_Comm) == sizeof(uint32_t), "MPICH ABI: MPI_Comm is an int");
+        const InstanceLayout& l = e.layout();
+        e.join(std::make_unique<InstanceLink>(static_cast<MPI_Comm>(static_cast<uint32_t>(comm)), l, timeout));
+      }, nb::arg("comm"), nb::arg("timeout"),
+         "Link to the other instances over MPI communicator handle `comm` (mpi4py's Comm.handle, MPICH's ABI; "
+         "the session's own communicator). Waits for a message longer than `timeout` seconds (0: no limit) "
+         "raise InstanceError.")
+      .def("leave", &Engine::leave, "Drop the link to the other instances.")
+      .def_prop_ro("joined", [](Engine& e) { return e.link() != nullptr; })
       .def_prop_ro("attached", &Engine::attached)
       .def("variables_written", &Engine::variables_written,
            "Say that device variables were written (through the arena): the static program runs "

@@ -1,13 +1,21 @@
 // Collectives across replicas (replicated_all_reduce(_), replicated_reduce_scatter,
 // replicated_all_gather, replica_sharded_slice, replicated_slice) and all_reduce across the IPUs
-// of one replica. Replicas share one process, so a collective reads every member's arena
-// directly. Reductions follow NumPy's along a stacked member axis: members are combined in
-// replica order; float16 sums round at every step, means accumulate in float32 (float64 for
-// integers, truncated back); integer sums and products wrap.
+// of one replica.
+//
+// The replicas of this process are read from their arenas directly; a group with members in other
+// instances (processes of a poprun launch) exchanges data with them through MPI (instances.hpp).
+// Reductions follow NumPy's along a stacked member axis: members are combined one after another in
+// replica order, the same order however the replicas are spread over instances: each instance
+// holds a consecutive run of a group's members, so it continues the running reduction it receives
+// from the instance holding the members before its own and hands it on (a chain, pipelined in
+// chunks), and the last instance sends the result back along the chain. float16 sums round at every
+// step, means accumulate in float32 (float64 for integers, truncated back); integer sums and
+// products wrap.
 #include <cmath>
 #include <cstring>
 #include <map>
 
+#include "../instances.hpp"
 #include "loops.hpp"
 
 namespace popxl {
@@ -27,82 +35,181 @@ bool red_op(const std::string& s, RedOp& op) {
   return true;
 }
 
-// out[e] = reduction over members m of x[m][e] (all packed, n elements).
+// The running state of a reduction, per element: what the members so far reduce to. Means keep
+// their sum in MeanState<T>; every other reduction keeps a value of T (NaN once a min or max met
+// one; 0 or 1 for and / or). Integer sums and products wrap in T, as in the 64-bit sum cut to T.
 template <class T>
-void reduce_members(RedOp op, const std::vector<const T*>& x, T* out, int64_t n) {
+using MeanState = std::conditional_t<std::is_integral_v<T>, double, typename Wide<T>::type>;
+
+template <class T>
+T wrap(uint64_t v) { return static_cast<T>(v); }
+template <class T>
+uint64_t bits(T v) { return static_cast<uint64_t>(static_cast<int64_t>(v)); }
+
+// s[e] = the state after member x[e] joins it (`started` false: x is the first member).
+template <class T, class S>
+void fold(RedOp op, S* s, bool started, const T* x, int64_t n) {
   using W = typename Wide<T>::type;
-  const size_t members = x.size();
-  for (int64_t e = 0; e < n; ++e) {
-    if constexpr (std::is_integral_v<T>) {
-      uint64_t acc = op == RedOp::Mul ? 1 : 0;
-      double mean = 0;
-      T ext = x[0][e];
-      bool all = true, any = false;
-      for (size_t m = 0; m < members; ++m) {
-        const T v = x[m][e];
-        const uint64_t u = static_cast<uint64_t>(static_cast<int64_t>(v));
-        if (op == RedOp::Add) acc += u;
-        if (op == RedOp::SquareAdd) acc += static_cast<uint64_t>(static_cast<T>(u * u));  // squares wrap in T
-        if (op == RedOp::Mul) acc *= u;
-        mean += double(v);
-        if (op == RedOp::Min && v < ext) ext = v;
-        if (op == RedOp::Max && v > ext) ext = v;
-        all = all && v != 0;
-        any = any || v != 0;
+  if (op == RedOp::Mean) {  // the sum (0 + x first, as NumPy's sum starts from 0)
+    for (int64_t e = 0; e < n; ++e) s[e] = (started ? s[e] : S(0)) + S(x[e]);
+  } else if constexpr (!std::is_same_v<S, T>) {
+    throw std::logic_error("collectives: only a mean keeps a state of another type");
+  } else if constexpr (std::is_integral_v<T>) {
+    switch (op) {
+      case RedOp::Add:
+        for (int64_t e = 0; e < n; ++e) s[e] = started ? wrap<T>(bits(s[e]) + bits(x[e])) : x[e];
+        break;
+      case RedOp::Mul:
+        for (int64_t e = 0; e < n; ++e) s[e] = started ? wrap<T>(bits(s[e]) * bits(x[e])) : x[e];
+        break;
+      case RedOp::SquareAdd:
+        for (int64_t e = 0; e < n; ++e) {
+          const T sq = wrap<T>(bits(x[e]) * bits(x[e]));
+          s[e] = started ? wrap<T>(bits(s[e]) + bits(sq)) : sq;
+        }
+        break;
+      case RedOp::Min:
+        for (int64_t e = 0; e < n; ++e) s[e] = !started || x[e] < s[e] ? x[e] : s[e];
+        break;
+      case RedOp::Max:
+        for (int64_t e = 0; e < n; ++e) s[e] = !started || x[e] > s[e] ? x[e] : s[e];
+        break;
+      case RedOp::And:
+        for (int64_t e = 0; e < n; ++e) s[e] = T((!started || s[e] != 0) && x[e] != 0);
+        break;
+      default:  // Or
+        for (int64_t e = 0; e < n; ++e) s[e] = T((started && s[e] != 0) || x[e] != 0);
+    }
+  } else {
+    switch (op) {
+      case RedOp::Add:
+        for (int64_t e = 0; e < n; ++e) s[e] = started ? T(W(s[e]) + W(x[e])) : x[e];
+        break;
+      case RedOp::Mul:
+        for (int64_t e = 0; e < n; ++e) s[e] = started ? T(W(s[e]) * W(x[e])) : x[e];
+        break;
+      case RedOp::SquareAdd:
+        for (int64_t e = 0; e < n; ++e) {
+          const T sq = T(W(x[e]) * W(x[e]));
+          s[e] = started ? T(W(s[e]) + W(sq)) : sq;
+        }
+        break;
+      case RedOp::Min: case RedOp::Max: {  // NaN propagates: once met, the state stays NaN
+        const bool min = op == RedOp::Min;
+        for (int64_t e = 0; e < n; ++e) {
+          const W v = W(x[e]), have = W(s[e]);
+          if (!started || v != v) s[e] = v != v ? T(NAN) : x[e];
+          else if (have == have && (min ? v < have : v > have)) s[e] = x[e];
+        }
+        break;
       }
-      switch (op) {
-        case RedOp::Mean: out[e] = convert<T>(mean / double(members)); break;
-        case RedOp::Min: case RedOp::Max: out[e] = ext; break;
-        case RedOp::And: out[e] = T(all); break;
-        case RedOp::Or: out[e] = T(any); break;
-        default: out[e] = static_cast<T>(acc);
-      }
-    } else {
-      T acc = x[0][e];
-      W mean = 0;
-      bool all = true, any = false, nan = false;
-      for (size_t m = 0; m < members; ++m) {
-        const T v = x[m][e];
-        const W w = W(v);
-        if (m > 0 && op == RedOp::Add) acc = T(W(acc) + w);
-        if (m > 0 && op == RedOp::Mul) acc = T(W(acc) * w);
-        if (op == RedOp::SquareAdd) acc = m == 0 ? T(w * w) : T(W(acc) + W(T(w * w)));
-        if (op == RedOp::Min && w < W(acc)) acc = v;
-        if (op == RedOp::Max && w > W(acc)) acc = v;
-        mean = mean + w;
-        nan = nan || w != w;
-        all = all && w != 0;
-        any = any || w != 0;
-      }
-      switch (op) {
-        case RedOp::Mean: out[e] = T(mean / W(members)); break;
-        case RedOp::Min: case RedOp::Max: out[e] = nan ? T(NAN) : acc; break;  // NaN propagates
-        case RedOp::And: out[e] = T(all); break;
-        case RedOp::Or: out[e] = T(any); break;
-        default: out[e] = acc;
-      }
+      case RedOp::And:
+        for (int64_t e = 0; e < n; ++e) s[e] = T((!started || W(s[e]) != 0) && W(x[e]) != 0);
+        break;
+      default:  // Or
+        for (int64_t e = 0; e < n; ++e) s[e] = T((started && W(s[e]) != 0) || W(x[e]) != 0);
     }
   }
 }
 
-// Base of replica collectives: finds the members of each group among the running replicas.
+// out[e] = the reduction's value from its final state over `members` members.
+template <class T, class S>
+void finish(RedOp op, const S* s, T* out, int64_t n, int64_t members) {
+  if (op != RedOp::Mean) {
+    if constexpr (std::is_same_v<S, T>) std::memcpy(out, s, n * sizeof(T));
+  } else if constexpr (std::is_integral_v<T>) {
+    for (int64_t e = 0; e < n; ++e) out[e] = convert<T>(s[e] / double(members));
+  } else {
+    for (int64_t e = 0; e < n; ++e) out[e] = T(s[e] / S(members));
+  }
+}
+
+// Call f(Tag<S>{}) for the state type of reducing T values with `op`.
+template <class T, class F>
+void with_state(RedOp op, F&& f) {
+  if (op == RedOp::Mean) f(Tag<MeanState<T>>{});
+  else f(Tag<T>{});
+}
+
+// out[e] = reduction over members m of x[m][e] (all packed, n elements), all in this process.
+template <class T>
+void reduce_members(RedOp op, const std::vector<const T*>& x, T* out, int64_t n) {
+  with_state<T>(op, [&](auto state) {
+    using S = typename decltype(state)::type;
+    std::vector<S> s(static_cast<size_t>(n));
+    for (size_t m = 0; m < x.size(); ++m) fold<T, S>(op, s.data(), m > 0, x[m], n);
+    finish<T, S>(op, s.data(), out, n, static_cast<int64_t>(x.size()));
+  });
+}
+
+// One replica group as this instance sees it: its size, this instance's members (local replica
+// indices, in member order, starting at member position `first`), and the instances holding
+// members, in member order, with the position and count of each one's run of members.
+struct GroupView {
+  int64_t id = 0;
+  int size = 0, first = 0;
+  std::vector<int> local;
+  std::vector<int> instances, starts, counts;
+  int me = 0;  // this instance's place in `instances`
+  bool spans_instances() const { return instances.size() > 1; }
+};
+
+// Base of replica collectives: the groups of the assignment (global replicas) that have members here.
 struct Collective : Kernel {
   std::vector<int64_t> assignment;
+  std::string what;  // "op type 'name'", for errors
+  InstanceLink* link = nullptr;
+  int tag = 0;
+  std::vector<GroupView> views;
   void run(uint8_t*) override { throw std::logic_error("collectives run through run_all"); }
   bool spans_replicas() const override { return true; }
-  void run_all(const std::vector<uint8_t*>& arenas, const std::vector<int>& replicas) override {
-    std::map<int64_t, std::vector<int>> groups;
-    for (int r : replicas) groups[assignment.at(r)].push_back(r);
-    for (auto& [g, members] : groups) {
-      size_t expected = 0;
-      for (auto a : assignment) expected += a == g;
-      if (members.size() != expected)
-        throw std::runtime_error("a collective ran on only part of its replica group (inside a conditional "
-                                 "taken differently by different replicas?)");
-      group(arenas, members);
+  void bind_instances(const InstanceLayout& layout, InstanceLink* l, int index) override {
+    link = l;
+    tag = l ? l->tag_for(index) : 0;
+    views.clear();
+    std::map<int64_t, GroupView> by_id;
+    std::vector<int> position(assignment.size());
+    for (size_t r = 0; r < assignment.size(); ++r) {
+      GroupView& g = by_id[assignment[r]];
+      g.id = assignment[r];
+      position[r] = g.size++;
+    }
+    for (auto& [id, g] : by_id) {
+      for (size_t r = 0; r < assignment.size(); ++r) {
+        if (assignment[r] != id) continue;
+        const int inst = layout.instance_of(static_cast<int>(r));
+        if (g.instances.empty() || g.instances.back() != inst) {
+          g.instances.push_back(inst);
+          g.starts.push_back(position[r]);
+          g.counts.push_back(0);
+        }
+        ++g.counts.back();
+        if (inst == layout.index) {
+          if (g.local.empty()) g.first = position[r];
+          g.local.push_back(static_cast<int>(r) - layout.offset());
+        }
+      }
+      if (g.local.empty()) continue;  // the other instances reduce it
+      g.me = static_cast<int>(std::find(g.instances.begin(), g.instances.end(), layout.index) - g.instances.begin());
+      views.push_back(std::move(g));
     }
   }
-  virtual void group(const std::vector<uint8_t*>& arenas, const std::vector<int>& members) = 0;
+  void run_all(const std::vector<uint8_t*>& arenas, const std::vector<int>& replicas) override {
+    for (const GroupView& g : views) {
+      size_t present = 0;
+      for (int r : g.local) present += std::find(replicas.begin(), replicas.end(), r) != replicas.end();
+      if (present == 0 && replicas.size() < arenas.size()) continue;  // no member here runs it (a branch)
+      if (present != g.local.size())
+        throw std::runtime_error("a collective ran on only part of its replica group (inside a conditional "
+                                 "taken differently by different replicas?)");
+      if (g.spans_instances() && !link)
+        throw std::logic_error(what + ": a group spans instances, but the engine has no link to them");
+      if (g.spans_instances()) link->begin(what);
+      group(arenas, g);
+      if (g.spans_instances()) link->finish();
+    }
+  }
+  virtual void group(const std::vector<uint8_t*>& arenas, const GroupView& g) = 0;
 };
 
 // The flattened, zero-padded chunk j of n of `packed` bytes (size `chunk` elements).
@@ -112,46 +219,105 @@ void shard_into(uint8_t* dst, const uint8_t* packed, int64_t total, int64_t chun
   std::memset(dst + (end - begin) * item, 0, (chunk - (end - begin)) * item);
 }
 
+// Bytes of the pieces a chain hands on: big enough that messages cost little each, small enough
+// that the next instance starts on a value while the rest is still on its way.
+constexpr int64_t kChainChunkBytes = int64_t(1) << 18;
+
 // all-reduce, and reduce-scatter (all-reduce, then each member keeps its shard).
 struct AllReduce : Collective {
   Buffer x, y;
   RedOp op;
   bool scatter = false;
   std::vector<std::vector<uint8_t>> inputs;
-  std::vector<uint8_t> result, shard;
-  void group(const std::vector<uint8_t*>& arenas, const std::vector<int>& members) override {
+  std::vector<uint8_t> state, result, shard;
+  void group(const std::vector<uint8_t*>& arenas, const GroupView& g) override {
     const Buffer px = packed_like(x);
-    inputs.resize(members.size());
-    for (size_t m = 0; m < members.size(); ++m) {  // read everything first: outputs may alias inputs
+    inputs.resize(g.local.size());
+    for (size_t m = 0; m < g.local.size(); ++m) {  // read everything first: outputs may alias inputs
       inputs[m].resize(x.nbytes());
-      copy_buffer(inputs[m].data(), px, arenas[members[m]], x);
+      copy_buffer(inputs[m].data(), px, arenas[g.local[m]], x);
     }
     result.resize(x.nbytes());
     dispatch_arith(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      std::vector<const T*> ptrs;
-      for (auto& v : inputs) ptrs.push_back(reinterpret_cast<const T*>(v.data()));
-      reduce_members<T>(op, ptrs, reinterpret_cast<T*>(result.data()), x.nelms);
+      with_state<T>(op, [&](auto st) { reduce<T, typename decltype(st)::type>(g); });
     });
     const Buffer py = packed_like(y);
-    for (size_t m = 0; m < members.size(); ++m) {
+    for (size_t m = 0; m < g.local.size(); ++m) {
       if (!scatter) {
-        copy_buffer(arenas[members[m]], y, result.data(), py);
+        copy_buffer(arenas[g.local[m]], y, result.data(), py);
         continue;
       }
       shard.resize(y.nbytes());
-      shard_into(shard.data(), result.data(), x.nelms, y.nelms, static_cast<int64_t>(m), itemsize(x.dtype));
-      copy_buffer(arenas[members[m]], y, shard.data(), py);
+      shard_into(shard.data(), result.data(), x.nelms, y.nelms, g.first + static_cast<int64_t>(m), itemsize(x.dtype));
+      copy_buffer(arenas[g.local[m]], y, shard.data(), py);
+    }
+  }
+
+  // result = the group's reduction, through state (S per element).
+  template <class T, class S>
+  void reduce(const GroupView& g) {
+    const int64_t n = x.nelms;
+    state.resize(static_cast<size_t>(n) * sizeof(S));
+    S* s = reinterpret_cast<S*>(state.data());
+    T* r = reinterpret_cast<T*>(result.data());
+    auto local_fold = [&](int64_t from, int64_t len, bool started) {
+      for (size_t m = 0; m < inputs.size(); ++m)
+        fold<T, S>(op, s + from, started || m > 0, reinterpret_cast<const T*>(inputs[m].data()) + from, len);
+    };
+    if (!g.spans_instances()) {
+      local_fold(0, n, false);
+      finish<T, S>(op, s, r, n, g.size);
+      return;
+    }
+    if (n == 0) return;
+    // The chain: instance p receives the state of the members before its own from instance p - 1,
+    // adds its members and hands it to p + 1; the last finishes it and sends the result back down.
+    const int K = static_cast<int>(g.instances.size()), p = g.me;
+    const int prev = p > 0 ? g.instances[p - 1] : -1, next = p < K - 1 ? g.instances[p + 1] : -1;
+    const int64_t C = std::max<int64_t>(1, kChainChunkBytes / static_cast<int64_t>(sizeof(S)));
+    const int64_t chunks = (n + C - 1) / C;
+    auto len = [&](int64_t c, int64_t upto) { return std::max<int64_t>(0, std::min(C, upto - c * C)); };
+    // The part of the result that instances 0..q need: everything, or up to their last member's shard.
+    auto needed_by = [&](int q) {
+      return scatter ? std::min(n, static_cast<int64_t>(g.starts[q] + g.counts[q]) * y.nelms) : n;
+    };
+    const int64_t back = next >= 0 ? needed_by(p) : 0, down = prev >= 0 ? needed_by(p - 1) : 0;
+    std::vector<size_t> partial(chunks), results(chunks);
+    for (int64_t c = 0; c < chunks && prev >= 0; ++c)
+      partial[c] = link->recv(prev, tag, s + c * C, len(c, n) * sizeof(S));
+    for (int64_t c = 0; c < chunks && len(c, back) > 0; ++c)
+      results[c] = link->recv(next, tag, r + c * C, len(c, back) * sizeof(T));
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (prev >= 0) link->wait(partial[c]);
+      local_fold(c * C, len(c, n), prev >= 0);
+      if (next >= 0) {
+        link->send(next, tag, s + c * C, len(c, n) * sizeof(S));
+        continue;
+      }
+      finish<T, S>(op, s + c * C, r + c * C, len(c, n), g.size);
+      if (len(c, down) > 0) link->send(prev, tag, r + c * C, len(c, down) * sizeof(T));
+    }
+    for (int64_t c = 0; c < chunks && len(c, back) > 0; ++c) {
+      link->wait(results[c]);
+      if (len(c, down) > 0) link->send(prev, tag, r + c * C, len(c, down) * sizeof(T));
     }
   }
 };
 
+template <class K>
+unique_ptr<K> collective(const OpInstr& ins) {
+  auto k = std::make_unique<K>();
+  k->assignment = ins.attrs.at("groups").ints();
+  k->what = ins.type + " '" + ins.name + "'";
+  return k;
+}
+
 KernelFactory all_reduce(bool scatter) {
   return [scatter](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-    auto k = std::make_unique<AllReduce>();
+    auto k = collective<AllReduce>(ins);
     k->x = bufs[ins.inputs[0]];
     k->y = bufs[ins.outputs[0]];
-    k->assignment = ins.attrs.at("groups").ints();
     k->scatter = scatter;
     if (!red_op(ins.attrs.at("op").s(), k->op) || k->x.dtype == DType::Bool ||
         !dispatch_arith(k->x.dtype, [](auto) {}))
@@ -161,22 +327,24 @@ KernelFactory all_reduce(bool scatter) {
 }
 
 // Member j's own piece of its input: the flattened shard, or the j-th equal slice along an axis.
+// Nothing crosses instances: j is the member's position in its whole group.
 struct OwnPiece : Collective {
   Buffer x, y;
   int64_t axis = -1;  // -1: flattened shard
   std::vector<uint8_t> packed, shard;
-  void group(const std::vector<uint8_t*>& arenas, const std::vector<int>& members) override {
-    for (size_t j = 0; j < members.size(); ++j) {
-      uint8_t* a = arenas[members[j]];
+  void group(const std::vector<uint8_t*>& arenas, const GroupView& g) override {
+    for (size_t i = 0; i < g.local.size(); ++i) {
+      uint8_t* a = arenas[g.local[i]];
+      const int64_t j = g.first + static_cast<int64_t>(i);
       if (axis >= 0) {
         const int64_t len = y.shape[axis];
-        copy_buffer(a, y, a, window(x, static_cast<size_t>(axis), static_cast<int64_t>(j) * len, len));
+        copy_buffer(a, y, a, window(x, static_cast<size_t>(axis), j * len, len));
         continue;
       }
       packed.resize(x.nbytes());
       copy_buffer(packed.data(), packed_like(x), a, x);
       shard.resize(y.nbytes());
-      shard_into(shard.data(), packed.data(), x.nelms, y.nelms, static_cast<int64_t>(j), itemsize(x.dtype));
+      shard_into(shard.data(), packed.data(), x.nelms, y.nelms, j, itemsize(x.dtype));
       copy_buffer(a, y, shard.data(), packed_like(y));
     }
   }
@@ -184,34 +352,51 @@ struct OwnPiece : Collective {
 
 KernelFactory own_piece(bool sliced) {
   return [sliced](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-    auto k = std::make_unique<OwnPiece>();
+    auto k = collective<OwnPiece>(ins);
     k->x = bufs[ins.inputs[0]];
     k->y = bufs[ins.outputs[0]];
-    k->assignment = ins.attrs.at("groups").ints();
     if (sliced) k->axis = ins.attrs.at("axis").i();
     return k;
   };
 }
 
 // all-gather: stack (new axis), concatenate along an axis, or reassemble the flattened shards.
+// Members in other instances send their inputs (each instance its run of members, in one message).
 struct AllGather : Collective {
   Buffer x, y;
   std::string mode;
   int64_t axis = 0;
   std::vector<uint8_t> flat;
-  void group(const std::vector<uint8_t*>& arenas, const std::vector<int>& members) override {
-    const size_t n = members.size();
-    if (mode == "meta_shape") {
-      flat.resize(n * x.nbytes());
-      for (size_t m = 0; m < n; ++m) {
-        Buffer piece = packed_like(x);
-        piece.offset = static_cast<int64_t>(m) * x.nbytes();
-        copy_buffer(flat.data(), piece, arenas[members[m]], x);
+  void group(const std::vector<uint8_t*>& arenas, const GroupView& g) override {
+    const size_t n = static_cast<size_t>(g.size);
+    const int64_t xb = x.nbytes();
+    auto piece = [&](size_t m) {  // member m's input, packed in `flat`
+      Buffer b = packed_like(x);
+      b.offset = static_cast<int64_t>(m) * xb;
+      return b;
+    };
+    // Where each member's input is: its arena, or `flat` (other instances' members, and all of them
+    // when the output is the flat concatenation).
+    std::vector<std::pair<const uint8_t*, Buffer>> source(n, {nullptr, x});
+    const bool remote = g.spans_instances();
+    if (remote || mode == "meta_shape") {
+      flat.resize(n * xb);
+      for (size_t i = 0; i < g.local.size(); ++i)
+        copy_buffer(flat.data(), piece(g.first + i), arenas[g.local[i]], x);
+      for (size_t q = 0; remote && q < g.instances.size(); ++q) {
+        if (static_cast<int>(q) == g.me) continue;
+        link->recv(g.instances[q], tag, flat.data() + g.starts[q] * xb, g.counts[q] * xb);
+        link->send(g.instances[q], tag, flat.data() + g.first * xb, static_cast<int64_t>(g.local.size()) * xb);
       }
-      for (int r : members) copy_buffer(arenas[r], y, flat.data(), packed_like(y));
+      if (remote) link->finish();
+      for (size_t m = 0; m < n; ++m) source[m] = {flat.data(), piece(m)};
+    }
+    for (size_t i = 0; i < g.local.size(); ++i) source[g.first + i] = {arenas[g.local[i]], x};
+    if (mode == "meta_shape") {
+      for (int r : g.local) copy_buffer(arenas[r], y, flat.data(), packed_like(y));
       return;
     }
-    for (int r : members)
+    for (int r : g.local)
       for (size_t m = 0; m < n; ++m) {
         // member m's place in the output
         Buffer win = window(y, mode == "new_axis" ? 0 : static_cast<size_t>(axis),
@@ -222,7 +407,7 @@ struct AllGather : Collective {
           win.strides.erase(win.strides.begin());
           refresh(win);
         }
-        copy_buffer(arenas[r], win, arenas[members[m]], x);
+        copy_buffer(arenas[r], win, source[m].first, source[m].second);
       }
   }
 };
@@ -233,10 +418,9 @@ const RegisterKernel collective_ops[] = {
     {{"replica_sharded_slice"}, own_piece(false)},
     {{"replicated_slice"}, own_piece(true)},
     {{"replicated_all_gather"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-       auto k = std::make_unique<AllGather>();
+       auto k = collective<AllGather>(ins);
        k->x = bufs[ins.inputs[0]];
        k->y = bufs[ins.outputs[0]];
-       k->assignment = ins.attrs.at("groups").ints();
        k->mode = ins.attrs.at("output_shape").s();
        k->axis = ins.attrs.at("axis").i();
        return k;
