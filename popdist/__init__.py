@@ -20,8 +20,9 @@ Instances run the same number of replicas (poprun's uniform layout), so the inst
 is a launch of one instance with one replica. Every function reads the environment afresh through
 ``launch_environment()``, the one place that parses it.
 
-Today popxl runs the replicas of one instance in one process: several instances (``total >
-local``) are reported faithfully here, but ``Ir(replication="popdist")`` refuses them.
+With several instances, ``init()`` (or ``Ir(replication="popdist")``) starts the communication
+backend (``popdist.backend``: MPI between the instances, poprun's supervisor for failures), and
+every collective of a program spans the instances. ``poprun`` (``popdist.poprun``) launches them.
 """
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-__all__ = ["LaunchEnvironment", "launch_environment", "isPopdistEnvSet", "getInstanceIndex", "getNumInstances",
+from popdist.backend import InstanceError
+
+__all__ = ["InstanceError", "LaunchEnvironment", "launch_environment", "isPopdistEnvSet", "getInstanceIndex", "getNumInstances",
            "getNumTotalReplicas", "getNumLocalReplicas", "getReplicaIndexOffset", "getNumIpusPerReplica",
            "getLocalInstanceIndex", "checkNumIpusPerReplica", "getDeviceId", "init", "isBackendInitialized",
            "finalizeBackend", "execute_on_instances"]
@@ -156,10 +159,13 @@ _backend_initialized = False
 
 
 def init() -> None:
-    """Start the communication backend between instances. With one instance there is nobody to
-    talk to; popxl does not run several instances yet (see the module docstring)."""
+    """Start the communication backend between instances (MPI, and the link to poprun's
+    supervisor); with one instance there is nobody to talk to."""
     global _backend_initialized
-    launch_environment()  # malformed variables are reported here, at the start
+    launch = launch_environment()  # malformed variables are reported here, at the start
+    if launch.num_instances > 1:
+        from popdist import backend
+        backend.get(launch.instance_index, launch.num_instances)
     _backend_initialized = True
 
 
@@ -168,6 +174,7 @@ def isBackendInitialized() -> bool:
 
 
 def finalizeBackend() -> None:
+    """Mark the backend finished; MPI itself is finalised when the process exits."""
     global _backend_initialized
     _backend_initialized = False
 
