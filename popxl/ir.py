@@ -16,17 +16,15 @@ __all__ = ["Ir"]
 _IR_IDS = itertools.count()
 
 
-def _popdist_replication() -> int:
-    """The replication factor of ``Ir(replication="popdist")``: this instance's replicas, as the
-    launcher describes them (popdist). Several instances need multi-process replication."""
+def _popdist_launch() -> tuple:
+    """(this instance's replicas, its index, the instance count) of ``Ir(replication="popdist")``,
+    as the launcher describes them (popdist); with several instances, popdist's communication
+    backend starts here (MPI, poprun's supervisor)."""
     import popdist
     launch = popdist.launch_environment()
     if launch.num_instances > 1:
-        raise NotImplementedError(
-            f"Ir(replication='popdist'): the launch has {launch.num_instances} instances "
-            f"({launch.num_total_replicas} replicas, {launch.num_local_replicas} per instance); popxl-cpu runs "
-            f"the replicas of one instance only (multi-process replication is not supported yet).")
-    return launch.num_local_replicas
+        popdist.init()
+    return launch.num_local_replicas, launch.instance_index, launch.num_instances
 
 
 class Ir:
@@ -37,11 +35,13 @@ class Ir:
 
     Args:
         replication: The number of replicas (``replication_factor``), or "popdist" to take it
-            from the launcher's environment.
+            from the launcher's environment (poprun): this instance's replicas
+            (``instance_replication_factor``) among every instance's (``replication_factor``), with
+            collectives spanning the instances.
 
     Raises:
-        ValueError: If ``replication`` is not a positive int or "popdist".
-        NotImplementedError: If "popdist" describes several instances.
+        ValueError: If ``replication`` is not a positive int or "popdist", or if the launch
+            environment is malformed or is not the MPI launch it describes.
     """
 
     def __init__(self, replication: Union[int, Literal["popdist"]] = 1) -> None:
@@ -58,8 +58,11 @@ class Ir:
         self._dot_checks: Set[str] = set()
         self._dot_save_dir: Optional[Path] = None
         self._main_graph = Graph._create(self, "", "main")
-        self._replication_factor = 1
-        self.replication_factor = _popdist_replication() if replication == "popdist" else replication
+        self._replication_factor = 1  # this instance's replicas
+        self._instance_index, self._num_instances = 0, 1
+        if replication == "popdist":
+            replication, self._instance_index, self._num_instances = _popdist_launch()
+        self.replication_factor = replication
 
     # identity -------------------------------------------------------------------------------------
     @property
@@ -190,8 +193,8 @@ class Ir:
 
     @property
     def replication_factor(self) -> int:
-        """The number of replicas (global); setting it sets this instance's replicas."""
-        return self._replication_factor
+        """The replicas of all instances (setting it sets this instance's, ``instance_replication_factor``)."""
+        return self._replication_factor * self._num_instances
 
     @replication_factor.setter
     def replication_factor(self, value: int) -> None:
@@ -206,6 +209,12 @@ class Ir:
     def instance_replication_factor(self) -> int:
         """The number of replicas this instance runs."""
         return self._replication_factor
+
+    @property
+    def _instances(self) -> tuple:
+        """(this instance's index, the instance count): (0, 1) unless ``Ir(replication="popdist")`` in a
+        launch of several instances."""
+        return self._instance_index, self._num_instances
 
     def replica_grouping(self, stride: int = 1, group_size: Optional[int] = None):
         """A grouping of the replicas: group i takes the first unassigned replica ``o`` and ``o + k * stride``.

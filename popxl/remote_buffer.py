@@ -422,7 +422,7 @@ def replica_sharded_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtyp
 
 # session support ----------------------------------------------------------------------------------
 def _slot_members(v: Variable, replicas: int) -> Dict[int, Tuple[int, int]]:
-    """For each replica: (group index, chunk index) of the value ``v``'s slot holds there."""
+    """For each replica (of all instances): (group index, chunk index) of the value ``v``'s slot holds there."""
     assignment = v.replica_grouping.assignment
     shards = v._remote_slot[2]
     out, seen = {}, {}
@@ -443,10 +443,16 @@ def _chunk(value: np.ndarray, j: int, shards: int, size: int) -> np.ndarray:
 class RemoteMemory:
     """What a Session needs to sync remote variables: the executable's buffer regions (one
     device-state entry per remote buffer) and mirror entries (shard tensors of
-    ``replica_sharded_variable``), plus the remote variables of the main graph."""
+    ``replica_sharded_variable``), plus the remote variables of the main graph.
 
-    def __init__(self, ir: "Ir", exe: Any) -> None:
+    The engine runs this instance's replicas, global replicas ``[offset, offset + exe replicas)``
+    of the Ir's ``replication_factor`` (all instances'): a group's chunks may lie on other
+    instances, so reading gives a plan (``chunk_sources``) the Session fetches (popxl.distributed)."""
+
+    def __init__(self, ir: "Ir", exe: Any, offset: int = 0) -> None:
         self.replicas = exe.replication_factor
+        self.offset = offset
+        self.global_replicas = ir.replication_factor
         self.buffers = {b.remote_buffer_id: b for b in _buffers_of(ir)}
         self.regions = {e["remote_buffer"]: i for i, e in enumerate(exe.variables) if "remote_buffer" in e}
         self.mirrors = [(i, *e["mirror_of"]) for i, e in enumerate(exe.variables) if "mirror_of" in e]
@@ -457,19 +463,20 @@ class RemoteMemory:
 
     def write(self, engine: Any, variables: Iterable[Variable],
               device_value: Callable[[Variable, int], np.ndarray]) -> None:
-        """Host values of remote ``variables`` -> their slots (and the mirrors of those slots)."""
+        """Host values of remote ``variables`` -> their slots (and the mirrors of those slots), on this
+        instance's replicas (``device_value(v, local replica)``)."""
         by_buffer: Dict[int, List[Variable]] = {}
         for v in variables:
             by_buffer.setdefault(v._remote_slot[0].remote_buffer_id, []).append(v)
         for bid, vs in by_buffer.items():
             ri = self.regions[bid]
-            members = [_slot_members(v, self.replicas) for v in vs]
+            members = [_slot_members(v, self.global_replicas) for v in vs]
             for r in range(self.replicas):
                 region = engine.read_variable(ri, r)
                 for v, m in zip(vs, members):
                     _, offset, shards = v._remote_slot
                     value = device_value(v, r)
-                    region[offset] = _chunk(value, m[r][1], shards, region.shape[1]) if shards > 1 else value
+                    region[offset] = _chunk(value, m[self.offset + r][1], shards, region.shape[1]) if shards > 1 else value
                 engine.write_variable(ri, r, region)
             written = {v._remote_slot[1] for v in vs}
             for mi, mbid, offset in self.mirrors:
@@ -477,25 +484,31 @@ class RemoteMemory:
                     for r in range(self.replicas):
                         engine.write_variable(mi, r, engine.read_variable(ri, r)[offset])
 
-    def read(self, engine: Any, host: Dict[Variable, np.ndarray]) -> None:
-        """Mirrors -> their slots, then every remote variable's slot(s) -> its host copy."""
+    def sync_mirrors(self, engine: Any) -> None:
+        """Mirrors -> their slots, on this instance's replicas (before the slots are read)."""
         for mi, bid, offset in self.mirrors:
             ri = self.regions[bid]
             for r in range(self.replicas):
                 region = engine.read_variable(ri, r)
                 region[offset] = engine.read_variable(mi, r)
                 engine.write_variable(ri, r, region)
-        for v in self.variables:
-            rb, offset, shards = v._remote_slot
-            ri = self.regions[rb.remote_buffer_id]
-            rg = v.replica_grouping
-            per_group: Dict[int, List[np.ndarray]] = {}
-            for r, (g, j) in _slot_members(v, self.replicas).items():
-                chunks = per_group.setdefault(g, [])
-                if len(chunks) == j and len(chunks) < shards:  # first sub-group of each group
-                    chunks.append(engine.read_variable(ri, r)[offset])
-            values = [np.concatenate([c.reshape(-1) for c in per_group[g]])[:math.prod(v.shape)].reshape(v.shape)
-                      for g in range(rg.num_groups)]
-            value = np.stack(values) if rg.num_groups > 1 else values[0]
-            out = host[v]
-            out[...] = value.view(out.dtype) if out.dtype.names else value
+
+    def chunk_sources(self, v: Variable) -> Dict[Tuple[int, int], List[int]]:
+        """For each (group, chunk) of remote variable ``v``: the replicas whose slot holds it, in order."""
+        out: Dict[Tuple[int, int], List[int]] = {}
+        for r, key in _slot_members(v, self.global_replicas).items():
+            out.setdefault(key, []).append(r)
+        return out
+
+    def slot(self, engine: Any, v: Variable, replica: int) -> np.ndarray:
+        """The content of ``v``'s slot on this instance's replica ``replica``."""
+        rb, offset, _ = v._remote_slot
+        return engine.read_variable(self.regions[rb.remote_buffer_id], replica)[offset]
+
+    def assemble(self, v: Variable, chunks: Dict[Tuple[int, int], np.ndarray], out: np.ndarray) -> None:
+        """Write ``v``'s value, from the content of its slots per (group, chunk), into host array ``out``."""
+        shards, rg = v._remote_slot[2], v.replica_grouping
+        values = [np.concatenate([chunks[g, j].reshape(-1) for j in range(shards)])[:math.prod(v.shape)].reshape(v.shape)
+                  for g in range(rg.num_groups)]
+        value = np.stack(values) if rg.num_groups > 1 else values[0]
+        out[...] = value.view(out.dtype) if out.dtype.names else value

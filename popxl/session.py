@@ -11,6 +11,7 @@ import numpy as np
 from popxl import dtypes
 from popxl.compiler import lower
 from popxl.compiler.executable import transfer_counts
+from popxl.distributed import Launch
 from popxl.engines import create_engine
 from popxl.errors import popart_exception
 from popxl.graph import orphaned
@@ -147,6 +148,9 @@ class Session:
         self._write_final_dot_checkpoint()
         ir._frozen_by = f"Session on {device_desc!r}"
         self._engine = create_engine(self._exe)
+        # Several instances (popdist): this one's replicas among all, its link to the others at attach.
+        self._launch = Launch(ir, self._exe, self._engine)
+        self._engine_run = self._launch.guard(self._engine.run)
         self._run_progress = RunProgress()  # a bar for sessions whose runs take seconds
         progress.step("engine loaded")
         progress.close()
@@ -155,7 +159,7 @@ class Session:
         # and shard mirrors follow (handled by self._remote).
         self._variables: List[Variable] = [var_by_id[v["name"]] for v in self._exe.variables
                                            if "remote_buffer" not in v and "mirror_of" not in v]
-        self._remote = RemoteMemory(ir, self._exe)
+        self._remote = RemoteMemory(ir, self._exe, self._launch.offset)
         # The host values of the weights are the variables' own host data (what the Ir was built
         # with), not a copy: weights_to_host writes into them, get_tensor_data returns views of
         # them, and a variable made from a np.memmap reads and writes its file in place.
@@ -163,6 +167,9 @@ class Session:
                                                   for v in (*self._variables, *self._remote.variables)}
         if not all(host.flags.writeable for host in self._host.values()):
             self.weights_to_host_on_exit = False  # there is nowhere to write them back to
+        # Variables read back with retrieval_mode="all_replicas": every replica's value, (replicas, *shape),
+        # filled by weights_to_host (until then, each replica holds its group's host value).
+        self._replica_values: Dict[Variable, np.ndarray] = {}
         self._host_stale = False
         self._enter_stack: List[bool] = []
         streams = {s.tensor_id: s for s in (*ir.get_all_h2d_streams(), *ir.get_all_d2h_streams())}
@@ -264,6 +271,11 @@ class Session:
                 self._engine.attach()
             except Exception as e:
                 raise popart_exception(f"Session: could not attach to the {self._device!r} device: {e}") from e
+            try:
+                self._launch.join(self._engine, "Session")  # the other instances, if any (collective)
+            except BaseException:
+                self._engine.detach()
+                raise
             self.weights_from_host()
         self._enter_stack.append(attach_here)
         return self
@@ -276,13 +288,15 @@ class Session:
                 if exc_type is None and self.weights_to_host_on_exit:
                     self.weights_to_host()
             finally:
+                self._launch.leave(self._engine)
                 self._engine.detach()
 
     # weights --------------------------------------------------------------------------------------
     def _device_value(self, v: Variable, replica: int) -> np.ndarray:
+        """The host value for this instance's replica ``replica``."""
         host = self._host[v]
         rg = v.replica_grouping
-        value = host[rg.assignment[replica]] if rg.num_groups > 1 else host
+        value = host[rg.assignment[self._launch.offset + replica]] if rg.num_groups > 1 else host
         return value.view(dtypes.ml_dtype(v.dtype)) if value.dtype.names else value
 
     def _write_device(self, variables: Iterable[Variable]) -> None:
@@ -311,26 +325,74 @@ class Session:
 
     @_serialised
     def weights_to_host(self) -> None:
-        """Copy every variable's device value into its host data (flushing np.memmap files)."""
+        """Copy every variable's device value into its host data (flushing np.memmap files).
+
+        A group's value is read on one of its replicas, this instance's if it has one; values held
+        only by other instances' replicas come from them, and then every instance must be calling
+        this at the same point of its program (popxl.distributed)."""
         self._require_attached("weights_to_host")
         self._check_writable("weights_to_host", self._host)
-        for i, v in enumerate(self._variables):
-            host = self._host[v]
+        self._remote.sync_mirrors(self._engine)
+        index = {v: i for i, v in enumerate(self._variables)}
+        every = [*self._variables, *self._remote.variables]
+        plan = []  # (entry, candidate replicas); entries (picklable: instances exchange them) are
+        # (position in `every`, group | ("replica", r) | (group, chunk))
+        for k, v in enumerate(every):
             rg = v.replica_grouping
-            firsts = [rg.assignment.index(gi) for gi in range(rg.num_groups)]
-            # Views of device memory, copied once straight into the host data (no temporary copy).
-            vals = [self._engine.variable_view(i, r) for r in firsts]
-            out = host.view(vals[0].dtype) if host.dtype.names else host
-            if rg.num_groups > 1:
-                for gi, val in enumerate(vals):
-                    out[gi] = val
+            if v in self._remote:
+                plan += [((k, key), sources) for key, sources in self._remote.chunk_sources(v).items()]
+            elif self._reads_all_replicas(v):
+                plan += [((k, ("replica", r)), [r]) for r in range(self.ir.replication_factor)]
             else:
-                out[...] = vals[0]
-        self._remote.read(self._engine, self._host)
+                members = rg._members()
+                plan += [((k, g), members[g]) for g in range(rg.num_groups)]
+
+        def read(entry: tuple, replica: int) -> np.ndarray:
+            v = every[entry[0]]
+            if v in self._remote:
+                return self._remote.slot(self._engine, v, replica)
+            return self._engine.variable_view(index[v], replica)  # a view: copied into the host data at once
+
+        values = self._launch.read(plan, read, "Session.weights_to_host")
+        for k, v in enumerate(self._variables):
+            host = self._host[v]
+            if self._reads_all_replicas(v):
+                out = self._replica_values.setdefault(v, np.empty((self.ir.replication_factor, *v.shape), host.dtype))
+                for r in range(len(out)):
+                    val = values[k, ("replica", r)]
+                    out.view(val.dtype)[r] = val
+                continue
+            rg = v.replica_grouping
+            for g in range(rg.num_groups):
+                val = values[k, g]
+                out = host.view(val.dtype) if host.dtype.names else host
+                if rg.num_groups > 1:
+                    out[g] = val
+                else:
+                    out[...] = val
+        for k, v in enumerate(every):
+            if v in self._remote:
+                self._remote.assemble(v, {key: values[k, key] for key in self._remote.chunk_sources(v)}, self._host[v])
         for host in self._host.values():
             if isinstance(host, np.memmap):
                 host.flush()
         self._host_stale = False
+
+    @staticmethod
+    def _reads_all_replicas(v: Variable) -> bool:
+        """Whether reading ``v`` gives every replica's value (PopXL: ``all_replicas`` with groups of
+        several replicas; remote variables give one value per group)."""
+        return v.retrieval_mode == "all_replicas" and v.replica_grouping.group_size > 1 and v._remote_slot is None
+
+    def _replica_values_of(self, v: Variable) -> np.ndarray:
+        """Every replica's value of an ``all_replicas`` variable, (replication_factor, *shape): as read by
+        weights_to_host, or (never read) each replica's group's host value."""
+        if v not in self._replica_values:
+            host = self._host.get(v, v._host_data_value)
+            rg = v.replica_grouping
+            per_group = host if rg.num_groups > 1 else host[None]
+            self._replica_values[v] = per_group[np.asarray(rg.assignment)]
+        return self._replica_values[v]
 
     def get_tensor_data(self, tensor: Union[Variable, Constant]) -> np.ndarray:
         """The host value of a variable (synced from the device first if stale) or a constant.
@@ -369,7 +431,9 @@ class Session:
             self.weights_to_host()
         out = {}
         for t in tensors:
-            if isinstance(t, Variable):
+            if isinstance(t, Variable) and self._reads_all_replicas(t):
+                out[t] = self._replica_values_of(t)
+            elif isinstance(t, Variable):
                 out[t] = self._host.get(t, t._host_data_value)
             else:
                 out[t] = t._host_data_value
@@ -441,6 +505,7 @@ class Session:
             self.weights_to_host()  # keep the host values of the other variables complete
         for t, data in checked.items():
             self._host.get(t, t._host_data_value)[...] = data
+            self._replica_values.pop(t, None)
         if self.is_attached and to_device:
             self._write_device(checked)
 
@@ -538,7 +603,7 @@ class Session:
             exact = self._exact_buffers(inputs, outputs)
             if exact is not None and self._run_progress.fast and self.is_attached:
                 self._host_stale = True
-                self._engine.run(*exact)
+                self._engine_run(*exact)
                 return
             self._run_checked(inputs, outputs, downcast_inputs, exact)
 
@@ -572,9 +637,9 @@ class Session:
 
     def _run_engine(self, inputs: List[np.ndarray], outputs: List[np.ndarray]) -> None:
         if self._run_progress.fast:  # the first run was quick: no timing, no bar
-            self._engine.run(inputs, outputs)
+            self._engine_run(inputs, outputs)
         else:
-            self._run_progress.run(self._engine.run, inputs, outputs)
+            self._run_progress.run(self._engine_run, inputs, outputs)
 
     def _exact_buffers(self, inputs, outputs):
         """(input views, output views) for the engine when every host buffer already is exactly what

@@ -21,7 +21,8 @@ engine can load exactly what the reference engine runs. Layout:
   any program changes, and of the results of the static program's ops, which have permanent
   places that nothing else changes (a by-reference input that its graph does not write may be
   copied back, unchanged). So between two variable writes, static storage holds the same bytes.
-- ``num_host_transfers``, ``replication_factor``.
+- ``num_host_transfers``, ``replication_factor`` (the replicas the engine runs: this instance's, in a
+  launch of several instances, whose replica groupings and collectives count every instance's).
 
 Instructions (``program`` entries, declared in instructions.py), executed in order:
 

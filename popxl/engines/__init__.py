@@ -37,6 +37,11 @@ class Engine(Protocol):
       not thread-safe: the Session lets one call in at a time.
     - ``profiling`` (settable; setting resets), ``reset_profile()``, ``op_profile()``: per-op timers,
       ``{(graph, instruction): (seconds per replica, calls per replica)}`` for the ops that ran.
+    - Several instances (``popxl.distributed``): ``set_layout(index, count, local, global_replicas)``
+      once, after loading (the executable's replicas are this instance's; groupings count all);
+      ``join(comm, backend, gather)`` after attach and ``leave()`` (detach leaves too): collectives
+      whose groups span instances exchange data with them, with the same results as one process
+      running every replica.
     """
 
     name: str

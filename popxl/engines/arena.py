@@ -3,7 +3,7 @@ onto each replica's arena, variables read and written through them, and the op r
 kernels run on them (all of the reference engine's ops; the native engine's fallback ops)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,6 +36,10 @@ class ArenaViews:
                 self._prepared[id(instr)] = (opdef, {k_: decode_attr(v) for k_, v in instr["attrs"].items()})
                 self.op_positions.append((gi, k))
         self.views: List[List[np.ndarray]] = []  # [replica][buffer]
+        # Several instances: the global index of this instance's replica 0, and how to gather every
+        # instance's {global replica: inputs} for a collective (popxl.distributed.Launch.gather_replicas).
+        self.replica_offset = 0
+        self._gather: Optional[Callable[[Dict[int, Any], str], Dict[int, Any]]] = None
 
     # arenas -----------------------------------------------------------------------------------------
     def bind(self, arenas: Sequence[np.ndarray]) -> None:
@@ -68,6 +72,15 @@ class ArenaViews:
         view.flags.writeable = False
         return view
 
+    # other instances ----------------------------------------------------------------------------------
+    def join(self, gather: Callable[[Dict[int, Any], str], Dict[int, Any]]) -> None:
+        """Collectives span the instances: each gathers every instance's inputs and runs its NumPy
+        kernel over all replicas, in the same order as one process running them all would."""
+        self._gather = gather
+
+    def leave(self) -> None:
+        self._gather = None
+
     # ops --------------------------------------------------------------------------------------------
     def is_collective(self, instr: Dict[str, Any]) -> bool:
         return self._prepared[id(instr)][0].collective
@@ -78,7 +91,14 @@ class ArenaViews:
         opdef, attrs = self._prepared[id(instr)]
         ins, outs = instr["inputs"], instr["outputs"]
         views = self.views
-        if opdef.collective:
+        if opdef.collective and self._gather is not None:
+            offset = self.replica_offset
+            everyone = self._gather({offset + r: [np.array(views[r][i]) for i in ins] for r in reps},
+                                    f"{instr['type']} {instr.get('name')!r}")
+            order = sorted(everyone)
+            results = dict(zip(order, opdef.reference([everyone[g] for g in order], replicas=order, **attrs)))
+            per_rep = ((r, results[offset + r]) for r in reps)
+        elif opdef.collective:
             results = opdef.reference([[views[r][i] for i in ins] for r in reps], replicas=list(reps), **attrs)
             per_rep = zip(reps, results)
         else:

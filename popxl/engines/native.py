@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import weakref
 
@@ -125,7 +125,25 @@ class NativeEngine:
 
     def detach(self) -> None:
         self.memory.unbind()
-        self._engine.detach()
+        self.memory.leave()
+        self._engine.detach()  # leaves the other instances too
+
+    # other instances (popxl.distributed) ------------------------------------------------------------
+    def set_layout(self, index: int, count: int, local: int, global_replicas: int) -> None:
+        self._engine.set_layout(index, count, local, global_replicas)
+        self.memory.replica_offset = index * local
+
+    def join(self, comm: Any, backend: Any, gather: Callable) -> None:
+        """Collectives reach the other instances: the C++ ones over MPI communicator ``comm`` (from the
+        run loop), NumPy fallbacks through ``gather``; ``backend`` (popdist's) says what it knows of
+        the other instances and how long a wait may last."""
+        backend.push_states(_import_native())
+        self._engine.join(comm.handle, backend.timeout)
+        self.memory.join(gather)
+
+    def leave(self) -> None:
+        self._engine.leave()
+        self.memory.leave()
 
     def write_variable(self, index: int, replica: int, value: np.ndarray) -> None:
         self.memory.write_variable(index, replica, value)

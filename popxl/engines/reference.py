@@ -7,7 +7,7 @@ Replicas run in lockstep, instruction by instruction; collectives see all replic
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -42,6 +42,17 @@ class ReferenceEngine:
 
     def detach(self) -> None:
         self.memory.unbind()
+        self.memory.leave()
+
+    # other instances (popxl.distributed): collectives gather every instance's inputs through mpi4py
+    def set_layout(self, index: int, count: int, local: int, global_replicas: int) -> None:
+        self.memory.replica_offset = index * local
+
+    def join(self, comm: Any, backend: Any, gather: Callable) -> None:
+        self.memory.join(gather)
+
+    def leave(self) -> None:
+        self.memory.leave()
 
     def write_variable(self, index: int, replica: int, value: np.ndarray) -> None:
         self.memory.write_variable(index, replica, value)

@@ -1,0 +1,147 @@
+"""A Session's place in a launch of several instances (``Ir(replication="popdist")`` under poprun).
+
+Each instance (process) runs the same program on its own replicas: global replicas ``[offset,
+offset + local)``; replica groupings and collectives count every instance's replicas. This module
+is what the Session needs on top of its engine for that:
+
+- the engine learns the layout when the Session is made, and joins the other instances at attach,
+  on communicators of the session's own (one for the native engine's collectives, one for the
+  exchanges made from Python: the reference engine's collectives, reading weights);
+- at attach the instances compare fingerprints of their executables (and layouts) and refuse to
+  run programs that differ;
+- a run that fails on one instance is reported (popdist's supervisor tells the others, whose
+  collectives stop with ``popdist.InstanceError``);
+- values that live on other instances' replicas (a group with no replica here, ``all_replicas``
+  retrieval, shards of replica-sharded variables) are exchanged when the weights are read: every
+  instance makes the same plan, so each knows what to send whom, and that exchange is collective
+  only when some instance needs a value it does not hold.
+
+With one instance everything here is a no-op.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["Launch"]
+
+# An entry of device state: what `read(entry, local replica)` reads (the Session decides).
+Entry = Hashable
+
+
+class Launch:
+    """One Session's view of the launch (``Ir._instances``)."""
+
+    def __init__(self, ir: Any, exe: Any, engine: Any) -> None:
+        self.index, self.count = ir._instances
+        self.local = ir.instance_replication_factor
+        self.global_replicas = ir.replication_factor
+        self.offset = self.index * self.local
+        self.backend = None
+        self._comms: List[Any] = []
+        if self.count == 1:
+            return
+        import popdist.backend
+        self.backend = popdist.backend.get(self.index, self.count)
+        engine.set_layout(self.index, self.count, self.local, self.global_replicas)
+        layout = f"{self.count} instances x {self.local} replicas".encode()
+        self.fingerprint = hashlib.sha256(exe.to_json().encode() + layout).hexdigest()
+
+    @property
+    def several(self) -> bool:
+        return self.count > 1
+
+    def owner(self, replica: int) -> int:
+        """The instance running global replica ``replica``."""
+        return replica // self.local
+
+    def local_index(self, replica: int) -> Optional[int]:
+        """This instance's index of global replica ``replica``, or None when another instance runs it."""
+        return replica - self.offset if self.owner(replica) == self.index else None
+
+    # attach / detach ------------------------------------------------------------------------------
+    def join(self, engine: Any, what: str) -> None:
+        """Join the other instances (collective over all of them): new communicators, the programs
+        compared, the engine linked."""
+        if not self.several:
+            return
+        engine_comm = self.backend.new_comm(f"attaching {what}")
+        self._comms = [engine_comm, self.backend.new_comm(f"attaching {what}")]
+        prints = self.backend.allgather(self._comms[1], self.fingerprint, f"attaching {what}")
+        differ = [i for i, f in enumerate(prints) if f != prints[0]]
+        if differ:
+            self.leave(engine)
+            from popxl.errors import popart_exception
+            raise popart_exception(
+                f"{what}: the instances run different programs: the executable of instance(s) {differ} differs from "
+                f"instance 0's (fingerprints {', '.join(f'{i}: {p[:12]}' for i, p in enumerate(prints))}). Every "
+                f"instance must build the same program (ops, shapes, constants, replication) in the same order.")
+        engine.join(engine_comm, self.backend, self.gather_replicas)
+
+    def leave(self, engine: Any) -> None:
+        if not self._comms:
+            return
+        engine.leave()
+        for comm in self._comms:
+            comm.Free()
+        self._comms = []
+
+    # runs -----------------------------------------------------------------------------------------
+    def guard(self, run: Callable[..., None]) -> Callable[..., None]:
+        """``run`` (an engine's), reporting how it fails to the launch: with several instances a
+        failed run leaves them out of step, so the others must stop too."""
+        if not self.several:
+            return run
+        from popdist.backend import InstanceError
+        backend = self.backend
+        native = sys.modules.get("popxl._native")
+        native_error = native.InstanceError if native is not None else InstanceError
+
+        def guarded(*args: Any) -> None:
+            try:
+                run(*args)
+            except InstanceError:
+                raise
+            except native_error as e:  # the C++ engine's: popdist's, and the supervisor is told
+                raise backend.stopped(str(e).removeprefix("popdist: ")) from None
+            except BaseException as e:
+                backend.report_failure(f"Session.run raised {type(e).__name__}: {e}")
+                raise
+        return guarded
+
+    # values on other instances --------------------------------------------------------------------
+    def gather_replicas(self, local: Dict[int, Any], what: str) -> Dict[int, Any]:
+        """Every instance's ``{global replica: value}``, merged (a collective of all instances)."""
+        merged: Dict[int, Any] = {}
+        for part in self.backend.allgather(self._comms[1], local, what):
+            merged.update(part)
+        return merged
+
+    def read(self, plan: Sequence[Tuple[Entry, Sequence[int]]], read: Callable[[Entry, int], np.ndarray],
+             what: str) -> Dict[Entry, np.ndarray]:
+        """The value of each ``(entry, candidate replicas)`` of ``plan``: read on a candidate replica of
+        this instance (the first), else received from the instance running the first candidate. Every
+        instance must pass the same plan; they exchange only if one of them holds no candidate of an
+        entry, and then all of them must be reading."""
+        def source(candidates: Sequence[int], instance: int) -> int:
+            return next((r for r in candidates if self.owner(r) == instance), candidates[0])
+
+        out = {entry: read(entry, self.local_index(source(c, self.index))) for entry, c in plan
+               if self.owner(source(c, self.index)) == self.index}
+        if not self.several or all(self.owner(source(c, k)) == k for _, c in plan for k in range(self.count)):
+            return out
+        sends: Dict[int, Dict[Entry, np.ndarray]] = {}
+        for k in range(self.count):
+            for entry, c in plan:
+                r = source(c, k)
+                if k != self.index and self.owner(r) == self.index:
+                    sends.setdefault(k, {})[entry] = read(entry, self.local_index(r))
+        needs = {self.owner(source(c, self.index)) for entry, c in plan if entry not in out}
+        others = [k for k in range(self.count) if k != self.index]
+        got = self.backend.exchange(self._comms[1], {k: sends.get(k, {}) for k in others}, others, what)
+        for k in needs:
+            out.update(got[k])
+        return out
