@@ -37,16 +37,19 @@ class TrainSpec:
 
 
 # popxl --------------------------------------------------------------------------------------------
-def build_popxl_program(spec: TrainSpec, forward: Callable, steps_per_run: int):
+def build_popxl_program(spec: TrainSpec, forward: Callable, steps_per_run: int, ir: Any = None,
+                        data_parallel: bool = False):
     """The training Ir: the forward pass is one graph, differentiated with autodiff; a step graph
     loads a batch, calls forward, the fused softmax-NLL gradient and the gradient graph, and
     updates every parameter in place; ``ops.repeat`` runs ``steps_per_run`` steps per run.
+    ``ir``: an empty Ir to build in (say, a replicated one); ``data_parallel``: every replica takes
+    the mean of the replicas' gradients (``replicated_all_reduce``) before its update.
     Returns (ir, input stream, label stream, loss stream)."""
     import popxl
     import popxl.ops as ops
     from popxl import transforms
 
-    ir = popxl.Ir()
+    ir = popxl.Ir() if ir is None else ir
     ir.num_host_transfers = steps_per_run
     in_dtype = popxl.float32 if spec.inputs.dtype == np.float32 else popxl.int32
     with ir.main_graph:
@@ -68,7 +71,8 @@ def build_popxl_program(spec: TrainSpec, forward: Callable, steps_per_run: int):
             grad_info = ops.call_with_info(grad.graph, dlogits, inputs_dict=grad.inputs_dict(info))
             grads = grad.fwd_parent_ins_to_grad_parent_outs(info, grad_info)
             for p in ps:
-                ops.scaled_add_(p, grads[p], b=-spec.lr)
+                g = ops.collectives.replicated_all_reduce(grads[p], "mean") if data_parallel else grads[p]
+                ops.scaled_add_(p, g, b=-spec.lr)
 
         ops.repeat(ir.create_graph(step, *params), steps_per_run, *params)
     return ir, x_stream, y_stream, loss_stream
