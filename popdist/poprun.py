@@ -45,6 +45,15 @@ _IGNORED_VALUES = ["--vipu-server-host", "--vipu-server-port", "--vipu-partition
                    "--vipu-server-timeout", "--ipus-per-replica-group"]
 
 
+# How each instance is started: `sh -c 'trap "" USR1; "$@"; exit $?' poprun-instance prog args...`
+# runs the program as the shell's child (not exec'd, as a last command would be) and exits with its
+# status, 128 + N when signal N ended it. Under -disable-auto-cleanup Hydra sends SIGUSR1 to the
+# instances still running whenever one exits (a notice for fault-tolerant MPI), whose default action
+# would kill them: it is ignored (a program may still install a handler). Hydra kills the shell's
+# process group at the end of a launch, the program with it.
+_INSTANCE_SHELL = ["sh", "-c", 'trap "" USR1; "$@"; exit $?', "poprun-instance"]
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="poprun", description="Launch a PopXL program as several instances (processes) through MPI.",
@@ -117,7 +126,11 @@ def build_command(args: argparse.Namespace, mpiexec: str, supervisor_env: Dict[s
     """The mpiexec command: one section per instance, each with its own POPDIST_* variables."""
     lay = _layout(args)
     hosts, per_host = lay["hosts"], lay["per_host"]
-    cmd = [mpiexec]
+    # Hydra kills every instance as soon as one exits with an error; the others should rather learn
+    # it from the supervisor and stop with an error naming it (poprun ends the launch if they do not:
+    # _wait). -disable-auto-cleanup covers exit statuses, but not a process ended by a signal, so
+    # each instance runs under a shell that turns its signal into a status (_INSTANCE_SHELL).
+    cmd = [mpiexec, "-disable-auto-cleanup"]
     if hosts != ["localhost"]:
         cmd += ["-hosts", ",".join(hosts), "-ppn", str(per_host)]
     cmd += shlex.split(args.mpi_global_args)
@@ -135,7 +148,8 @@ def build_command(args: argparse.Namespace, mpiexec: str, supervisor_env: Dict[s
         if i:
             cmd.append(":")
         cmd += ["-n", "1", "-env", "POPDIST_REPLICA_INDEX_OFFSET", str(i * lay["local"]),
-                "-env", "POPDIST_LOCAL_INSTANCE_INDEX", str(i % per_host), *local_args, *args.command]
+                "-env", "POPDIST_LOCAL_INSTANCE_INDEX", str(i % per_host), *local_args, *_INSTANCE_SHELL,
+                *args.command]
     return cmd
 
 

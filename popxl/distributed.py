@@ -85,8 +85,9 @@ class Launch:
         if not self._comms:
             return
         engine.leave()
-        for comm in self._comms:
-            comm.Free()
+        if not self.backend.MPI.Is_finalized():  # a Session detached at interpreter exit comes after MPI's end
+            for comm in self._comms:
+                comm.Free()
         self._comms = []
 
     # runs -----------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ first replica) and the variables as ``get_tensor_data`` returns them. The tests 
 files together and compare layouts (1 x 4, 2 x 2, 4 x 1) bit for bit.
 
 Modes: ``collectives`` (every collective, with several groupings and dtypes, on both engines),
-``mlp`` (data-parallel training of a small MLP), and the fault programs (``raise``, ``die``,
+``mlp`` (data-parallel training of a small MLP), ``popart`` (a PopART TrainingSession), and the fault programs (``raise``, ``die``,
 ``differ``, ``early_end``, ``hang``), which end badly on purpose.
 """
 from __future__ import annotations
@@ -139,6 +139,45 @@ def mlp() -> Dict[str, np.ndarray]:
     return result
 
 
+# a PopART training session under poprun -----------------------------------------------------------
+def popart_training() -> Dict[str, np.ndarray]:
+    """softmax(x W + b) with an NLL loss, SGD, 2 batches per step; the replicas' gradients summed
+    across instances (configureSessionOptions) and averaged (Mean reduction)."""
+    os.environ["POPXL_IPU_HW"] = "cpu"  # popdist.popart.getDevice acquires "hardware"
+    import popart
+    import popdist.popart
+
+    feat, classes, batch, bps = 6, 4, 3, 2
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [batch, feat]), "x")
+    labels = b.addInputTensor("INT32", [batch], "labels")
+    w = b.addInitializedInputTensor(replica_data((feat, classes), 0, 9) * 0.3, "W")
+    bias = b.addInitializedInputTensor(np.zeros(classes, np.float32), "b")
+    probs = b.aiOnnx.softmax([b.aiOnnx.add([b.aiOnnx.matmul([x, w]), bias])], axis=1)
+    loss = b.aiGraphcore.nllloss([probs, labels], popart.ReductionType.Mean)
+    opts = popart.SessionOptions()
+    opts.accumulationAndReplicationReductionType = popart.ReductionType.Mean
+    popdist.popart.configureSessionOptions(opts)
+    session = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, {loss: popart.AnchorReturnType("ALL")}),
+                                     loss, popart.ConstSGD(0.3), popdist.popart.getDevice(), userOptions=opts)
+    session.prepareDevice()
+    session.weightsFromHost()
+    local = session.replicationFactor
+    offset = popdist.getReplicaIndexOffset() if popdist.getNumInstances() > 1 else 0
+    rows = [replica_data((bps, batch, feat), offset + r, 10) for r in range(local)]
+    xs = np.stack(rows, 1) if local > 1 else rows[0]
+    ys = (np.argmax(xs[..., :classes], -1)).astype(np.int32)
+    anchors = session.initAnchorArrays()
+    losses = []
+    for _ in range(2):
+        session.run(popart.PyStepIO({x: xs, labels: ys}, anchors))
+        losses.append(anchors[loss].copy())
+    session.weightsToHost()
+    weights = {n: np.zeros(session.getInfo(n).shape(), np.float32) for n in (w, bias)}
+    session.readWeights(popart.PyWeightsIO(weights))
+    return {"loss": np.stack(losses), "param_W": weights[w], "param_b": weights[bias]}
+
+
 # faults -------------------------------------------------------------------------------------------
 def small_program(steps: int = 1):
     ir = popxl.Ir(replication="popdist")
@@ -182,6 +221,8 @@ def main() -> None:
         result = {**collectives("native"), **collectives("reference")}
     elif mode == "mlp":
         result = mlp()
+    elif mode == "popart":
+        result = popart_training()
     else:
         fault(mode)
         print(f"instance {popdist.getInstanceIndex()} done", flush=True)
