@@ -127,7 +127,8 @@ class InferenceSession:
         self.deviceInfo = deviceInfo
         self.options = options
         self.patterns = patterns if patterns is not None else Patterns()
-        self.replicationFactor = options.getReplicationFactor()
+        self.replicationFactor = options.getReplicationFactor()  # this instance's replicas
+        self.globalReplicationFactor = self._launch_replicas(options)  # every instance's (poprun)
         self.accumulationFactor = options.getAccumulationFactor()
         self.batchesPerStep = dataFlow.batchesPerStep()
         if self.replicationFactor > deviceInfo.numIpus:
@@ -183,8 +184,32 @@ class InferenceSession:
         """Iterations of the step graph per run: one per micro batch of one replica."""
         return self.batchesPerStep * self.accumulationFactor
 
+    def _launch_replicas(self, options: SessionOptions) -> int:
+        """The replicas of every instance: with ``enableDistributedReplicatedGraphs`` (set by
+        ``popdist.popart.configureSessionOptions`` under poprun), the launch's, checked against the
+        launch environment; else this instance's."""
+        if not options.enableDistributedReplicatedGraphs:
+            return self.replicationFactor
+        import popdist
+        launch = popdist.launch_environment()
+        asked = (options.globalReplicationFactor, options.globalReplicaOffset, self.replicationFactor)
+        actual = (launch.num_total_replicas, launch.replica_index_offset, launch.num_local_replicas)
+        if asked != actual:
+            raise popart_exception(
+                f"{type(self).__name__}: enableDistributedReplicatedGraphs with globalReplicationFactor={asked[0]}, "
+                f"globalReplicaOffset={asked[1]} and replicatedGraphCount={asked[2]}, but the launch (poprun, popdist) "
+                f"has {actual[0]} replicas, this instance's from {actual[1]}, {actual[2]} per instance. Use "
+                f"popdist.popart.configureSessionOptions(opts) under poprun.")
+        return launch.num_total_replicas
+
+    def _new_ir(self) -> popxl.Ir:
+        """The Ir to build in: this instance's replicas, part of the launch's under poprun."""
+        if self.globalReplicationFactor != self.replicationFactor:
+            return popxl.Ir(replication="popdist")
+        return popxl.Ir(replication=self.replicationFactor)
+
     def _build(self) -> None:
-        ir = popxl.Ir(replication=self.replicationFactor)
+        ir = self._new_ir()
         ir.num_host_transfers = self._steps
         main = ir.main_graph
         self._in_streams = self._input_streams(main)

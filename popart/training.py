@@ -123,7 +123,7 @@ class TrainingSession(InferenceSession):
 
     # building ---------------------------------------------------------------------------------------
     def _build(self) -> None:
-        ir = popxl.Ir(replication=self.replicationFactor)
+        ir = self._new_ir()
         ir.num_host_transfers = self._steps
         main = ir.main_graph
         self._in_streams = self._input_streams(main)
@@ -287,7 +287,7 @@ class TrainingSession(InferenceSession):
         values = dict(zip(fwd_anchors, info.outputs[1:1 + len(fwd_anchors)]))
         first = 1 + len(fwd_anchors)
         for name, new in zip(self._stat_updates, info.outputs[first:first + len(self._stat_updates)]):
-            if self.replicationFactor > 1:  # the replicas keep one set of statistics
+            if self.globalReplicationFactor > 1:  # the replicas keep one set of statistics
                 new = ops.collectives.replicated_all_reduce(new, "mean")
             ops.var_updates.copy_var_update_(local[name], new)
         values.update({GRADIENT_PREFIX + n: g for n, g in grads.items()})
@@ -300,7 +300,7 @@ class TrainingSession(InferenceSession):
     def _update(self, grads: Dict[str, popxl.Tensor], thread: ByRef) -> None:
         """Reduce the gradients across replicas, undo the loss scaling, and apply the optimiser."""
         hyper = self._hyper(thread, 1)
-        rf, af = self.replicationFactor, self.accumulationFactor
+        rf, af = self.globalReplicationFactor, self.accumulationFactor
         mean = reduction_of(self.options.accumulationAndReplicationReductionType) is ReductionType.Mean
         factor = 1.0 / (rf * af) if mean else 1.0
         ls = hyper("ls")

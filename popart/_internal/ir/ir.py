@@ -50,7 +50,14 @@ class IrSessionOptions(SessionOptions):
     def __getattr__(self, name: str) -> Any:
         ir = object.__getattribute__(self, "_ir")
         if name == "replicatedGraphCount":
+            return ir.instance_replication_factor
+        # a launch of several instances (Ir(replication="popdist") under poprun)
+        if name == "enableDistributedReplicatedGraphs":
+            return ir._instances[1] > 1
+        if name == "globalReplicationFactor":
             return ir.replication_factor
+        if name == "globalReplicaOffset":
+            return ir._instances[0] * ir.instance_replication_factor
         if name == "dotChecks":
             return ir._dot_checks
         if name == "logDir":
