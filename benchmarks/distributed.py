@@ -58,7 +58,7 @@ def _training_worker(steps: int) -> Dict[str, float]:
     feed = {xs: rng.standard_normal((*shape, rows, BIG[0])).astype(np.float32),
             ys: rng.integers(0, BIG[-1], (*shape, rows)).astype(np.int32)}
     runs = max(1, steps // k)
-    with popxl.Session(ir, "cpu") as session:
+    with popxl.Session(ir, "ipu_model") as session:
         session.run(feed)  # warm-up
         start = time.perf_counter()
         for _ in range(runs):
@@ -90,7 +90,7 @@ def _allreduce_worker(steps: int) -> Dict[str, float]:
         def body(t):
             ops.var_updates.copy_var_update_(t, ops.collectives.replicated_all_reduce(t, "mean"))
         ops.repeat(ir.create_graph(body, v), steps, v)
-    with popxl.Session(ir, "cpu") as session:
+    with popxl.Session(ir, "ipu_model") as session:
         session.run({})
         start = time.perf_counter()
         session.run({})

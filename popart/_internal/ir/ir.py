@@ -33,8 +33,9 @@ CACHE_DIR_ENV = "POPXL_CACHE_DIR"
 
 class IrSessionOptions(SessionOptions):
     """The session options of one popxl.Ir (``ir._pb_ir.getSessionOptions()``): every PopART
-    option can be set and read back. ``replicatedGraphCount`` is the Ir's ``replication_factor``
-    (setting one sets the other); ``dotChecks`` and ``logDir`` choose which ``dot_checkpoint``
+    option can be set and read back. ``replicatedGraphCount`` is the Ir's
+    ``instance_replication_factor`` (setting it sets ``replication_factor``; in a launch of several
+    instances the distributed options describe the launch); ``dotChecks`` and ``logDir`` choose which ``dot_checkpoint``
     files are written and where (``Ir.dot_checkpoint``). The others tune IPU compilation and have
     no effect here (the README lists them)."""
 
@@ -43,6 +44,10 @@ class IrSessionOptions(SessionOptions):
         from popart.options import VirtualGraphMode
         object.__setattr__(self, "_ir", ir)
         self._values.update(_POPXL_DEFAULTS, virtualGraphMode=VirtualGraphMode.Manual)
+        index, count = ir._instances
+        if count > 1:  # as PopXL sets them for Ir(replication="popdist") in a launch of several instances
+            self._values.update(enableDistributedReplicatedGraphs=True, globalReplicationFactor=ir.replication_factor,
+                                globalReplicaOffset=index * ir.instance_replication_factor)
         cache = os.environ.get(CACHE_DIR_ENV)
         if cache:  # as PopXL: the variable turns engine caching on (nothing is cached here)
             self._values.update(enableEngineCaching=True, cachePath=cache)
@@ -51,13 +56,6 @@ class IrSessionOptions(SessionOptions):
         ir = object.__getattribute__(self, "_ir")
         if name == "replicatedGraphCount":
             return ir.instance_replication_factor
-        # a launch of several instances (Ir(replication="popdist") under poprun)
-        if name == "enableDistributedReplicatedGraphs":
-            return ir._instances[1] > 1
-        if name == "globalReplicationFactor":
-            return ir.replication_factor
-        if name == "globalReplicaOffset":
-            return ir._instances[0] * ir.instance_replication_factor
         if name == "dotChecks":
             return ir._dot_checks
         if name == "logDir":
