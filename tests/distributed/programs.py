@@ -103,9 +103,15 @@ def collectives(engine: str) -> Dict[str, np.ndarray]:
     with popxl.Session(ir, "ipu_model") as session:
         feed = {s: local_rows(ir, make) for s, make in inputs.items()}
         out = session.run(feed)
-        weights = session.get_tensors_data([own, every, rts])
+        weights = {v: value.copy() for v, value in session.get_tensors_data([own, every, rts]).items()}
+        # written from every instance (each writes its replicas' groups), then run once more
+        session.write_variables_data({own: np.arange(R * 3, dtype=np.float32).reshape(R, 3),
+                                      rts: np.full((2, 10), 0.5, np.float32)})
+        session.run(feed)
+        rewritten = session.get_tensors_data([own, rts])
     result = {f"{engine}/{name}": out[s] for name, s in outputs.items()}
-    result.update({f"{engine}/var_{v.name}": weights[v].copy() for v in (own, every, rts)})
+    result.update({f"{engine}/var_{v.name}": weights[v] for v in (own, every, rts)})
+    result.update({f"{engine}/var_{v.name}_rewritten": rewritten[v].copy() for v in (own, rts)})
     return result
 
 

@@ -99,6 +99,15 @@ def test_every_collective_spans_instances_bit_identically(tmp_path):
         np.testing.assert_array_equal(gathered_new[1], xs[[1, 3]])
         np.testing.assert_array_equal(one[f"{engine}/var_every"], np.stack([xs[r][1] for r in range(4)]))
         np.testing.assert_array_equal(one[f"{engine}/var_own"], np.stack([xs[r][0] for r in range(4)]))
+        # written with write_variables_data, then one more run adds x[0] again
+        np.testing.assert_array_equal(one[f"{engine}/var_own_rewritten"],
+                                      np.arange(12, dtype=np.float32).reshape(4, 3) + xs[:, 0])
+        # the RTS variable: group g (replicas g, g + 2) adds x[0, 0] of each member to its own shard
+        rts = np.full((2, 10), 0.5, np.float32)
+        for g in range(2):
+            rts[g, :5] += xs[g, 0, 0]
+            rts[g, 5:] += xs[g + 2, 0, 0]
+        np.testing.assert_array_equal(one[f"{engine}/var_rts_rewritten"], rts)
 
 
 @pytest.mark.slow
