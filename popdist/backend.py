@@ -32,6 +32,10 @@ TIMEOUT_VAR = "POPDIST_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
 GRACE_VAR = "POPRUN_GRACE"  # how long a failed instance waits for the others to react (seconds)
 
+# How long after an instance said its program ended a wait for it may still complete: a send it
+# completed only means MPI holds the data, which may reach us later (native/src/instances.cpp too).
+FINISHED_GRACE = 2.0
+
 _PEER_CODES = {"running": 0, "finished": 1, "failed": 2}
 # Set in the processes an MPI launcher starts (Hydra's PMI, PMIx, Open MPI's).
 _LAUNCHED_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
@@ -94,6 +98,7 @@ class Backend:
         self.world = world
         self._lock = threading.Lock()
         self._states: Dict[int, Tuple[str, str]] = {}  # other instances: (state, message)
+        self._finished_at: Dict[int, float] = {}  # when an instance said its program ended (time.monotonic)
         self._own: Optional[str] = None  # this instance's failure, once reported
         self._stopped = False  # this instance stopped because of another (it must not wait for them at exit)
         self._abandoned: List[Any] = []  # requests (and their buffers) of exchanges given up: never freed
@@ -112,6 +117,8 @@ class Backend:
         """A notice from the supervisor (its reader thread)."""
         with self._lock:
             self._states[index] = (state, message)
+            if state == "finished":
+                self._finished_at[index] = time.monotonic()
         native = sys.modules.get("popxl._native")
         if native is not None:
             native.set_peer_state(index, _PEER_CODES.get(state, 2), message)
@@ -132,13 +139,14 @@ class Backend:
         return self._own
 
     def check(self, waiting_for: Iterable[int], what: str) -> None:
-        """Raise InstanceError if an instance failed, or if one we wait for has finished."""
+        """Raise InstanceError if an instance failed, or if one we wait for has finished (FINISHED_GRACE ago)."""
         why = self.failure()
         if why is None:
             with self._lock:
                 for index in waiting_for:
                     state, message = self._states.get(index, ("running", ""))
-                    if state == "finished":
+                    # its last messages may still be on their way (FINISHED_GRACE)
+                    if state == "finished" and time.monotonic() - self._finished_at[index] > FINISHED_GRACE:
                         why = (f"instance {index} ended its program while this instance ({self.index}) waits for it: "
                                f"the instances ran different programs or different numbers of steps")
                         break

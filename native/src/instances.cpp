@@ -68,6 +68,9 @@ constexpr long kSleepNanos = 50'000;
 // A peer's message of another collective is a divergence only if it is still there after this long:
 // a matched message can show up as the peer's next one for a moment, until our test completes it.
 constexpr auto kDivergenceCheck = std::chrono::milliseconds(250);
+// A peer that ended its program may still have a message for us on its way (a completed send only
+// means MPI holds the data), so its end counts against a wait only if that wait lasts this long after.
+constexpr auto kFinishedGrace = std::chrono::seconds(2);
 
 }  // namespace
 
@@ -172,6 +175,8 @@ void InstanceLink::wait(size_t at) {
   auto next_probe = start + kDivergenceCheck;
   int suspect_tag = -1;  // the other collective's tag a peer's message showed at the last probe
   uint64_t generation = ~uint64_t(0);
+  bool peer_finished = false;  // the supervisor said `peer` ended its program, at `finished_at`
+  std::chrono::steady_clock::time_point finished_at;
   uint32_t tests = 0;
   const int peer = pending_[at].instance;
   for (size_t i = first; i <= at; ++i) {
@@ -203,13 +208,17 @@ void InstanceLink::wait(size_t at) {
           const auto& [state, message] = table.states[k];
           if (state == PeerState::Failed)
             fail("instance " + std::to_string(k) + " of " + std::to_string(layout.count) + " failed: " + message);
-          if (state == PeerState::Finished && static_cast<int>(k) == peer)
-            fail("instance " + std::to_string(k) + " ended its program while this instance (" +
-                 std::to_string(layout.index) + ") waits for it: the instances ran different programs or "
-                 "different numbers of steps");
+          if (state == PeerState::Finished && static_cast<int>(k) == peer && !peer_finished) {
+            peer_finished = true;
+            finished_at = std::chrono::steady_clock::now();
+          }
         }
       }
       const auto now = std::chrono::steady_clock::now();
+      if (peer_finished && now - finished_at > kFinishedGrace)
+        fail("instance " + std::to_string(peer) + " ended its program while this instance (" +
+             std::to_string(layout.index) + ") waits for it: the instances ran different programs or "
+             "different numbers of steps");
       if (now >= next_probe && pending_[i].is_recv) {
         next_probe = now + kDivergenceCheck;
         int flag = 0;
