@@ -89,6 +89,9 @@ def collectives(engine: str) -> Dict[str, np.ndarray]:
             stream_out(f"gather_concat_{gname}", ops.collectives.replicated_all_gather(x, 1, g, "concat"))
             stream_out(f"shard_{gname}", ops.collectives.replica_sharded_slice(x, g))
             stream_out(f"slice_{gname}", ops.collectives.replicated_slice(i, 0, g))
+        # popxl-addons' strided all-reduce (a custom op expanding into popxl's collectives)
+        from popxl.ops.addons import replicated_all_reduce_strided
+        stream_out("addons_strided", replicated_all_reduce_strided(x, "add", stride=2, group_size=R // 2 or 1))
         # variables: one value per replica (their groups live on every instance), every replica's
         # value of a shared one, and a replica-sharded one (shards spread over the instances)
         own = popxl.variable(np.zeros((R, 3), np.float32), name="own", replica_grouping=ir.replica_grouping(group_size=1))

@@ -95,6 +95,9 @@ def test_every_collective_spans_instances_bit_identically(tmp_path):
         np.testing.assert_allclose(one[f"{engine}/f32_add_all"], np.broadcast_to(xs.sum(0), (4, 5, 3)), rtol=1e-6)
         pairs = np.concatenate([np.broadcast_to(xs[:2].max(0), (2, 5, 3)), np.broadcast_to(xs[2:].max(0), (2, 5, 3))])
         np.testing.assert_array_equal(one[f"{engine}/f32_max_pairs"], pairs)
+        strided = one[f"{engine}/addons_strided"]  # groups {0, 2} and {1, 3}
+        np.testing.assert_allclose(strided[[0, 2]], np.broadcast_to(xs[0] + xs[2], (2, 5, 3)), rtol=1e-6)
+        np.testing.assert_allclose(strided[[1, 3]], np.broadcast_to(xs[1] + xs[3], (2, 5, 3)), rtol=1e-6)
         gathered_new = one[f"{engine}/gather_new_stride2"]
         np.testing.assert_array_equal(gathered_new[1], xs[[1, 3]])
         np.testing.assert_array_equal(one[f"{engine}/var_every"], np.stack([xs[r][1] for r in range(4)]))
