@@ -116,7 +116,8 @@ void fold(RedOp op, S* s, bool started, const T* x, int64_t n) {
 template <class T, class S>
 void finish(RedOp op, const S* s, T* out, int64_t n, int64_t members) {
   if (op != RedOp::Mean) {
-    if constexpr (std::is_same_v<S, T>) std::memcpy(out, s, n * sizeof(T));
+    // (n == 0: an empty tensor's buffers may be null, which memcpy may not be given)
+    if constexpr (std::is_same_v<S, T>) if (n > 0) std::memcpy(out, s, n * sizeof(T));
   } else if constexpr (std::is_integral_v<T>) {
     for (int64_t e = 0; e < n; ++e) out[e] = convert<T>(s[e] / double(members));
   } else {
@@ -215,8 +216,8 @@ struct Collective : Kernel {
 // The flattened, zero-padded chunk j of n of `packed` bytes (size `chunk` elements).
 void shard_into(uint8_t* dst, const uint8_t* packed, int64_t total, int64_t chunk, int64_t j, size_t item) {
   const int64_t begin = std::min(total, j * chunk), end = std::min(total, (j + 1) * chunk);
-  std::memcpy(dst, packed + begin * item, (end - begin) * item);
-  std::memset(dst + (end - begin) * item, 0, (chunk - (end - begin)) * item);
+  if (end > begin) std::memcpy(dst, packed + begin * item, (end - begin) * item);  // (empty: pointers may be null)
+  if (chunk > end - begin) std::memset(dst + (end - begin) * item, 0, (chunk - (end - begin)) * item);
 }
 
 // Bytes of the pieces a chain hands on: big enough that messages cost little each, small enough
