@@ -156,7 +156,6 @@ def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: Optional[
     Raises:
         TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``op`` is unknown, or ``t`` is not in the current graph.
-        NotImplementedError: If ``group`` is not a constant grouping.
     """
     return create_op("replicated_all_reduce", [t], {"op": to_collective_op(op), "groups": _assignment(group)})[0]
 
@@ -175,7 +174,6 @@ def replicated_all_reduce_(t: Tensor, op: CollectiveOps = "add", group: Optional
     Raises:
         TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``op`` is unknown, or ``t`` is not in the current graph.
-        NotImplementedError: If ``group`` is not a constant grouping.
     """
     return create_op("replicated_all_reduce_", [t], {"op": to_collective_op(op), "groups": _assignment(group)})[0]
 
@@ -220,7 +218,6 @@ def replicated_reduce_scatter(t: Tensor, op: CollectiveOps = "add", group: Optio
     Raises:
         TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``op`` is unknown, or ``t`` is not in the current graph.
-        NotImplementedError: If ``group`` is not a constant grouping.
     """
     return create_op("replicated_reduce_scatter", [t],
                      {"op": to_collective_op(op), "groups": _assignment(group),
@@ -251,7 +248,6 @@ def replica_sharded_slice(t: Tensor, group: Optional[ReplicaGrouping] = None) ->
     Raises:
         TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``t`` is not in the current graph.
-        NotImplementedError: If ``group`` is not a constant grouping.
     """
     return create_op("replica_sharded_slice", [t], {"groups": _assignment(group)})[0]
 
@@ -289,7 +285,6 @@ def replicated_slice(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] 
         TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If the axis length is not divisible by the group size, ``axis`` is out of range,
             or ``t`` is not in the current graph.
-        NotImplementedError: If ``group`` is not a constant grouping.
     """
     try:
         ax = normalize_axes(t.rank, axis)[0]
@@ -348,7 +343,6 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: Optional[ReplicaGroup
         TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
         ValueError: If ``axis`` is not an int, ``output_shape`` is unknown, or ``t`` is not in the
             current graph.
-        NotImplementedError: If ``group`` is not a constant grouping.
     """
     if not isinstance(axis, int) or isinstance(axis, bool):
         raise ValueError(f"ops.collectives.replicated_all_gather: axis must be an int, not {axis!r}")
