@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -111,20 +112,22 @@ def _allreduce_worker(steps: int) -> Dict[str, float]:
 # the driver -------------------------------------------------------------------------------------
 def _run(label: str, command: List[str], env: Dict[str, str]) -> List[Dict[str, float]]:
     full_env = {**{k: v for k, v in os.environ.items() if not k.startswith(("POPDIST_", "POPRUN_"))}, **env}
-    proc = subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=3600)
-    if proc.returncode != 0:
-        raise SystemExit(f"{label}: exit status {proc.returncode}\n{proc.stderr[-3000:]}")
-    return [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    with tempfile.TemporaryDirectory() as out:  # a file per instance: their stdout lines may interleave
+        proc = subprocess.run(command + ["--out", out], capture_output=True, text=True, env=full_env, timeout=3600)
+        if proc.returncode != 0:
+            raise SystemExit(f"{label}: exit status {proc.returncode}\n{proc.stderr[-3000:]}")
+        return [json.loads(f.read_text()) for f in sorted(Path(out).glob("*.json"))]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="timed training steps per layout")
     parser.add_argument("--worker", choices=["training", "allreduce"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         result = (_training_worker if args.worker == "training" else _allreduce_worker)(args.steps)
-        print("RESULT " + json.dumps(result), flush=True)
+        Path(args.out, f"{os.getpid()}.json").write_text(json.dumps(result))
         return
 
     me = [sys.executable, str(Path(__file__).resolve())]

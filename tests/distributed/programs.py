@@ -89,6 +89,15 @@ def collectives(engine: str) -> Dict[str, np.ndarray]:
             stream_out(f"gather_concat_{gname}", ops.collectives.replicated_all_gather(x, 1, g, "concat"))
             stream_out(f"shard_{gname}", ops.collectives.replica_sharded_slice(x, g))
             stream_out(f"slice_{gname}", ops.collectives.replicated_slice(i, 0, g))
+        # large enough that each instance's range of the elements goes in several chunks
+        big = stream_in("big", (3, 100003), popxl.float32, 4)
+        big_h = stream_in("big_h", (150001,), popxl.float16, 5)
+        for gname in ("all", "stride2"):
+            g = groupings[gname]
+            for op in ("add", "mean"):
+                stream_out(f"big_{op}_{gname}", ops.collectives.replicated_all_reduce(big, op, g))
+            stream_out(f"big_h_mean_{gname}", ops.collectives.replicated_all_reduce(big_h, "mean", g))
+            stream_out(f"big_scatter_{gname}", ops.collectives.replicated_reduce_scatter(big, "add", g, True))
         # popxl-addons' strided all-reduce (a custom op expanding into popxl's collectives)
         from popxl.ops.addons import replicated_all_reduce_strided
         stream_out("addons_strided", replicated_all_reduce_strided(x, "add", stride=2, group_size=R // 2 or 1))

@@ -95,6 +95,9 @@ def test_every_collective_spans_instances_bit_identically(tmp_path):
         np.testing.assert_allclose(one[f"{engine}/f32_add_all"], np.broadcast_to(xs.sum(0), (4, 5, 3)), rtol=1e-6)
         pairs = np.concatenate([np.broadcast_to(xs[:2].max(0), (2, 5, 3)), np.broadcast_to(xs[2:].max(0), (2, 5, 3))])
         np.testing.assert_array_equal(one[f"{engine}/f32_max_pairs"], pairs)
+        big = np.stack([replica_data((3, 100003), r, 4) for r in range(4)])
+        np.testing.assert_allclose(one[f"{engine}/big_mean_all"], np.broadcast_to(big.mean(0), big.shape), rtol=1e-5,
+                                   atol=1e-6)
         strided = one[f"{engine}/addons_strided"]  # groups {0, 2} and {1, 3}
         np.testing.assert_allclose(strided[[0, 2]], np.broadcast_to(xs[0] + xs[2], (2, 5, 3)), rtol=1e-6)
         np.testing.assert_allclose(strided[[1, 3]], np.broadcast_to(xs[1] + xs[3], (2, 5, 3)), rtol=1e-6)

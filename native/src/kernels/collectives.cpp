@@ -6,9 +6,9 @@
 // instances (processes of a poprun launch) exchanges data with them through MPI (instances.hpp).
 // Reductions follow NumPy's along a stacked member axis: members are combined one after another in
 // replica order, the same order however the replicas are spread over instances: each instance
-// holds a consecutive run of a group's members, so it continues the running reduction it receives
-// from the instance holding the members before its own and hands it on (a chain, pipelined in
-// chunks), and the last instance sends the result back along the chain. float16 sums round at every
+// holds a consecutive run of a group's members, and the instance that reduces a range of elements
+// starts from the first instance's running reduction and adds the later members' values in order
+// (AllReduce::reduce). float16 sums round at every
 // step, means accumulate in float32 (float64 for integers, truncated back); integer sums and
 // products wrap.
 #include <cmath>
@@ -220,37 +220,51 @@ void shard_into(uint8_t* dst, const uint8_t* packed, int64_t total, int64_t chun
   if (chunk > end - begin) std::memset(dst + (end - begin) * item, 0, (chunk - (end - begin)) * item);
 }
 
-// Bytes of the pieces a chain hands on: big enough that messages cost little each, small enough
-// that the next instance starts on a value while the rest is still on its way.
-constexpr int64_t kChainChunkBytes = int64_t(1) << 18;
+// Bytes of the pieces instances exchange: big enough that messages cost little each, small enough
+// that the receiver starts on a value while the rest is still on its way.
+constexpr int64_t kChunkBytes = int64_t(1) << 18;
 
 // all-reduce, and reduce-scatter (all-reduce, then each member keeps its shard).
 struct AllReduce : Collective {
   Buffer x, y;
   RedOp op;
   bool scatter = false;
-  std::vector<std::vector<uint8_t>> inputs;
-  std::vector<uint8_t> state, result, shard;
+  std::vector<std::vector<uint8_t>> staged;
+  std::vector<const uint8_t*> inputs;  // each local member's x, packed: in its arena or staged
+  std::vector<uint8_t> state, result, shard, incoming;
+  uint8_t* out = nullptr;              // where the packed result goes: the first member's y, or `result`
   void group(const std::vector<uint8_t*>& arenas, const GroupView& g) override {
+    // The members' x are read in place unless strided or overlapping y (an in-place all-reduce:
+    // outputs are written while other instances may still be reading the inputs).
+    const bool disjoint = x.offset + x.nbytes() <= y.offset || y.offset + y.nbytes() <= x.offset;
+    const bool read_in_arena = x.contiguous && y.contiguous && disjoint;
     const Buffer px = packed_like(x);
+    staged.resize(read_in_arena ? 0 : g.local.size());
     inputs.resize(g.local.size());
-    for (size_t m = 0; m < g.local.size(); ++m) {  // read everything first: outputs may alias inputs
-      inputs[m].resize(x.nbytes());
-      copy_buffer(inputs[m].data(), px, arenas[g.local[m]], x);
+    for (size_t m = 0; m < g.local.size(); ++m) {
+      if (read_in_arena) {
+        inputs[m] = arenas[g.local[m]] + x.offset;
+        continue;
+      }
+      staged[m].resize(x.nbytes());
+      copy_buffer(staged[m].data(), px, arenas[g.local[m]], x);
+      inputs[m] = staged[m].data();
     }
-    result.resize(x.nbytes());
+    const bool direct = !scatter && y.contiguous;
+    if (!direct) result.resize(x.nbytes());
+    out = direct ? arenas[g.local[0]] + y.offset : result.data();
     dispatch_arith(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       with_state<T>(op, [&](auto st) { reduce<T, typename decltype(st)::type>(g); });
     });
     const Buffer py = packed_like(y);
-    for (size_t m = 0; m < g.local.size(); ++m) {
+    for (size_t m = direct ? 1 : 0; m < g.local.size(); ++m) {
       if (!scatter) {
-        copy_buffer(arenas[g.local[m]], y, result.data(), py);
+        copy_buffer(arenas[g.local[m]], y, out, py);
         continue;
       }
       shard.resize(y.nbytes());
-      shard_into(shard.data(), result.data(), x.nelms, y.nelms, g.first + static_cast<int64_t>(m), itemsize(x.dtype));
+      shard_into(shard.data(), out, x.nelms, y.nelms, g.first + static_cast<int64_t>(m), itemsize(x.dtype));
       copy_buffer(arenas[g.local[m]], y, shard.data(), py);
     }
   }
@@ -261,10 +275,10 @@ struct AllReduce : Collective {
     const int64_t n = x.nelms;
     state.resize(static_cast<size_t>(n) * sizeof(S));
     S* s = reinterpret_cast<S*>(state.data());
-    T* r = reinterpret_cast<T*>(result.data());
+    T* r = reinterpret_cast<T*>(out);
     auto local_fold = [&](int64_t from, int64_t len, bool started) {
       for (size_t m = 0; m < inputs.size(); ++m)
-        fold<T, S>(op, s + from, started || m > 0, reinterpret_cast<const T*>(inputs[m].data()) + from, len);
+        fold<T, S>(op, s + from, started || m > 0, reinterpret_cast<const T*>(inputs[m]) + from, len);
     };
     if (!g.spans_instances()) {
       local_fold(0, n, false);
@@ -272,37 +286,76 @@ struct AllReduce : Collective {
       return;
     }
     if (n == 0) return;
-    // The chain: instance p receives the state of the members before its own from instance p - 1,
-    // adds its members and hands it to p + 1; the last finishes it and sends the result back down.
+    // Across instances, each instance owns a range of the elements (its members' shards for a
+    // reduce-scatter, an equal part otherwise) and reduces it from every member's value in member
+    // order; the first instance, when it has several members, sends their running state instead.
+    // An all-reduce then sends each owner's finished range to every instance. Both exchanges run
+    // in every direction at once, in chunks (a chunk is folded and sent on as soon as it is in),
+    // and move about 2 (K - 1) / K of the tensor per instance, as a ring would.
     const int K = static_cast<int>(g.instances.size()), p = g.me;
-    const int prev = p > 0 ? g.instances[p - 1] : -1, next = p < K - 1 ? g.instances[p + 1] : -1;
-    const int64_t C = std::max<int64_t>(1, kChainChunkBytes / static_cast<int64_t>(sizeof(S)));
-    const int64_t chunks = (n + C - 1) / C;
-    auto len = [&](int64_t c, int64_t upto) { return std::max<int64_t>(0, std::min(C, upto - c * C)); };
-    // The part of the result that instances 0..q need: everything, or up to their last member's shard.
-    auto needed_by = [&](int q) {
-      return scatter ? std::min(n, static_cast<int64_t>(g.starts[q] + g.counts[q]) * y.nelms) : n;
+    auto lo = [&](int q) -> int64_t {
+      if (q >= K) return n;
+      return scatter ? std::min(n, static_cast<int64_t>(g.starts[q]) * y.nelms) : n / K * q + std::min<int64_t>(q, n % K);
     };
-    const int64_t back = next >= 0 ? needed_by(p) : 0, down = prev >= 0 ? needed_by(p - 1) : 0;
-    std::vector<size_t> partial(chunks), results(chunks);
-    for (int64_t c = 0; c < chunks && prev >= 0; ++c)
-      partial[c] = link->recv(prev, tag, s + c * C, len(c, n) * sizeof(S));
-    for (int64_t c = 0; c < chunks && len(c, back) > 0; ++c)
-      results[c] = link->recv(next, tag, r + c * C, len(c, back) * sizeof(T));
-    for (int64_t c = 0; c < chunks; ++c) {
-      if (prev >= 0) link->wait(partial[c]);
-      local_fold(c * C, len(c, n), prev >= 0);
-      if (next >= 0) {
-        link->send(next, tag, s + c * C, len(c, n) * sizeof(S));
-        continue;
+    const int64_t C = std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(std::max(sizeof(S), sizeof(T))));
+    auto chunks = [&](int q) { return (lo(q + 1) - lo(q) + C - 1) / C; };
+    auto len = [&](int q, int64_t c) { return std::min(C, lo(q + 1) - lo(q) - c * C); };
+    const bool first_sends_state = g.counts[0] > 1;
+    // Values received for my range: a block of L per member of the other instances.
+    const int64_t L = lo(p + 1) - lo(p);
+    int64_t blocks = 0;
+    for (int k = 0; k < K; ++k) blocks += k == p || (k == 0 && first_sends_state) ? 0 : g.counts[k];
+    incoming.resize(static_cast<size_t>(blocks * L) * sizeof(T));
+    T* in = reinterpret_cast<T*>(incoming.data());
+    // Receives first (a peer's messages match them in the order both sides post them): the others'
+    // parts of my range, then their finished ranges.
+    std::vector<std::vector<size_t>> parts(static_cast<size_t>(chunks(p)));
+    std::vector<size_t> finished;
+    for (int64_t c = 0; c < chunks(p); ++c) {
+      const int64_t at = lo(p) + c * C;
+      for (int k = 0, b = 0; k < K; ++k) {
+        if (k == p) continue;
+        if (k == 0 && first_sends_state) {
+          parts[c].push_back(link->recv(g.instances[0], tag, s + at, len(p, c) * sizeof(S)));
+          continue;
+        }
+        for (int m = 0; m < g.counts[k]; ++m, ++b)
+          parts[c].push_back(link->recv(g.instances[k], tag, in + b * L + c * C, len(p, c) * sizeof(T)));
       }
-      finish<T, S>(op, s + c * C, r + c * C, len(c, n), g.size);
-      if (len(c, down) > 0) link->send(prev, tag, r + c * C, len(c, down) * sizeof(T));
     }
-    for (int64_t c = 0; c < chunks && len(c, back) > 0; ++c) {
-      link->wait(results[c]);
-      if (len(c, down) > 0) link->send(prev, tag, r + c * C, len(c, down) * sizeof(T));
+    for (int k = 0; k < K && !scatter; ++k)
+      for (int64_t c = 0; c < chunks(k) && k != p; ++c)
+        finished.push_back(link->recv(g.instances[k], tag, r + lo(k) + c * C, len(k, c) * sizeof(T)));
+    // My parts of the others' ranges.
+    const bool send_state = p == 0 && first_sends_state;
+    if (send_state) local_fold(0, n, false);
+    for (int q = 0; q < K; ++q) {
+      for (int64_t c = 0; c < chunks(q) && q != p; ++c) {
+        const int64_t at = lo(q) + c * C;
+        if (send_state) {
+          link->send(g.instances[q], tag, s + at, len(q, c) * sizeof(S));
+          continue;
+        }
+        for (const uint8_t* member : inputs)
+          link->send(g.instances[q], tag, reinterpret_cast<const T*>(member) + at, len(q, c) * sizeof(T));
+      }
     }
+    // My range, chunk by chunk as the parts come in, folded in member order.
+    for (int64_t c = 0; c < chunks(p); ++c) {
+      const int64_t at = lo(p) + c * C, m = len(p, c);
+      for (size_t part : parts[c]) link->wait(part);
+      bool started = first_sends_state;  // then s holds the first instance's state (received or mine)
+      for (int k = first_sends_state ? 1 : 0, b = 0; k < K; ++k) {
+        for (int j = 0; j < g.counts[k]; ++j, started = true) {
+          const T* values = k == p ? reinterpret_cast<const T*>(inputs[j]) + at : in + (b++) * L + c * C;
+          fold<T, S>(op, s + at, started, values, m);
+        }
+      }
+      finish<T, S>(op, s + at, r + at, m, g.size);
+      for (int q = 0; q < K && !scatter; ++q)
+        if (q != p) link->send(g.instances[q], tag, r + at, m * sizeof(T));
+    }
+    for (size_t f : finished) link->wait(f);
   }
 };
 
