@@ -13,7 +13,7 @@ step, with the gradients averaged over the replicas (``replicated_all_reduce``) 
 
 It prints steps/s side by side and the 2-process layout's efficiency against the best
 single-process one, then the all-reduce alone: a program that only all-reduces the gradients'
-bytes (about 1.7 MB of float32 per step) across the 2 processes, against mpi4py's
+bytes (about 2.7 MB of float32 per step) across the 2 processes, against mpi4py's
 ``MPI_Allreduce`` of the same bytes, both as achieved bandwidth (bytes reduced per second).
 
 Each measurement runs in its own process(es) (``--worker``); the table is printed by the driver.

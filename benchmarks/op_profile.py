@@ -6,8 +6,10 @@
     python benchmarks/op_profile.py bert_train --unfused   # without fuse_attention / fuse_decomposed
     python benchmarks/op_profile.py gpt_block
 
-Prints one line per op kind: its share of the summed op time, calls and milliseconds per run.
-A matmul is told apart by the rank of its output (``matmul 4-D``: attention's per-head products).
+Prints one line per op kind: its share of the summed op time, calls and milliseconds per run,
+and for matmuls the GFLOP/s they reach (2 * m * n * k per product; the cores' float32 ceiling is
+what ``benchmarks/run.py --only gemm`` reaches at n=2048). A matmul is told apart by the rank of its
+output (``matmul 4-D``: attention's per-head products).
 Fractions are what to read on a shared machine: noise moves every op's time alike, absolute
 times are only this run's.
 """
@@ -20,6 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, Tuple
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks` as a package
 
 
@@ -30,29 +34,46 @@ def op_kind(exe, instr: dict) -> str:
     return kind
 
 
-def profile(px_session, run: Callable[[], None], runs: int) -> Dict[str, Tuple[float, int]]:
-    """{op kind: (seconds per run, calls per run)} over ``runs`` calls of ``run`` (after one unprofiled call)."""
+def matmul_flops(exe, instr: dict) -> float:
+    """Floating-point operations of one call of a matmul-family op (2 per multiply-add), else 0."""
+    if not instr["type"].startswith("matmul"):
+        return 0.0
+    a, b = (exe.buffers[i]["shape"] for i in instr["inputs"][:2])
+    y = exe.buffers[instr["outputs"][0]]["shape"]
+    k = a[-1] if len(a) > 1 else a[0]
+    return 2.0 * float(np.prod(y, dtype=np.float64)) * k if len(b) else 0.0
+
+
+def profile(px_session, run: Callable[[], None], runs: int) -> Dict[str, Tuple[float, int, float]]:
+    """{op kind: (seconds per run, calls per run, flops per run)} over ``runs`` calls of ``run``
+    (after one unprofiled call)."""
     run()
     engine = px_session._engine
     engine.profiling = True  # resets the timers
     for _ in range(runs):
         run()
     exe = px_session._exe
-    kinds: Dict[str, list] = defaultdict(lambda: [0.0, 0])
+    kinds: Dict[str, list] = defaultdict(lambda: [0.0, 0, 0.0])
     for (gi, k), (secs, calls) in engine.op_profile().items():
-        entry = kinds[op_kind(exe, exe.graphs[gi]["program"][k])]
+        instr = exe.graphs[gi]["program"][k]
+        entry = kinds[op_kind(exe, instr)]
         entry[0] += float(secs.sum()) / runs
         entry[1] += int(calls.sum()) // runs
+        entry[2] += matmul_flops(exe, instr) * int(calls.sum()) / runs
     engine.profiling = False
-    return {k: (s, c) for k, (s, c) in kinds.items()}
+    return {k: (s, c, f) for k, (s, c, f) in kinds.items()}
 
 
-def table(kinds: Dict[str, Tuple[float, int]]) -> str:
-    total = sum(s for s, _ in kinds.values())
-    lines = [f"total op time {total * 1e3:.1f} ms per run", "| op kind | share | calls/run | ms/run |",
-             "|---|---|---|---|"]
-    for kind, (secs, calls) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
-        lines.append(f"| {kind} | {secs / total:.1%} | {calls} | {secs * 1e3:.1f} |")
+def table(kinds: Dict[str, Tuple[float, int, float]]) -> str:
+    total = sum(s for s, _, _ in kinds.values())
+    gemm_secs = sum(s for s, _, f in kinds.values() if f)
+    gemm_flops = sum(f for _, _, f in kinds.values())
+    lines = [f"total op time {total * 1e3:.1f} ms per run; matmuls {gemm_secs / total:.1%} of it at "
+             f"{gemm_flops / max(gemm_secs, 1e-12) / 1e9:.0f} GFLOP/s",
+             "| op kind | share | calls/run | ms/run | GFLOP/s |", "|---|---|---|---|---|"]
+    for kind, (secs, calls, flops) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
+        rate = f"{flops / secs / 1e9:.0f}" if flops and secs else ""
+        lines.append(f"| {kind} | {secs / total:.1%} | {calls} | {secs * 1e3:.1f} | {rate} |")
     return "\n".join(lines)
 
 
