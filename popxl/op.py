@@ -25,6 +25,7 @@ Kernels for the native engine are registered in C++ under the same names.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
@@ -108,13 +109,20 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP_DIRS = (_PKG_DIR, os.path.join(os.path.dirname(_PKG_DIR), "popart"))
 
 
+@functools.lru_cache(maxsize=4096)
+def _is_internal(filename: str) -> bool:
+    """Whether code of ``filename`` is popxl's, popart's or a decorator helper's, not the user's
+    (cached: every op asks for each frame of its stack)."""
+    fn = os.path.abspath(filename)
+    return fn.startswith(_SKIP_DIRS) or "contextlib" in fn or "functools" in fn
+
+
 def user_location() -> str:
     """``file:line`` of the innermost frame outside popxl/popart: the user's line that made the op."""
     f = sys._getframe(1)
     skip = get_current_context().debug_frame_offset
     while f is not None:
-        fn = os.path.abspath(f.f_code.co_filename)
-        if not fn.startswith(_SKIP_DIRS) and "contextlib" not in fn and "functools" not in fn:
+        if not _is_internal(f.f_code.co_filename):
             if skip <= 0:
                 return f"{f.f_code.co_filename}:{f.f_lineno}"
             skip -= 1

@@ -118,13 +118,17 @@ def fuse_attention(target):
         target._check_mutable()
         graphs = ProgramFacts(target).graphs
     for graph in graphs:
+        readers, removed = None, set()  # (readers are taken again after each rewrite)
         for mm in [op for op in graph.schedule() if op.type == "matmul"]:
-            if mm.graph is not graph or mm not in graph.schedule():
+            if id(mm) in removed:
                 continue
-            found = _match(_Readers(graph), mm)
+            readers = readers or _Readers(graph)
+            found = _match(readers, mm)
             if found is None:
                 continue
             chain, q, k, k_is_source, v, mask, scale = found
+            removed.update(map(id, chain))
+            readers = None
 
             def build(q=q, k=k, k_is_source=k_is_source, v=v, mask=mask, scale=scale):
                 key = k if k_is_source else ops.transpose(k, _swap_last_two(k.rank))

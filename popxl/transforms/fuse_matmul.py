@@ -19,6 +19,7 @@ only where nothing else can observe the intermediate value.
 """
 from __future__ import annotations
 
+import bisect
 from typing import List, NamedTuple, Optional
 
 from popxl import dtypes
@@ -134,15 +135,39 @@ class _Update(NamedTuple):
     target: Optional[Tensor]  # the callee input bound to w at the call, if there is one
 
 
-def _find_update(facts: ProgramFacts, parent: Graph, sched, readers, pos: int, upd: Op) -> Optional[_Update]:
+class _Touches:
+    """Where each storage of a graph is used: the schedule positions of the ops reading or
+    writing a tensor of that root storage (``ProgramFacts.roots``), for the rewrite's "nothing
+    touches the weight between" checks without rescanning the schedule for every candidate."""
+
+    def __init__(self, graph: Graph, root) -> None:
+        self.schedule = graph.schedule()
+        self.readers = reader_counts(graph)
+        self.position = {id(op): i for i, op in enumerate(self.schedule)}
+        self.at: dict = {}
+        for i, op in enumerate(self.schedule):
+            for t in (*op.inputs, *op.outputs):
+                where = self.at.setdefault(id(root[t]), [])
+                if not where or where[-1] != i:
+                    where.append(i)
+
+    def between(self, storage: Tensor, first: int, last: int) -> bool:
+        """Whether an op at a position in [first, last) uses ``storage`` (a root)."""
+        where = self.at.get(id(storage), ())
+        k = bisect.bisect_left(where, first)
+        return k < len(where) and where[k] < last
+
+
+def _find_update(facts: ProgramFacts, touches, readers, pos: int, upd: Op) -> Optional[_Update]:
     """Rewrite 2's conditions for ``upd``: the call is the callee's only site (a ``call``, not a
     loop), the matmul's result is only that callee output and ``g`` only the update's operand, and
     nothing reads or writes the weight between the matmul and the update: neither the matmul nor a
-    later op of the callee reads an input bound to it, no op between the call and the update touches it, and the
-    call does not copy it back."""
+    later op of the callee reads an input bound to it, no op between the call and the update touches
+    it, and the call does not copy it back. ``touches(graph)``: that graph's ``_Touches``."""
     a, b = upd.attrs.get("a"), upd.attrs.get("b")
     if upd.type != "scaled_add_" or len(upd.inputs) != 2 or a is None or b is None or float(a) != 1.0:
         return None
+    parent = upd.graph
     w, g = upd.inputs
     call = g.producer
     if (call is None or call.type != "call" or call.graph is not parent or w.dtype != dtypes.float32
@@ -153,21 +178,19 @@ def _find_update(facts: ProgramFacts, parent: Graph, sched, readers, pos: int, u
     out = callee.outputs[call.outputs.index(g)]
     mm = out.producer
     if (len(facts.sites[callee]) != 1 or mm is None or not _is_float32_matmul(mm) or mm.graph is not callee
-            or sum(o is out for o in callee.outputs) != 1 or callee.readers(out)):
+            or sum(o is out for o in callee.outputs) != 1 or touches(callee).readers.get(out)):
         return None
     root = facts.roots[parent]
     bound_at = [i for i, t in zip(call.attrs["input_index"], call.inputs) if root[t] is root[w]]
     if len(bound_at) > 1 or any(i in call.attrs["modified"] for i in bound_at):
         return None
-    croot = facts.roots[callee]
-    bound = {croot[callee.inputs[i]] for i in bound_at}
-    csched = callee.schedule()
-    later = csched[csched.index(mm) + 1:]
-    if (any(croot[t] in bound for op in (mm, *later) for t in (*op.inputs, *op.outputs))
+    croot, inner = facts.roots[callee], touches(callee)
+    end = len(inner.schedule)
+    if (any(inner.between(croot[callee.inputs[i]], inner.position[id(mm)], end) for i in bound_at)
             or any(callee.inputs[i] in callee.outputs for i in bound_at)):
         return None
-    between = sched[sched.index(call) + 1:pos]
-    if any(root[t] is root[w] for op in between for t in (*op.inputs, *op.outputs)):
+    outer = touches(parent)
+    if outer.between(root[w], outer.position[id(call)] + 1, pos):
         return None
     return _Update(parent, upd, call, mm, w, callee.inputs[bound_at[0]] if bound_at else None)
 
@@ -185,12 +208,19 @@ def fuse_weight_updates(ir):
     ir._check_mutable()
     facts = ProgramFacts(ir)
     found: List[_Update] = []
+    indexes: dict = {}
+
+    def touches(graph: Graph) -> _Touches:
+        if graph not in indexes:
+            indexes[graph] = _Touches(graph, facts.roots[graph])
+        return indexes[graph]
     for parent in facts.graphs:
-        sched, readers = parent.schedule(), reader_counts(parent)
-        for pos, op in enumerate(sched):
-            u = _find_update(facts, parent, sched, readers, pos, op)
-            if u is not None:
-                found.append(u)
+        readers = reader_counts(parent)
+        for pos, op in enumerate(parent.schedule()):
+            if op.type == "scaled_add_":
+                u = _find_update(facts, touches, readers, pos, op)
+                if u is not None:
+                    found.append(u)
     for u in found:
         callee = u.call.attrs["graph"]
         target = u.target
