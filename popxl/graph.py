@@ -249,15 +249,15 @@ class Graph(OpCreatedHooks):
         keep = set(map(id, keep_outputs))
         dropped = [t for op in self._ops if id(op) in gone for t in op.outputs if id(t) not in keep]
         dropped_ids = set(map(id, dropped))
-        for op in self._ops:
-            if id(op) not in gone:
-                read = [t for t in op.inputs if id(t) in dropped_ids]
-                if read:
-                    raise ValueError(f"Graph.remove_ops: {op.type} {op.name!r} still reads {read[0].id!r}.")
+        remaining = [op for op in self._ops if id(op) not in gone]
+        for op in remaining:
+            if not dropped_ids.isdisjoint(map(id, op.inputs)):
+                read = next(t for t in op.inputs if id(t) in dropped_ids)
+                raise ValueError(f"Graph.remove_ops: {op.type} {op.name!r} still reads {read.id!r}.")
         outs = [t for t in self._outputs if id(t) in dropped_ids]
         if outs:
             raise ValueError(f"Graph.remove_ops: {outs[0].id!r} is an output of graph {self._id!r}.")
-        self._ops[:] = [op for op in self._ops if id(op) not in gone]
+        self._ops[:] = remaining
         for t in dropped:
             self._tensors.pop(t.id, None)
 

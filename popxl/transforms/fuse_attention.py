@@ -114,9 +114,9 @@ def fuse_attention(target):
         graphs = [target]
         target.ir._check_mutable()
     else:
-        from popxl.analysis import ProgramFacts
+        from popxl.analysis import reachable_graphs
         target._check_mutable()
-        graphs = ProgramFacts(target).graphs
+        graphs = reachable_graphs(target)
     for graph in graphs:
         readers, removed = None, set()  # (readers are taken again after each rewrite)
         for mm in [op for op in graph.schedule() if op.type == "matmul"]:

@@ -42,9 +42,9 @@ def fuse_decomposed(ir):
     Returns:
         ``ir`` itself.
     """
-    from popxl.analysis import ProgramFacts
+    from popxl.analysis import reachable_graphs
     ir._check_mutable()
-    for g in ProgramFacts(ir).graphs:
+    for g in reachable_graphs(ir):
         fuse_gelu(fuse_layer_norm(g))
     return ir
 
