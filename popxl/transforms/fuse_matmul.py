@@ -158,7 +158,7 @@ class _Touches:
         return k < len(where) and where[k] < last
 
 
-def _find_update(facts: ProgramFacts, touches, readers, pos: int, upd: Op) -> Optional[_Update]:
+def _find_update(facts: ProgramFacts, touches, pos: int, upd: Op) -> Optional[_Update]:
     """Rewrite 2's conditions for ``upd``: the call is the callee's only site (a ``call``, not a
     loop), the matmul's result is only that callee output and ``g`` only the update's operand, and
     nothing reads or writes the weight between the matmul and the update: neither the matmul nor a
@@ -168,6 +168,7 @@ def _find_update(facts: ProgramFacts, touches, readers, pos: int, upd: Op) -> Op
     if upd.type != "scaled_add_" or len(upd.inputs) != 2 or a is None or b is None or float(a) != 1.0:
         return None
     parent = upd.graph
+    readers = touches(parent).readers
     w, g = upd.inputs
     call = g.producer
     if (call is None or call.type != "call" or call.graph is not parent or w.dtype != dtypes.float32
@@ -215,10 +216,9 @@ def fuse_weight_updates(ir):
             indexes[graph] = _Touches(graph, facts.roots[graph])
         return indexes[graph]
     for parent in facts.graphs:
-        readers = reader_counts(parent)
         for pos, op in enumerate(parent.schedule()):
             if op.type == "scaled_add_":
-                u = _find_update(facts, touches, readers, pos, op)
+                u = _find_update(facts, touches, pos, op)
                 if u is not None:
                     found.append(u)
     for u in found:

@@ -8,9 +8,8 @@
 // replica order, the same order however the replicas are spread over instances: each instance
 // holds a consecutive run of a group's members, and the instance that reduces a range of elements
 // starts from the first instance's running reduction and adds the later members' values in order
-// (AllReduce::reduce). float16 sums round at every
-// step, means accumulate in float32 (float64 for integers, truncated back); integer sums and
-// products wrap.
+// (AllReduce::reduce). float16 sums round at every step, means accumulate in float32 (float64 for
+// integers, truncated back); integer sums and products wrap.
 #include <cmath>
 #include <cstring>
 #include <map>
