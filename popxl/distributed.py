@@ -108,6 +108,9 @@ class Launch:
                 raise
             except native_error as e:  # the C++ engine's: popdist's, and the supervisor is told
                 raise backend.stopped(str(e).removeprefix("popdist: ")) from None
+            except KeyboardInterrupt:
+                backend.report_failure("was interrupted (KeyboardInterrupt) in Session.run")
+                raise
             except BaseException as e:
                 backend.report_failure(f"Session.run raised {type(e).__name__}: {e}")
                 raise

@@ -14,6 +14,7 @@ Modes: ``collectives`` (every collective, with several groupings and dtypes, on 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -228,8 +229,12 @@ def fault(mode: str) -> None:
                 os.kill(os.getpid(), 9)
             if mode == "early_end":
                 return
-            if mode == "hang":
+            if mode == "interrupt":  # only instance 0's wait can end on Ctrl-C
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if mode in ("hang", "interrupt"):
                 time.sleep(60)
+        if mode == "interrupt":  # tell the test that instance 0 is about to wait in the collective
+            (Path(sys.argv[2]) / "waiting").write_text(str(me))
         session.run({s: data})  # the others wait here for instance 1
 
 

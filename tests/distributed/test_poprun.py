@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -172,6 +173,37 @@ def test_a_hanging_instance_ends_the_launch_after_the_collective_timeout(tmp_pat
     assert proc.returncode != 0
     assert "no message from instance 1 for 3 s (the collective timeout" in proc.stderr
     assert seconds < 40  # instance 1 sleeps 60 s: poprun ended it
+
+
+def test_ctrl_c_while_an_instance_waits_in_a_collective_ends_the_launch(tmp_path):
+    """Ctrl-C (SIGINT to the launch's process group) while instance 0 waits for instance 1 in a
+    collective: the native engine's wait ends with KeyboardInterrupt, and poprun ends the launch
+    (instance 1 ignores SIGINT and sleeps on: only the interrupted wait can end it in time)."""
+    cmd = [poprun_script(), "--num-instances", "2", "--num-replicas", "2", "--grace", "1", sys.executable,
+           str(PROGRAMS), "interrupt", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POPDIST_", "POPRUN_", "PMI_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "waiting").exists():
+            assert proc.poll() is None, f"the launch ended before the collective: {proc.communicate()[1][-3000:]}"
+            assert time.monotonic() < deadline, "instance 0 never reached the collective"
+            time.sleep(0.1)
+        time.sleep(1.0)  # instance 0 is in the collective's wait (instance 1 sleeps 60 s)
+        pressed = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0
+    assert time.monotonic() - pressed < 30  # not the 60 s of instance 1's sleep, nor the collective timeout
+    assert "KeyboardInterrupt" in err, err[-3000:]
+    assert "poprun: instance 0 (pid" in err and "was interrupted (KeyboardInterrupt) in Session.run" in err
+    assert "instance 0 done" not in out
 
 
 def test_popdist_outside_poprun_is_one_instance(tmp_path):
