@@ -1,7 +1,7 @@
 """Data-parallel training across processes (poprun, MPI) against the same work in one process.
 
-    python benchmarks/distributed.py                 # mlp_big, 200 steps per layout
-    python benchmarks/distributed.py --steps 50      # quicker
+    python benchmarks/distributed.py                 # mlp_big, 5 launches of 500 steps per layout
+    python benchmarks/distributed.py --steps 100 --repeats 3      # quicker
 
 Every layout trains mlp_big (784-512-512-10, gelu, SGD) on the same global batch of 256 rows per
 step, with the gradients averaged over the replicas (``replicated_all_reduce``) before each update:
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,7 +122,8 @@ def _run(label: str, command: List[str], env: Dict[str, str]) -> List[Dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=200, help="timed training steps per layout")
+    parser.add_argument("--steps", type=int, default=500, help="timed training steps per launch")
+    parser.add_argument("--repeats", type=int, default=5, help="launches per layout, interleaved")
     parser.add_argument("--worker", choices=["training", "allreduce"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -138,13 +140,19 @@ def main() -> None:
     layouts = [("1 process x 1 replica, 2 threads", poprun(1, 1), {"OMP_NUM_THREADS": "2"}),
                ("1 process x 2 replicas, 2 threads", poprun(1, 2), {"OMP_NUM_THREADS": "2"}),
                ("2 processes x 1 replica, 1 thread each", poprun(2, 2), {"OMP_NUM_THREADS": "1"})]
-    rates = {}
-    print(f"mlp_big data-parallel training, global batch {GLOBAL_BATCH}, {args.steps} steps\n")
+    # Repeats go round-robin over the layouts (one launch each), so that the machine's drift lands
+    # on all of them; a launch is as fast as its slowest instance.
+    runs: Dict[str, List[float]] = {label: [] for label, _, _ in layouts}
+    for _ in range(args.repeats):
+        for label, cmd, env in layouts:
+            results = _run(label, cmd + ["--worker", "training", "--steps", str(args.steps)], env)
+            runs[label].append(min(r["steps_per_s"] for r in results))
+    rates = {label: statistics.median(r) for label, r in runs.items()}
+    print(f"mlp_big data-parallel training, global batch {GLOBAL_BATCH}, {args.steps} steps a launch, "
+          f"median of {args.repeats} interleaved launches (±: half the min-max range)\n")
     print("| layout | steps/s |\n|---|---|")
-    for label, cmd, env in layouts:
-        results = _run(label, cmd + ["--worker", "training", "--steps", str(args.steps)], env)
-        rates[label] = min(r["steps_per_s"] for r in results)  # the launch is as fast as its slowest
-        print(f"| {label} | {rates[label]:.1f} |", flush=True)
+    for label, r in runs.items():
+        print(f"| {label} | {rates[label]:.1f} ±{(max(r) - min(r)) / 2 / rates[label]:.0%} |")
     best_single = max(rate for label, rate in rates.items() if label.startswith("1 process"))
     print(f"\n2-process efficiency against the best single-process layout: "
           f"{rates[layouts[2][0]] / best_single:.2f}x (target >= 0.9)\n")
