@@ -216,6 +216,29 @@ class Graph(OpCreatedHooks):
         Returns:
             The new ops.
         """
+        made = self._splice(old, build)
+        self.remove_ops(old, keep_outputs=old[-1].outputs)
+        return made
+
+    def replace_each(self, chains: Sequence[Tuple[Sequence["Op"], Callable[[], Any]]]) -> List[List["Op"]]:
+        """``replace_ops`` for several disjoint chains, with the old ops removed in one pass at the
+        end (a rewrite of many matches does not rescan the graph for each). Returns the new ops of
+        each chain.
+
+        Args:
+            chains: ``(old ops in schedule order, build)`` pairs, as ``replace_ops`` takes them.
+
+        Returns:
+            The new ops of each chain.
+        """
+        made = [self._splice(old, build) for old, build in chains]
+        self.remove_ops([op for old, _ in chains for op in old],
+                        keep_outputs=[t for old, _ in chains for t in old[-1].outputs])
+        return made
+
+    def _splice(self, old: Sequence["Op"], build: Callable[[], Any]) -> List["Op"]:
+        """The ops ``build()`` traces, run where ``old[-1]`` runs and making its output tensors
+        (``replace_ops`` without removing ``old``)."""
         last = old[-1]
         results, made = self.trace(build, before=last)
         results = [results] if not isinstance(results, (list, tuple)) else list(results)
@@ -231,7 +254,6 @@ class Graph(OpCreatedHooks):
             producer.outputs = tuple(kept if o is new else o for o in producer.outputs)
             for op in made:  # new ops reading a replacement read the kept tensor instead
                 op.inputs = tuple(kept if i is new else i for i in op.inputs)
-        self.remove_ops(old, keep_outputs=last.outputs)
         return made
 
     def remove_ops(self, ops: Iterable["Op"], keep_outputs: Sequence["Tensor"] = ()) -> None:

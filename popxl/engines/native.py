@@ -77,7 +77,7 @@ class NativeEngine:
         # The C++ engine holds the callback; a weak reference avoids an uncollectable cycle through it.
         me = weakref.ref(self)
         fallback = lambda index, replicas: me()._fallback(index, replicas)  # noqa: E731
-        self._engine = _native.Engine.load(attrs.asdict(exe), fallback, list(force_fallback))
+        self._engine = _native.Engine.load(attrs.asdict(exe, recurse=False), fallback, list(force_fallback))
         native = self._engine.native_kernels()
         self.fallback_ops = sorted({ins["type"] for ins, ok in zip(self._op_instrs, native) if not ok})
 

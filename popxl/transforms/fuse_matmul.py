@@ -85,9 +85,9 @@ def fuse_matmul_bias(ir):
             except ValueError:
                 continue  # not a row vector of the product's last dimension
             pairs.append((mm, add, others[0]))
-        for mm, add, bias in pairs:
-            g.replace_ops([mm, add], lambda mm=mm, bias=bias: create_op("matmul_bias", [*mm.inputs, bias],
-                                                                        name=mm.name)[0])
+        g.replace_each([([mm, add], lambda mm=mm, bias=bias: create_op("matmul_bias", [*mm.inputs, bias],
+                                                                       name=mm.name)[0])
+                        for mm, add, bias in pairs])
     return ir
 
 
@@ -119,10 +119,9 @@ def fuse_matmul_residual(ir):
             if not all(op.opdef.pure for op in order[order.index(mm) + 1:order.index(add)]):
                 continue
             pairs.append((mm, add, others[0]))
-        for mm, add, residual in pairs:
-            order = g.schedule()
-            g.replace_ops(sorted([mm, add], key=order.index), lambda mm=mm, residual=residual: create_op(
-                "matmul_bias_add", [*mm.inputs, residual], name=mm.name)[0])
+        order = g.schedule()
+        g.replace_each([(sorted([mm, add], key=order.index), lambda mm=mm, residual=residual: create_op(
+            "matmul_bias_add", [*mm.inputs, residual], name=mm.name)[0]) for mm, add, residual in pairs])
     return ir
 
 
@@ -221,6 +220,8 @@ def fuse_weight_updates(ir):
                 u = _find_update(facts, touches, pos, op)
                 if u is not None:
                     found.append(u)
+    removed: dict = {}  # graph -> the ops it loses, removed once every rewrite is made (one pass each)
+    dropped: dict = {}  # call site -> its outputs no longer computed
     for u in found:
         callee = u.call.attrs["graph"]
         target = u.target
@@ -236,11 +237,15 @@ def fuse_weight_updates(ir):
         x, y = u.matmul.inputs
         callee.trace(lambda x=x, y=y, t=target, b=float(u.update.attrs["b"]): create_op(
             "matmul_update_", [x, y, t], {"b": b}, name=u.matmul.name), before=u.matmul)
-        callee.remove_ops([u.matmul])
+        removed.setdefault(callee, []).append(u.matmul)
         # the parent: no update, no gradient output; readers of the update's result read w
         updated = u.update.outputs[0]
         for reader in u.parent.readers(updated):
             u.parent.replace_inputs(reader, [u.weight if t is updated else t for t in reader.inputs])
-        u.parent.remove_ops([u.update])
-        u.parent.remove_op_outputs(u.call, [k])
+        removed.setdefault(u.parent, []).append(u.update)
+        dropped.setdefault(u.call, []).append(u.update.inputs[1])
+    for graph, ops in removed.items():
+        graph.remove_ops(ops)
+    for call, gone in dropped.items():
+        call.graph.remove_op_outputs(call, [k for k, t in enumerate(call.outputs) if any(t is g for g in gone)])
     return ir
