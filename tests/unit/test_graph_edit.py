@@ -47,6 +47,22 @@ def test_replace_ops_keeps_readers_and_the_result_tensor():
     np.testing.assert_array_equal(_run(ir, y_s), np.arange(4) * 3.0 + 1.0)
 
 
+def test_replace_each_replaces_disjoint_chains_at_once():
+    """Two chains replaced in one call: each new chain runs where its last op ran and takes over
+    its result tensor; the old ops go in one removal, which still refuses a dangling reader."""
+    ir, x, a, b, c, y_s = _chain()
+    g = ir.main_graph
+    made = g.replace_each([([a.producer], lambda: ops.abs(x)), ([c.producer], lambda: b - 1.0)])
+    assert [[op.type for op in m] for m in made] == [["abs"], ["sub"]]
+    assert a.producer is made[0][0] and c.producer is made[1][0]
+    assert [op.type for op in g.schedule()] == ["abs", "mul", "sub", "host_store"]
+    g.check()
+    np.testing.assert_array_equal(_run(ir, y_s), np.arange(4) * 2.0 - 1.0)
+    ir, x, a, b, c, _ = _chain()
+    with pytest.raises(ValueError, match="still reads"):  # a chain's inner result is read outside it
+        ir.main_graph.replace_each([([a.producer, b.producer], lambda: ops.abs(x)), ([c.producer], lambda: a + 0.0)])
+
+
 def test_replace_ops_refuses_what_would_break_the_graph():
     ir, x, a, b, c, _ = _chain()
     g = ir.main_graph
