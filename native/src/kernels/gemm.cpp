@@ -1,8 +1,9 @@
 // Float32 matmul through OpenBLAS's sgemm (the scipy-openblas32 wheel: NumPy's BLAS, from PyPI).
-// On the AVX2 CPUs we run on it computes the GEMMs of typical layers 1.3-1.6x faster than oneDNN
-// 3.2's gemm:jit, in one thread and in two. OpenBLAS itself runs single-threaded: the kernel splits
-// the work over OpenMP threads itself (whole matrices of a batch, or bands of rows or columns of
-// one matrix), so there is one thread pool in the process, as for every other kernel.
+// On AVX2 CPUs it computes the GEMMs of typical layers 1.3-1.6x faster than oneDNN 3.2's gemm:jit,
+// in one thread and in two; on AVX-512 ones oneDNN wins up to ~1024 output columns (sgemm_matmul).
+// OpenBLAS itself runs single-threaded: the kernel splits the work over OpenMP threads itself
+// (whole matrices of a batch, or bands of rows or columns of one matrix), so there is one thread
+// pool in the process, as for every other kernel.
 #include "gemm.hpp"
 
 #include <cblas.h>
@@ -21,6 +22,13 @@ constexpr int64_t kMinBand = 32;
 constexpr int64_t kThinSide = 32;
 // Batches of matrices smaller than this (multiply-adds each) go to oneDNN (see sgemm_matmul).
 constexpr int64_t kSmallBatchedMatrix = int64_t(1) << 25;
+// On AVX-512 CPUs, products with at most this many output columns go to oneDNN (see sgemm_matmul).
+constexpr int64_t kOneDnnMaxColumns = 1024;
+
+bool avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
 
 CBLAS_TRANSPOSE cblas(const BlasLayout& l) { return l.trans ? CblasTrans : CblasNoTrans; }
 
@@ -114,6 +122,11 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
                         {rows, n}, a_base, b_base, y_base, into);
   }
   if (std::max({m, n, kk}) > int_max) return nullptr;  // blasint is 32-bit
+  // On AVX-512 CPUs oneDNN's matmul is the faster for products of up to ~1024 output columns
+  // (10-40% at 128-1024 rows, on one thread or two: mlp_big's, gpt_block's and BERT's 768-wide
+  // layers on a 2-core Xeon), while sgemm keeps the wider ones (1024 x 768 x 3072: oneDNN 170-190
+  // GFLOP/s, sgemm 290).
+  if (!into.sgemm_only() && avx512() && n <= kOneDnnMaxColumns) return nullptr;
   int64_t batches = 1;
   for (size_t d = 0; d + 2 < r; ++d) batches *= ydims[d];
   const int64_t macs = batches * m * n * kk;
