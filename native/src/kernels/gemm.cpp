@@ -122,14 +122,15 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
                         {rows, n}, a_base, b_base, y_base, into);
   }
   if (std::max({m, n, kk}) > int_max) return nullptr;  // blasint is 32-bit
-  // On AVX-512 CPUs oneDNN's matmul is the faster for products of up to ~1024 output columns
-  // (10-40% at 128-1024 rows, on one thread or two: mlp_big's, gpt_block's and BERT's 768-wide
-  // layers on a 2-core Xeon), while sgemm keeps the wider ones (1024 x 768 x 3072: oneDNN 170-190
-  // GFLOP/s, sgemm 290).
-  if (!into.sgemm_only() && avx512() && n <= kOneDnnMaxColumns) return nullptr;
   int64_t batches = 1;
   for (size_t d = 0; d + 2 < r; ++d) batches *= ydims[d];
   const int64_t macs = batches * m * n * kk;
+  // On AVX-512 CPUs oneDNN's matmul is the faster for products of up to ~1024 output columns
+  // (10-40% at 128-1024 rows, on one thread or two: mlp_big's, gpt_block's and BERT's 768-wide
+  // layers on a 2-core Xeon), while sgemm keeps the wider ones (1024 x 768 x 3072: oneDNN 170-190
+  // GFLOP/s, sgemm 290) and the small ones, where a oneDNN call costs more than the product
+  // (mlp_small's 8 x 784 x 32 ran 12% slower).
+  if (!into.sgemm_only() && avx512() && n <= kOneDnnMaxColumns && macs >= kSingleThreadWork) return nullptr;
   // A big product with a thin side (a 10-class layer, say) is mostly memory traffic, which
   // oneDNN's matmul streams 2-3x faster than sgemm's packing does.
   if (!into.sgemm_only() && macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
