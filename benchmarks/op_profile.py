@@ -38,10 +38,8 @@ def matmul_flops(exe, instr: dict) -> float:
     """Floating-point operations of one call of a matmul-family op (2 per multiply-add), else 0."""
     if not instr["type"].startswith("matmul"):
         return 0.0
-    a, b = (exe.buffers[i]["shape"] for i in instr["inputs"][:2])
-    y = exe.buffers[instr["outputs"][0]]["shape"]
-    k = a[-1] if len(a) > 1 else a[0]
-    return 2.0 * float(np.prod(y, dtype=np.float64)) * k if len(b) else 0.0
+    k = exe.buffers[instr["inputs"][0]]["shape"][-1]  # the lhs's last dim, 1-D or not
+    return 2.0 * float(np.prod(exe.buffers[instr["outputs"][0]]["shape"], dtype=np.float64)) * k
 
 
 def profile(px_session, run: Callable[[], None], runs: int) -> Dict[str, Tuple[float, int, float]]:

@@ -79,6 +79,14 @@ def _where(tb: Any) -> str:
     return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
 
 
+def failure_text(exc: BaseException, where: str = "") -> str:
+    """How an instance's failure reads to the others and to poprun: what it raised (or that it was
+    interrupted), then ``where``."""
+    if isinstance(exc, KeyboardInterrupt):
+        return f"was interrupted (KeyboardInterrupt){where}"
+    return f"raised {type(exc).__name__}: {exc}{where}"
+
+
 class Backend:
     """This process's side of the launch (one per process: ``get()``)."""
 
@@ -235,9 +243,7 @@ class Backend:
         if isinstance(exc, InstanceError):
             self.stopped(str(exc).removeprefix("popdist: "))
         else:
-            what = "was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else \
-                f"raised {exc_type.__name__}: {exc}{_where(tb)}"
-            self.report_failure(what)
+            self.report_failure(failure_text(exc, _where(tb)))
             failed = True
         self._previous_hook(exc_type, exc, tb)
         if failed and self._client is not None:

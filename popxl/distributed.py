@@ -96,7 +96,7 @@ class Launch:
         failed run leaves them out of step, so the others must stop too."""
         if not self.several:
             return run
-        from popdist.backend import InstanceError
+        from popdist.backend import InstanceError, failure_text
         backend = self.backend
         native = sys.modules.get("popxl._native")
         native_error = native.InstanceError if native is not None else InstanceError
@@ -108,11 +108,8 @@ class Launch:
                 raise
             except native_error as e:  # the C++ engine's: popdist's, and the supervisor is told
                 raise backend.stopped(str(e).removeprefix("popdist: ")) from None
-            except KeyboardInterrupt:
-                backend.report_failure("was interrupted (KeyboardInterrupt) in Session.run")
-                raise
             except BaseException as e:
-                backend.report_failure(f"Session.run raised {type(e).__name__}: {e}")
+                backend.report_failure(failure_text(e, " in Session.run"))
                 raise
         return guarded
 

@@ -87,10 +87,8 @@ def gather(t: Tensor, indices: Union[Tensor, List[int]], axis: int = 0,
         TypeError: If ``t`` is not a Tensor, or ``indices`` is not integer.
         ValueError: If ``axis`` is out of range, or a tensor is not in the current graph.
     """
-    if not isinstance(indices, Tensor):
-        indices = constant(np.asarray(indices), dtypes.int32)
     ax = axis % t.rank if t.rank and -t.rank <= axis < t.rank else axis
-    return create_op("gather", [t, indices], {"axis": int(ax), "zero_OOR": builtins.bool(zero_OOR)})[0]
+    return create_op("gather", [t, _int_tensor(indices)], {"axis": int(ax), "zero_OOR": builtins.bool(zero_OOR)})[0]
 
 
 # tied_gather / groupedgather ------------------------------------------------------------------------
