@@ -316,8 +316,9 @@ class InferenceSession:
                      accumulators: List[Tuple[_Anchor, popxl.Tensor]]) -> None:
         with main:
             ops.repeat(body, count, inputs_dict=thread.bindings(body))
-            # popxl transfers every stream num_host_transfers times a run: the accumulated value is
-            # stored that many times (the host keeps the first; see _anchor_value).
+            # The accumulated value is stored num_host_transfers times, like every other stream (a
+            # stream transferred another number of times is legal, but logged); the host keeps the
+            # first (see _anchor_value).
             for a, acc in accumulators:
                 store = main.ir.create_graph(lambda value, stream=a.stream: ops.host_store(stream, value), acc)
                 ops.repeat(store, main.ir.num_host_transfers, acc)

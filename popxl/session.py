@@ -10,11 +10,11 @@ import numpy as np
 
 from popxl import dtypes
 from popxl.compiler import lower
-from popxl.compiler.executable import transfer_counts
 from popxl.distributed import Launch
 from popxl.engines import create_engine
 from popxl.errors import popart_exception
 from popxl.graph import orphaned
+from popxl.host_transfers import HostTransfers
 from popxl.ir import Ir
 from popxl.logs import get_logger
 from popxl.progress import Progress, RunProgress
@@ -143,14 +143,14 @@ class Session:
         # as matmul_bias, SGD updates in their GEMMs.
         fuse_matmul(fuse_attention(fuse_decomposed(ir)))
         self._exe = lower(ir, progress.step)
-        self._check_transfer_counts()
+        self._transfers = HostTransfers(self._exe)  # logs streams transferred other than num_host_transfers times
         self._check_memory()
         self._write_final_dot_checkpoint()
         ir._frozen_by = f"Session on {device_desc!r}"
         self._engine = create_engine(self._exe)
         # Several instances (popdist): this one's replicas among all, its link to the others at attach.
         self._launch = Launch(ir, self._exe, self._engine)
-        self._engine_run = self._launch.guard(self._engine.run)
+        self._engine_run = self._transfers.watch(self._launch.guard(self._engine.run), self._engine)
         self._run_progress = RunProgress()  # a bar for sessions whose runs take seconds
         progress.step("engine loaded")
         progress.close()
@@ -180,29 +180,6 @@ class Session:
         self._in_layout = [self._layout(s) for s in self._h2d]
         self._out_layout = [self._layout(s) for s in self._d2h]
         self._exact_ok = not any(d.names for _, d, _, _ in (*self._in_layout, *self._out_layout))
-
-    def _check_transfer_counts(self) -> None:
-        """Refuse a program that transfers a stream other than num_host_transfers times per run, where
-        the program alone decides the count (it does unless the transfer is in a conditional branch:
-        those are counted by the engine during the run)."""
-        nht = self.ir.num_host_transfers
-        for kind, streams, counts in zip(("host_load", "host_store"), (self._exe.h2d, self._exe.d2h),
-                                         transfer_counts(self._exe)):
-            for stream, count in zip(streams, counts):
-                if count is None or count == nht:
-                    continue
-                if count > nht:
-                    way = (f"set ir.num_host_transfers = {count}, or transfer it fewer times (host buffers "
-                           f"are shaped (num_host_transfers, ...))")
-                else:
-                    times = nht // count if count and nht % count == 0 else None
-                    loop = (f"wrap the step that transfers it in ops.repeat(..., repeat_count={times})" if times else
-                            "wrap the step that transfers it in an ops.repeat so that it runs num_host_transfers times")
-                    way = f"set ir.num_host_transfers = {count}, or {loop}"
-                raise popart_exception(
-                    f"Session: the program transfers stream {stream['name']!r} ({kind}) {count} time(s) per run, "
-                    f"but ir.num_host_transfers is {nht}: each stream must be transferred exactly "
-                    f"num_host_transfers times per run. To fix it, {way}.")
 
     def _write_final_dot_checkpoint(self) -> None:
         """PopART's "FINAL" DOT checkpoint (the program as compiled), when POPART_DOT_CHECKS or the
@@ -524,8 +501,9 @@ class Session:
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
         """Empty host buffers for every device-to-host stream, shaped ``(d, r) + shape`` with the
-        size-1 entries of (num_host_transfers, instance_replication_factor) dropped."""
-        return {s: np.empty(shape, dtype) for s, dtype, shape, _ in self._out_layout}
+        size-1 entries of (num_host_transfers, instance_replication_factor) dropped. A stream that a
+        run may store fewer than num_host_transfers times gets zeros (its unwritten slices stay 0)."""
+        return self._transfers.zeroed_outputs(self._out_layout)
 
     def _check_keys(self, given: Mapping, expected: List, what: str) -> None:
         for s in given:
@@ -580,10 +558,11 @@ class Session:
         if arr.dtype.names:
             arr = arr.view(dtypes.ml_dtype(s.dtype))
         # Engines read and write whole contiguous blocks; a strided user array goes through a copy
-        # (outputs are copied back after the run). The native engine takes writable buffers only,
-        # so a read-only input (np.frombuffer, a TensorProto's data) is copied too.
+        # (outputs are copied back after the run, with the values of the slices no store wrote). The
+        # native engine takes writable buffers only, so a read-only input (np.frombuffer, a
+        # TensorProto's data) is copied too.
         if not arr.flags.c_contiguous or (is_input and not arr.flags.writeable):
-            arr = np.array(arr, order="C") if is_input else np.empty(arr.shape, arr.dtype)
+            arr = np.array(arr, order="C")
         return arr.reshape((nht, rf) + tuple(s.shape))
 
     def run_with_outputs(self, inputs: Optional[h2dStreamBufferMaps] = None,

@@ -215,29 +215,6 @@ void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outpu
   }
   exec(0, reps);
   poll_ = nullptr;
-  check_transfer_counts();
-}
-
-void Engine::check_transfer_counts() const {
-  for (bool load : {true, false}) {
-    const auto& streams = load ? h2d : d2h;
-    const auto& counts = load ? loads_ : stores_;
-    const auto& hosts = load ? in_ : out_;
-    for (size_t s = 0; s < streams.size(); ++s)
-      for (int r = 0; r < replicas; ++r) {
-        const int64_t done = counts[s * replicas + r];
-        if (done == hosts[s].transfers) continue;
-        throw std::runtime_error(
-            std::string(load ? "host_load" : "host_store") + " of stream '" + streams[s].name + "' ran " +
-            std::to_string(done) + " time(s) in this run" +
-            (replicas > 1 ? " on replica " + std::to_string(r) : std::string()) +
-            ", but num_host_transfers=" + std::to_string(hosts[s].transfers) +
-            ": every stream must be transferred exactly num_host_transfers times per run (the count "
-            "depends on which branches of ops.conditional ran). " +
-            (load ? "Inputs past the transferred slices were not read." : "Output slices past the "
-            "transferred ones hold no data."));
-      }
-  }
 }
 
 void Engine::set_profiling(bool on) {
@@ -283,12 +260,9 @@ void Engine::transfer(const Node& n, const std::vector<int>& reps, bool load) {
   const Buffer& b = buffers[n.buffer];
   const Buffer packed = packed_like(b);  // the host slice is contiguous
   for (int r : reps) {
+    // PopART's StepIO: each transfer takes the next slice, and after the last one the first again.
     int64_t& k = counts[n.stream * replicas + r];
-    if (k >= host.transfers)
-      throw std::runtime_error(std::string(load ? "host_load" : "host_store") + " of stream '" + info.name +
-                               "' ran more than num_host_transfers=" + std::to_string(host.transfers) +
-                               " times in one run; raise ir.num_host_transfers.");
-    uint8_t* slice = host.data + (k * replicas + r) * info.slice_bytes;
+    uint8_t* slice = host.data + ((k % host.transfers) * replicas + r) * info.slice_bytes;
     if (load)
       copy_buffer(arena_ptrs_[r], b, slice, packed);
     else

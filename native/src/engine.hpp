@@ -200,10 +200,15 @@ class Engine {
   // Runs the main program (after the static one, if stale). `poll`, if given, is called on this
   // thread every kPollSteps program steps (ops, copies, transfers, loop iterations): the bindings
   // watch for signals (Ctrl-C) there, and an exception it throws stops the run between two steps,
-  // leaving every buffer as the last completed step left it. A run that ends with a stream
-  // transferred other than `transfers` times throws (the program depends on conditionals).
+  // leaving every buffer as the last completed step left it. Each host_load / host_store moves
+  // the stream's next slice, wrapping to slice 0 after the last (as PopART's StepIO), so a stream
+  // may be transferred any number of times; the counts of the last run are kept.
   void run(const std::vector<Host>& inputs, const std::vector<Host>& outputs,
            const std::function<void()>* poll = nullptr);
+  // How many times each stream was transferred on each replica in the last run, indexed
+  // [stream * replicas + replica].
+  const std::vector<int64_t>& load_counts() const { return loads_; }
+  const std::vector<int64_t>& store_counts() const { return stores_; }
   static constexpr uint32_t kPollSteps = 64;
 
   // Per-op profiling (off by default: it costs two clock reads per op): seconds and calls of each
@@ -225,7 +230,6 @@ class Engine {
   void step() {
     if (++steps_ % kPollSteps == 0 && poll_) (*poll_)();
   }
-  void check_transfer_counts() const;
   const std::function<void()>* poll_ = nullptr;
   uint32_t steps_ = 0;
   void copies(const std::vector<CopyPair>& pairs, const std::vector<int>& reps);

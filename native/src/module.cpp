@@ -344,6 +344,7 @@ class SignalWatch {
 };
 
 void run(Engine& e, nb::handle inputs, nb::handle outputs, int64_t transfers, bool main_thread) {
+  if (transfers < 1) throw std::invalid_argument("run: transfers must be at least 1, not " + std::to_string(transfers));
   HostBuffers ins(inputs, e.h2d, transfers, e.replicas, false, "input");
   HostBuffers outs(outputs, e.d2h, transfers, e.replicas, true, "output");
   SignalWatch watch(main_thread);
@@ -453,6 +454,8 @@ NB_MODULE(_native, m) {
       .def("op_profile", [](Engine& e) { return std::make_pair(e.op_seconds, e.op_calls); },
            "(seconds, calls) of each op instruction on each replica since the last reset, flat "
            "[instruction * replicas + replica].")
+      .def("transfer_counts", [](Engine& e) { return std::make_pair(e.load_counts(), e.store_counts()); },
+           "(host_load counts, host_store counts) of the last run, flat [stream * replicas + replica].")
       .def("run", &run, nb::arg("inputs"), nb::arg("outputs"), nb::arg("transfers"), nb::arg("main_thread") = false,
            "Run the main program once. Host buffers are C-contiguous objects with the buffer protocol "
            "(NumPy arrays of any dtype) holding (transfers, replicas, *stream shape) elements. With "

@@ -156,6 +156,12 @@ class NativeEngine:
         """A read-only view of a variable's device memory (valid until the next run or detach)."""
         return self.memory.variable_view(index, replica)
 
+    def transfer_counts(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(host_load counts, host_store counts) of the last run, each (streams, replicas)."""
+        loads, stores = self._engine.transfer_counts()
+        return (np.asarray(loads, np.int64).reshape(len(self.exe.h2d), self.replicas),
+                np.asarray(stores, np.int64).reshape(len(self.exe.d2h), self.replicas))
+
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         # Runs on Python's main thread stop for signals (Ctrl-C) between program steps.
         self._engine.run(inputs, outputs, self.exe.num_host_transfers, threading.get_ident() == _MAIN_THREAD)
