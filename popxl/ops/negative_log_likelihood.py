@@ -21,7 +21,9 @@ REDUCTION_TYPE = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _nll_check(probs, labels, reduction) -> Tuple[int, ...]:
+def _nll_check(probs, labels, reduction, any_label_shape: bool = False) -> Tuple[int, ...]:
+    """The loss's shape. Labels have shape ``probs.shape[:-1]``, or with ``any_label_shape`` (PopART's
+    softmax-gradient op checks no shape) any shape of as many elements, which a "none" loss takes."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, not {reduction!r}")
     if not probs.shape:
@@ -30,7 +32,10 @@ def _nll_check(probs, labels, reduction) -> Tuple[int, ...]:
         raise TypeError(f"probs must be float16/float32/float64, got {probs.dtype.name}")
     if not labels.dtype.is_int:
         raise TypeError(f"labels must be integers, got {labels.dtype.name}")
-    if labels.shape != probs.shape[:-1]:
+    if any_label_shape and math.prod(labels.shape) != math.prod(probs.shape[:-1]):
+        raise ValueError(f"labels must have as many elements as probs.shape[:-1] = {probs.shape[:-1]} "
+                         f"({math.prod(probs.shape[:-1])}), got shape {labels.shape}")
+    if not any_label_shape and labels.shape != probs.shape[:-1]:
         raise ValueError(f"labels must have shape probs.shape[:-1] = {probs.shape[:-1]}, got {labels.shape}")
     return labels.shape if reduction == "none" else ()
 
@@ -112,7 +117,7 @@ def nll_loss(probs: Tensor, labels: Tensor, ignore_index: Optional[int] = None,
 
 def _nll_softmax_infer(specs, ignore_index, reduction):
     probs, labels, lg = specs
-    out = _nll_check(probs, labels, reduction)
+    out = _nll_check(probs, labels, reduction, any_label_shape=True)
     if not lg.dtype.is_floating_point or lg.dtype in FP8:
         raise TypeError(f"loss_grad must be a float16/float32/float64 tensor, got {lg.dtype.name}")
     allowed = (labels.shape,) if reduction == "none" else ()
@@ -123,6 +128,10 @@ def _nll_softmax_infer(specs, ignore_index, reduction):
 
 
 def _nll_softmax_kernel(probs, labels, loss_grad, ignore_index, reduction):
+    labels_shape = labels.shape
+    labels = labels.reshape(probs.shape[:-1])  # any shape of as many elements (PopART)
+    if reduction == "none" and loss_grad.size != 1:
+        loss_grad = loss_grad.reshape(labels.shape)
     item, keep, idx = _nll_items(probs, labels, ignore_index, False, "nll_loss_with_softmax_grad")
     w = item.dtype
     grad = probs.astype(w).copy()
@@ -136,7 +145,7 @@ def _nll_softmax_kernel(probs, labels, loss_grad, ignore_index, reduction):
             scale = scale / max(int(keep.sum()), 1)
     grad = grad * np.where(keep, scale, 0)[..., None]
     loss = np.asarray(_reduce_loss(item, keep, reduction)).astype(probs.dtype)
-    return loss, grad.astype(probs.dtype)
+    return (loss.reshape(labels_shape) if reduction == "none" else loss), grad.astype(probs.dtype)
 
 
 register(OpDef("nll_loss_with_softmax_grad", _nll_softmax_infer, _nll_softmax_kernel, grad=Grad.STOP, family="nn"))
@@ -152,7 +161,8 @@ def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor, loss_grad: Union[f
 
     Args:
         probs: Softmax probabilities, classes on the last axis.
-        labels: Integer labels of shape ``probs.shape[:-1]``.
+        labels: Integer labels, one per row of ``probs``: shape ``probs.shape[:-1]`` or any other of
+            as many elements (read in C order, as PopART does); a "none" loss has the labels' shape.
         loss_grad: The incoming gradient of the loss: a float (made a float32 constant) or a tensor
             (of the labels' shape for "none").
         ignore_index: A label whose items count 0.
@@ -163,8 +173,8 @@ def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor, loss_grad: Union[f
 
     Raises:
         TypeError: If ``probs`` or ``labels`` is not a Tensor, or ``labels`` is not integer.
-        ValueError: If ``reduction`` is unknown, the shapes disagree, or a tensor is not in the
-            current graph.
+        ValueError: If ``reduction`` is unknown, the labels' element count is not that of
+            ``probs.shape[:-1]``, or a tensor is not in the current graph.
     """
     ignore_index = _nll_args("nll_loss_with_softmax_grad", ignore_index, reduction)
     if not isinstance(loss_grad, Tensor):

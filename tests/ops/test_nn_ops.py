@@ -323,6 +323,42 @@ def test_nll_loss_with_softmax_grad_tensor_loss_grad():
     np.testing.assert_allclose(loss, -np.log(probs[[0, 1], labels]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("engine", ["native", "reference"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss_with_softmax_grad_takes_labels_of_any_shape_with_one_per_row(engine, reduction):
+    # PopART's op checks only the element count: BERT pretraining hands (2, 20) uint32 labels for
+    # (40, vocab) float16 probabilities. A "none" loss takes the labels' shape.
+    probs = softmax64(rand(6, 5)).astype(np.float16)
+    labels = np.array([[4, 0, 2], [1, 1, 3]], np.uint32)
+    lg = np.array([[1.0, -2.0, 0.5], [3.0, 1.0, 2.0]], np.float16)
+    build = (lambda a, b, g: ops.nll_loss_with_softmax_grad(a, b, g, reduction="none")) if reduction == "none" \
+        else (lambda a, b, g: ops.nll_loss_with_softmax_grad(a, b, 0.5, reduction=reduction))
+    (loss, grad), _ = run_program(build, [probs, labels, lg], engine)
+    flat = labels.reshape(-1)
+    per_row = -np.log(probs.astype(np.float64)[np.arange(6), flat])
+    scale = lg.astype(np.float64).reshape(-1) if reduction == "none" else np.full(6, 0.5 / (6 if reduction == "mean" else 1))
+    want_grad = (probs.astype(np.float64) - np.eye(5)[flat]) * scale[:, None]
+    np.testing.assert_allclose(grad.astype(np.float64), want_grad, rtol=2e-3, atol=1e-4)
+    want_loss = {"none": per_row.reshape(2, 3), "sum": per_row.sum(), "mean": per_row.mean()}[reduction]
+    assert loss.shape == np.shape(want_loss) and loss.dtype == np.float16
+    np.testing.assert_allclose(loss.astype(np.float64), want_loss, rtol=2e-3)
+
+
+def test_nll_label_shapes_are_checked_where_popart_checks_them():
+    def body():
+        probs = popxl.variable(np.zeros((6, 5), np.float32))
+        with pytest.raises(ValueError, match=r"ops\.nll_loss_with_softmax_grad: labels must have as many elements "
+                                             r"as probs\.shape\[:-1\] = \(6,\) \(6\), got shape \(4,\)"):
+            ops.nll_loss_with_softmax_grad(probs, popxl.variable(np.zeros(4, np.int32)))
+        # nll_loss (PopART's NllOp) checks the shape itself
+        with pytest.raises(ValueError, match=r"ops\.nll_loss: labels must have shape probs\.shape\[:-1\] = \(6,\), "
+                                             r"got \(2, 3\)"):
+            ops.nll_loss(probs, popxl.variable(np.zeros((2, 3), np.int32)))
+    ir = popxl.Ir()
+    with ir.main_graph:
+        body()
+
+
 # roi_align ----------------------------------------------------------------------------------------
 def ref_roi_align(x, rois, bidx, out_hw, scale, ratio):
     """Scalar transcription of average RoI align (no half-pixel shift, boxes at least 1x1)."""
