@@ -29,21 +29,25 @@ def _need_int(s, what: str) -> None:
         raise TypeError(f"{what} must be an integer tensor, got {s.dtype.name}")
 
 
-def _wrap(idx: np.ndarray, dim: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Indices as int64 with negatives counted from the end, and a mask of those in range. uint64
+def _wrap(idx: np.ndarray, dim: int, negative_from_end: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+    """Indices as int64 with negatives counted from the end (unless ``negative_from_end`` is False:
+    then they are out of range, as PopART's zero_OOR has it), and a mask of those in range. uint64
     indices beyond int64's range become its largest value (out of range) rather than wrapping to
     negative ones."""
     if idx.dtype == np.uint64:
         idx = np.minimum(idx, np.uint64(np.iinfo(np.int64).max))
     idx = idx.astype(np.int64)
-    idx = np.where(idx < 0, idx + dim, idx)
+    if negative_from_end:
+        idx = np.where(idx < 0, idx + dim, idx)
     return idx, (idx >= 0) & (idx < dim)
 
 
 # gather --------------------------------------------------------------------------------------------
 def _gather_kernel(x, idx, axis, zero_OOR):
     d = x.shape[axis]
-    idx, valid = _wrap(idx, d)  # NumPy-style negative indices
+    # NumPy-style negative indices, except with zero_OOR: then every index outside [0, d) gives 0
+    # (vocabulary-sharded embeddings subtract their shard's offset and rely on it)
+    idx, valid = _wrap(idx, d, negative_from_end=not zero_OOR)
     if d == 0:  # every index is out of range
         return np.zeros(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
     out = np.take(x, np.where(valid, idx, 0), axis=axis)
@@ -71,14 +75,15 @@ def gather(t: Tensor, indices: Union[Tensor, List[int]], axis: int = 0,
     """Take slices of a tensor at the given indices along an axis, as ``numpy.take``.
 
     The output shape is ``t.shape[:axis] + indices.shape + t.shape[axis + 1:]``. Negative indices
-    count from the end; out-of-range ones give 0.
+    count from the end unless ``zero_OOR`` is set; out-of-range ones give 0.
 
     Args:
         t: The tensor read.
         indices: Integer indices into ``axis`` (a tensor, or host data made a constant).
         axis: The axis indexed (negative counts from the end).
         available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
-        zero_OOR: Out-of-range indices give 0 (they always do here).
+        zero_OOR: Every index outside ``[0, n)`` gives 0, negative ones included (as in PopART);
+            without it, negative indices count from the end and others out of range give 0.
 
     Returns:
         A new tensor of ``t``'s dtype.
@@ -104,7 +109,8 @@ def tied_gather(t: Tensor, indices: Tensor, axis: int = 0, available_memory_prop
         indices: Integer indices into ``axis`` (a tensor, or host data made a constant).
         axis: The axis indexed (negative counts from the end).
         available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
-        zero_OOR: Out-of-range indices give 0 (they always do here).
+        zero_OOR: Every index outside ``[0, n)`` gives 0, negative ones included (as in PopART);
+            without it, negative indices count from the end and others out of range give 0.
 
     Returns:
         A new tensor of ``t``'s dtype.
@@ -117,7 +123,7 @@ def tied_gather(t: Tensor, indices: Tensor, axis: int = 0, available_memory_prop
                      {"axis": _axis_of("tied_gather", t.rank, axis), "zero_OOR": builtins.bool(zero_OOR)})[0]
 
 
-def _grouped_gather_infer(specs, axis, group_size):
+def _grouped_gather_infer(specs, axis, group_size, zero_OOR):
     t, idx = specs
     _need_int(idx, "indices")
     if len(t.shape) < 2 or len(idx.shape) < 1:
@@ -129,8 +135,8 @@ def _grouped_gather_infer(specs, axis, group_size):
     return [spec([group_size] + rest[:axis] + list(idx.shape[1:]) + rest[axis + 1:], t.dtype)]
 
 
-def _grouped_gather_kernel(t, idx, axis, group_size):
-    return np.stack([_gather_kernel(t[g], idx[g], axis, True) for g in range(group_size)])
+def _grouped_gather_kernel(t, idx, axis, group_size, zero_OOR):
+    return np.stack([_gather_kernel(t[g], idx[g], axis, zero_OOR) for g in range(group_size)])
 
 
 register(OpDef("groupedgather", _grouped_gather_infer, _grouped_gather_kernel, family="shape"))
@@ -140,7 +146,7 @@ def groupedgather(t: Tensor, indices: Tensor, axis: int = 0, group_size: Optiona
                   available_memory_proportion: Optional[float] = None, zero_OOR: bool = False) -> Tensor:
     """`gather` done separately in each group: dimension 0 of ``t`` and ``indices`` is the group.
 
-    ``out[g] = gather(t[g], indices[g], axis)``; out-of-range indices give 0.
+    ``out[g] = gather(t[g], indices[g], axis, zero_OOR=zero_OOR)``.
 
     Args:
         t: The tensor read, groups on dimension 0.
@@ -148,7 +154,8 @@ def groupedgather(t: Tensor, indices: Tensor, axis: int = 0, group_size: Optiona
         axis: The axis indexed, counted within one group (``t.shape[1:]``).
         group_size: The number of groups (dimension 0 of both tensors).
         available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
-        zero_OOR: Out-of-range indices give 0 (they always do here).
+        zero_OOR: Every index outside ``[0, n)`` gives 0, negative ones included (as in PopART);
+            without it, negative indices count from the end and others out of range give 0.
 
     Returns:
         A new tensor of ``t``'s dtype.
@@ -160,18 +167,19 @@ def groupedgather(t: Tensor, indices: Tensor, axis: int = 0, group_size: Optiona
     """
     group_size = 1 if group_size is None else int(group_size)
     ax = _axis_of("groupedgather", builtins.max(t.rank - 1, 0), axis)
-    return create_op("groupedgather", [t, _int_tensor(indices)], {"axis": ax, "group_size": group_size})[0]
+    return create_op("groupedgather", [t, _int_tensor(indices)],
+                     {"axis": ax, "group_size": group_size, "zero_OOR": builtins.bool(zero_OOR)})[0]
 
 
-def _gather_grad_infer(specs, axis, size):
+def _gather_grad_infer(specs, axis, size, zero_OOR):
     g, idx = specs
     shape = list(g.shape[:axis]) + [size] + list(g.shape[axis + len(idx.shape):])
     return [spec(shape, g.dtype)]
 
 
-def _gather_grad_kernel(g, idx, axis, size):
+def _gather_grad_kernel(g, idx, axis, size, zero_OOR):
     """Sum the gathered gradients back into their rows (repeats add; out-of-range rows got 0)."""
-    idx, valid = _wrap(idx, size)
+    idx, valid = _wrap(idx, size, negative_from_end=not zero_OOR)
     valid = valid.reshape(-1)
     rows = np.moveaxis(g, list(range(axis, axis + idx.ndim)), list(range(idx.ndim)))
     rows = rows.reshape((-1,) + rows.shape[idx.ndim:])
@@ -188,14 +196,15 @@ register(OpDef("gather_grad", _gather_grad_infer, _gather_grad_kernel, grad=Grad
 @grad_rule("gather", "tied_gather")
 def _gather_grad(ctx):
     x, axis = ctx.op.inputs[0], ctx.attrs["axis"]
-    return [create_op("gather_grad", [ctx.grad(0), ctx.input(1)], {"axis": axis, "size": x.shape[axis]})[0], None]
+    attrs = {"axis": axis, "size": x.shape[axis], "zero_OOR": ctx.attrs["zero_OOR"]}
+    return [create_op("gather_grad", [ctx.grad(0), ctx.input(1)], attrs)[0], None]
 
 
-def _grouped_gather_grad_kernel(g, idx, axis, size, group_size):
-    return np.stack([_gather_grad_kernel(g[i], idx[i], axis, size) for i in range(group_size)])
+def _grouped_gather_grad_kernel(g, idx, axis, size, group_size, zero_OOR):
+    return np.stack([_gather_grad_kernel(g[i], idx[i], axis, size, zero_OOR) for i in range(group_size)])
 
 
-register(OpDef("groupedgather_grad", lambda specs, axis, size, group_size: [spec(
+register(OpDef("groupedgather_grad", lambda specs, axis, size, group_size, zero_OOR: [spec(
     [specs[0].shape[0]] + list(specs[0].shape[1:axis + 1]) + [size] +
     list(specs[0].shape[axis + len(specs[1].shape):]), specs[0].dtype)],
     _grouped_gather_grad_kernel, grad=Grad.RAISE, family="shape"))
@@ -204,7 +213,8 @@ register(OpDef("groupedgather_grad", lambda specs, axis, size, group_size: [spec
 @grad_rule("groupedgather")
 def _grouped_gather_grad(ctx):
     x, a = ctx.op.inputs[0], ctx.attrs
-    attrs = {"axis": a["axis"], "size": x.shape[1 + a["axis"]], "group_size": a["group_size"]}
+    attrs = {"axis": a["axis"], "size": x.shape[1 + a["axis"]], "group_size": a["group_size"],
+             "zero_OOR": a["zero_OOR"]}
     return [create_op("groupedgather_grad", [ctx.grad(0), ctx.input(1)], attrs)[0], None]
 
 

@@ -211,7 +211,8 @@ def test_gather(case, idx_dtype, dtype):
     idx = RNG.integers(low, d + 2, size=ishape).astype(idx_dtype)  # out of range gives zeros
     x = rand(shape, dtype)
     for name in ("gather", "tied_gather"):
-        compare_engines(lambda t, i: getattr(ops, name)(t, i, axis), [x, idx], native_ops=[name])
+        for zero_oor in (False, True):
+            compare_engines(lambda t, i: getattr(ops, name)(t, i, axis, zero_OOR=zero_oor), [x, idx], native_ops=[name])
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.float16, np.float32, np.int64, np.uint16])
@@ -228,7 +229,9 @@ def test_gather_of_a_strided_view_and_groupedgather():
     x, idx = rand((4, 5)), np.array([[0, 3, -1], [7, 2, 2]], np.int32)
     compare_engines(lambda t, i: ops.gather(ops.transpose_(t), i, 1), [x, idx], native_ops=["gather"])
     g = rand((2, 5, 3))
-    compare_engines(lambda t, i: ops.groupedgather(t, i, 0, group_size=2), [g, idx], native_ops=["groupedgather"])
+    for zero_oor in (False, True):
+        compare_engines(lambda t, i: ops.groupedgather(t, i, 0, group_size=2, zero_OOR=zero_oor), [g, idx],
+                        native_ops=["groupedgather"])
     compare_engines(lambda t, i: ops.groupedgather(t, i, 1, group_size=2), [g, idx[:, :2] % 3],
                     native_ops=["groupedgather"])
 
@@ -241,8 +244,9 @@ def test_gather_grad(case, dtype):
     idx = RNG.integers(-d - 1, d + 1, size=ishape).astype(np.int32)  # repeats add up, out of range drop
     gshape = shape[:axis] + ishape + shape[axis + 1:]
     g = rand(gshape, dtype)
-    compare_engines(lambda t, i: create_op("gather_grad", [t, i], {"axis": axis, "size": d})[0], [g, idx],
-                    native_ops=["gather_grad"])
+    for zero_oor in (False, True):
+        compare_engines(lambda t, i: create_op("gather_grad", [t, i], {"axis": axis, "size": d, "zero_OOR": zero_oor})[0],
+                        [g, idx], native_ops=["gather_grad"])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float16])
@@ -817,9 +821,10 @@ def test_groupedgather_grad(axis):
     g_shape = (2, 4, 3) if axis == 0 else (2, 5, 4)
     idx = RNG.integers(-6, 6, size=(2, 4)).astype(np.int32)
     size = 5 if axis == 0 else 3
-    compare_engines(lambda g, i: create_op("groupedgather_grad", [g, i], {"axis": axis, "size": size,
-                                                                          "group_size": 2})[0],
-                    [rand(g_shape), idx], native_ops=["groupedgather_grad"])
+    for zero_oor in (False, True):
+        attrs = {"axis": axis, "size": size, "group_size": 2, "zero_OOR": zero_oor}
+        compare_engines(lambda g, i: create_op("groupedgather_grad", [g, i], attrs)[0],
+                        [rand(g_shape), idx], native_ops=["groupedgather_grad"])
 
 
 @pytest.mark.parametrize("case", [((4, 5), (4, 5), 0, ()), ((4, 5), (2, 3), 1, ()), ((4, 5), (3,), 1, (3, 5)),

@@ -1,6 +1,8 @@
 """Tensor parallelism as PopXL's model zoo does it, with popxl-addons' ReplicatedAllReduceTP made
 through its PopART binding: an MLP whose first layer is split over 2 replicas by output columns
-and its second by input rows trains to the same weights and losses as the unsharded MLP."""
+and its second by input rows trains to the same weights and losses as the unsharded MLP; an
+embedding sharded by vocabulary rows (token ids minus the shard's offset, gathered with zero_OOR so
+that ids of other shards give 0) with its tied LM head gives the unsharded values and gradients."""
 import numpy as np
 import pytest
 
@@ -83,3 +85,83 @@ def test_sharded_mlp_trains_as_the_unsharded_one(engine_name):
     np.testing.assert_allclose(np.concatenate(list(w1_shards), axis=1), w1_trained, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.concatenate(list(w2_shards), axis=0), w2_trained, rtol=1e-5, atol=1e-6)
     assert not np.allclose(w1_trained, w1)
+
+
+N_TOKENS, SHARD, EMBED = 6, 4, 3
+
+
+def tied_embedding(w, ids, d, c, shards, engine_name):
+    """Embedding of ``ids`` by ``w`` (vocabulary rows, split over ``shards`` replicas) and the tied LM
+    head's logits ``e @ w.T``; loss = sum(logits * d) + sum(e * c). Returns (loss, e, d loss / d w)
+    per replica (shard)."""
+    ir = popxl.Ir(replication=shards)
+    each = ir.replica_grouping(group_size=1) if shards > 1 else None
+    rows = w.shape[-2]
+    with ir.main_graph:
+        vw = popxl.variable(w, name="w", replica_grouping=each)
+        offsets = np.arange(shards, dtype=np.int32) * rows if shards > 1 else np.int32(0)
+        vo = popxl.variable(offsets, name="offset", replica_grouping=each)
+        ids_s = popxl.h2d_stream((N_TOKENS,), popxl.int32, "ids")
+        d_s = popxl.h2d_stream((N_TOKENS, rows), popxl.float32, "d")  # this shard's logit columns
+        c_s = popxl.h2d_stream((N_TOKENS, EMBED), popxl.float32, "c")
+
+        def model(ids, d, c, offset, table):
+            e = ops.gather(table, ids - offset, zero_OOR=True)  # other shards' ids give 0 here
+            if shards > 1:
+                e = all_reduce_tp(e, identical_inputs=False, identical_grad_inputs=True)
+            h = all_reduce_tp(e, identical_inputs=True, identical_grad_inputs=False) if shards > 1 else e
+            head = ops.sum(ops.matmul(h, ops.transpose(table)) * d)
+            if shards > 1:
+                head = all_reduce_tp(head, identical_inputs=False, identical_grad_inputs=True)
+            return head + ops.sum(e * c), e
+
+        fwd = ir.create_graph(model, ids_s.spec, d_s.spec, c_s.spec, vo, vw)
+        grads = autodiff(fwd, grads_provided=fwd.outputs[:1], grads_required=fwd.inputs[4:])
+        site = ops.call_with_info(fwd, ops.host_load(ids_s), ops.host_load(d_s), ops.host_load(c_s), vo, vw)
+        (dw,) = ops.call(grads.graph, popxl.constant(1.0), inputs_dict=grads.inputs_dict(site))
+        outs = {}
+        for name, t in (("loss", site.outputs[0]), ("e", site.outputs[1]), ("dw", dw)):
+            outs[name] = popxl.d2h_stream(t.shape, t.dtype, name)
+            ops.host_store(outs[name], t)
+    with engine(engine_name):
+        session = popxl.Session(ir, "ipu_model")
+    if shards > 1:
+        feed = {ids_s: np.stack([ids] * shards), c_s: np.stack([c] * shards),
+                d_s: np.stack([d[:, r * rows:(r + 1) * rows] for r in range(shards)])}
+    else:
+        feed = {ids_s: ids, d_s: d, c_s: c}
+    with session:
+        res = session.run(feed)
+    return tuple(res[outs[k]].reshape((shards,) + res[outs[k]].shape[1 if shards > 1 else 0:])
+                 for k in ("loss", "e", "dw"))
+
+
+@pytest.mark.parametrize("engine_name", ["native", "reference"])
+@pytest.mark.parametrize("shards", [2, 4])
+def test_vocabulary_sharded_embedding_and_tied_head_equal_the_unsharded_ones(shards, engine_name):
+    rng = np.random.default_rng(shards)
+    vocab = shards * SHARD
+    w = rng.standard_normal((vocab, EMBED)).astype(np.float32)
+    ids = rng.integers(0, vocab, N_TOKENS).astype(np.int32)
+    ids[:2] = [0, vocab - 1]  # the first and last shards: every other shard sees them out of range
+    d = rng.standard_normal((N_TOKENS, vocab)).astype(np.float32)
+    c = rng.standard_normal((N_TOKENS, EMBED)).astype(np.float32)
+
+    # the formulas: e = w[ids]; loss = sum((e @ w.T) * d) + sum(e * c)
+    e_ref = w[ids].astype(np.float64)
+    de = d @ w + c
+    dw_ref = d.T.astype(np.float64) @ e_ref
+    np.add.at(dw_ref, ids, de)
+    loss_ref = float(((e_ref @ w.T) * d).sum() + (e_ref * c).sum())
+
+    loss, e, dw = tied_embedding(w, ids, d, c, 1, engine_name)
+    np.testing.assert_allclose(loss[0], loss_ref, rtol=1e-5)
+    np.testing.assert_allclose(e[0], e_ref, rtol=1e-6)
+    np.testing.assert_allclose(dw[0], dw_ref, rtol=1e-5, atol=1e-5)
+
+    shard_w = w.reshape(shards, SHARD, EMBED)
+    s_loss, s_e, s_dw = tied_embedding(shard_w, ids, d, c, shards, engine_name)
+    for r in range(shards):  # every replica: the unsharded loss and embedding, its rows of the gradient
+        np.testing.assert_allclose(s_loss[r], loss[0], rtol=1e-5)
+        np.testing.assert_allclose(s_e[r], e[0], rtol=1e-6)
+    np.testing.assert_allclose(s_dw.reshape(vocab, EMBED), dw[0], rtol=1e-5, atol=1e-5)

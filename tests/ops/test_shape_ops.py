@@ -220,6 +220,24 @@ def test_tied_gather(engine):
 
 
 @pytest.mark.parametrize("engine", ["native", "reference"])
+def test_zero_OOR_gives_zero_for_every_index_outside_the_axis(engine):
+    # PopART's zero_OOR: negative indices are out of range too (vocabulary-sharded embeddings
+    # subtract their shard's offset from the token ids); without it they count from the end.
+    idx = np.array([-2, 1, 5, -5, 3], np.int32)
+    rows = [0, 1, 0, 0, 1]
+    want = np.where(np.array(rows)[:, None, None] == 1, X[np.clip(idx, 0, 3)], 0)
+    outs = _run(lambda t, i: [ops.gather(t, i, zero_OOR=True), ops.tied_gather(t, i, zero_OOR=True),
+                              ops.gather(t, i), ops.groupedgather(ops.reshape(t, (1, 4, 1, 6)),
+                                                                  ops.reshape(i, (1, 5)), zero_OOR=True)],
+                [X, idx], engine)
+    np.testing.assert_array_equal(outs[0], want)
+    np.testing.assert_array_equal(outs[1], want)
+    np.testing.assert_array_equal(outs[3][0].reshape(want.shape), want)
+    plain = np.where((idx >= -4) & (idx < 4), 1, 0)[:, None, None] * X[idx % 4]  # negatives from the end
+    np.testing.assert_array_equal(outs[2], plain)
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
 def test_groupedgather(engine):
     t = RNG.randn(3, 5, 2).astype(np.float32)  # 3 groups of (5, 2)
     idx = np.array([[0, 4], [2, 2], [1, 3]], np.int32)

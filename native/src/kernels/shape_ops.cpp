@@ -42,9 +42,11 @@ const RegisterKernel join_ops[] = {
 
 // ---- gather -----------------------------------------------------------------------------------
 // x viewed as (groups, pre, D, post) and indices as (groups, K): out[g, p, k] = x[g, p, idx[g, k]]
-// (a row of `post` elements), zeros for indices outside [-D, D).
+// (a row of `post` elements), zeros for indices outside [-D, D), or outside [0, D) without `wrap`
+// (zero_OOR: vocabulary-sharded embeddings rely on negative indices giving 0).
 struct Gather {
   int64_t groups, pre, D, K, row;  // row: bytes of `post` elements
+  bool wrap;  // negative indices count from the end
   void run(const uint8_t* x, const int64_t* idx, uint8_t* out) const {
     // Rows of 1, 2, 4 or 8 bytes (a gather along the last axis) move as one value each, not as a
     // memcpy call each.
@@ -73,7 +75,7 @@ struct Gather {
       const uint8_t* line = x + gp * D * row;
       for (int64_t r = r0; r < r1; ++r) {
         int64_t i = ix[k];
-        if (i < 0) i += D;
+        if (wrap && i < 0) i += D;
         uint8_t* dst = out + r * row;
         const bool inside = i >= 0 && i < D;
         if constexpr (std::is_void_v<E>) {
@@ -115,6 +117,7 @@ KernelFactory gather(bool grouped) {
     g.D = x.shape[axis];
     g.K = idx.nelms / std::max<int64_t>(g.groups, 1);
     g.row = prod(x.shape, axis + 1) * static_cast<int64_t>(itemsize(x.dtype));
+    g.wrap = !ins.attrs.at("zero_OOR").b();
     return gather_kernel(x, idx, y, g);
   };
 }
@@ -133,7 +136,7 @@ KernelFactory gather_grad(bool grouped) {
     const size_t first = grouped ? 1 : 0, axis = first + static_cast<size_t>(ins.attrs.at("axis").i());
     const int64_t groups = grouped ? g.shape[0] : 1;
     const RowScatter rs{groups, prod(g.shape, first, axis), ins.attrs.at("size").i(), prod(idx.shape, first),
-                        prod(g.shape, axis + idx.shape.size() - first), true};
+                        prod(g.shape, axis + idx.shape.size() - first), !ins.attrs.at("zero_OOR").b()};
     unique_ptr<Kernel> k;
     auto make = [&](auto tag) {
       using W = typename decltype(tag)::type;
