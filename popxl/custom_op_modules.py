@@ -11,8 +11,13 @@ later), decides those imports first:
   are the popxl ops of ``popxl.ops.addons``;
 - another module whose source is a PopART C++ custom op (a ``<name>.cpp`` that opts in to
   cppimport and includes PopART headers) resolves to a Python module of that name beside it if
-  there is one (a CPU port of the op: the README's "Custom ops" section), and otherwise fails with
-  an ``ImportError`` naming the module and its source;
+  there is one (a CPU port of the op: the README's "Custom ops" section); else, if its folder's
+  C++ sources are those of an op that one of Graphcore's applications ships (recognised by their
+  fingerprint), to popxl-cpu's module for it (``popart._internal.ir.application_bindings``); and
+  otherwise fails with an ``ImportError`` naming the module and its source;
+- a binding module (``..._binding`` / ``..._impl``) that has no source at all beside it, in a
+  folder whose Python files are those of such an application's op (a copy of the application that
+  kept only its Python files), resolves to popxl-cpu's module for that op too;
 - every other import, C++ modules that are not PopART ops included, is left to the finders after
   it (cppimport's among them).
 """
@@ -28,6 +33,7 @@ __all__ = ["CustomOpModuleFinder", "install", "ADDONS_PACKAGE"]
 
 ADDONS_PACKAGE = "popxl_addons.ops."
 _CPP_EXTENSIONS = (".cpp", ".c")  # what cppimport looks for
+_BINDING_SUFFIXES = ("_binding", "_impl")  # how Graphcore's code names its cppimport modules
 
 
 class CustomOpModuleFinder(importlib.abc.MetaPathFinder):
@@ -44,10 +50,13 @@ class CustomOpModuleFinder(importlib.abc.MetaPathFinder):
                                                       origin="popart._internal.ir.addons_bindings")
         source = _popart_cpp_source(fullname, path)
         if source is None:
-            return None
+            return _sourceless_application_op(fullname, path)
         port = importlib.machinery.PathFinder.find_spec(fullname, path)
         if port is not None:
             return port
+        spec = _application_op(fullname, os.path.dirname(source), cpp=True)
+        if spec is not None:
+            return spec
         raise ImportError(
             f"{fullname}: {source} is a PopART C++ custom op, and PopART C++ custom ops cannot be built "
             f"here (popxl-cpu has no PopART or Poplar to compile them against). Give the op a CPU "
@@ -66,8 +75,7 @@ class _BindingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         module.__dict__.update(self.contents)
-        module.__doc__ = (f"popxl-addons' binding module {module.__name__}, as popxl-cpu provides it "
-                          f"(popart._internal.ir.addons_bindings).")
+        module.__doc__ = f"The C++ binding module {module.__name__}, as popxl-cpu provides it."
 
 
 class _KeepFirst(importlib.abc.Loader):
@@ -93,6 +101,32 @@ def _keeping_first(finder: CustomOpModuleFinder, fullname: str, path: Optional[S
     if spec is not None and spec.loader is not None:
         spec.loader = _KeepFirst(spec.loader, finder)
     return spec
+
+
+def _application_op(fullname: str, folder: str, cpp: bool) -> Any:
+    """The spec of popxl-cpu's module for one of Graphcore's applications' C++ custom ops, if the
+    C++ (or with ``cpp`` False, the Python) files of ``folder`` are that op's, else None."""
+    from popart._internal.ir import application_bindings as apps
+    key = (apps.fingerprint(folder, apps.CPP_SOURCES if cpp else apps.PYTHON_SOURCES), fullname.rpartition(".")[2])
+    if key not in apps.MODULES:
+        return None
+    return importlib.machinery.ModuleSpec(fullname, _BindingLoader(apps.MODULES[key]),
+                                          origin="popart._internal.ir.application_bindings")
+
+
+def _sourceless_application_op(fullname: str, path: Optional[Sequence[str]]) -> Any:
+    """For a binding module of a package that nothing else provides (no C++ source, no module):
+    popxl-cpu's module for the application's op whose Python files its folder holds, if any."""
+    if path is None or not fullname.endswith(_BINDING_SUFFIXES):
+        return None
+    if importlib.machinery.PathFinder.find_spec(fullname, path) is not None:
+        return None
+    for folder in path:
+        if os.path.isdir(folder):
+            spec = _application_op(fullname, folder, cpp=False)
+            if spec is not None:
+                return spec
+    return None
 
 
 def _popart_cpp_source(fullname: str, path: Optional[Sequence[str]]) -> Optional[str]:

@@ -1,7 +1,8 @@
 """PopART's custom-op surface (popart._internal.ir.custom_op) as PopXL custom ops' Python wrappers
 use it, and where their binding modules come from (popxl.custom_op_modules): popxl-addons'
-resolve to popxl-cpu's, a Python port beside a C++ source wins, an unknown PopART C++ op fails
-clearly, cppimport's finder never gets in first."""
+resolve to popxl-cpu's, a Python port beside a C++ source wins, the ops Graphcore's applications
+ship are recognised by their files' fingerprint, an unknown PopART C++ op fails clearly,
+cppimport's finder never gets in first."""
 import importlib
 import re
 import sys
@@ -15,6 +16,7 @@ import popart._internal.ir as _ir
 import popxl
 import popxl.ops as ops
 from popart._internal.ir import addons_bindings as bindings
+from popart._internal.ir import application_bindings
 from popart._internal.ir.op import _CLASSES
 from popxl.context import get_current_context
 from popxl.custom_op_modules import CustomOpModuleFinder
@@ -169,7 +171,8 @@ def import_area(tmp_path, monkeypatch):
     before = set(sys.modules)
     yield tmp_path
     for name in set(sys.modules) - before:
-        if name.split(".")[0] in {"popxl_addons", "cppimport", "leaky_relu_op_impl", "unknown_op_impl", "plain_ext"}:
+        if name.split(".")[0] in {"popxl_addons", "cppimport", "leaky_relu_op_impl", "unknown_op_impl", "plain_ext",
+                                  "modelling"}:
             del sys.modules[name]
     importlib.invalidate_caches()
 
@@ -217,6 +220,60 @@ def test_an_unknown_popart_cpp_op_fails_naming_it(import_area):
     with pytest.raises(ModuleNotFoundError) as info:
         import plain_ext  # noqa: F401
     assert "PopART" not in str(info.value)
+
+
+def _application_folder(root, with_cpp: bool):
+    """An application's op folder as Graphcore's Llama lays it out (modelling/rotary_pos_embed), with
+    stand-in files: the package imports its binding module as the real wrapper does."""
+    pkg = root / "modelling" / "rotary_pos_embed"
+    pkg.mkdir(parents=True)
+    (root / "modelling" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from .rotary_pos_embed import *\n")
+    (pkg / "rotary_pos_embed.py").write_text("from . import rotary_pos_embed_binding\n")
+    if with_cpp:
+        (pkg / "rotary_pos_embed_binding.cpp").write_text(_POPART_CPP)
+        (pkg / "rotary_pos_embedx.cpp").write_text("// the op's Poplar code\n")
+    return pkg
+
+
+@pytest.mark.parametrize("with_cpp", [True, False], ids=["cpp", "python-only"])
+def test_an_applications_op_is_recognised_by_its_files(import_area, monkeypatch, with_cpp):
+    pkg = _application_folder(import_area, with_cpp)
+    suffixes = application_bindings.CPP_SOURCES if with_cpp else application_bindings.PYTHON_SOURCES
+    key = (application_bindings.fingerprint(str(pkg), suffixes), "rotary_pos_embed_binding")
+    monkeypatch.setitem(application_bindings.MODULES, key,
+                        {"RotaryPosEmbedOp": application_bindings.RotaryPosEmbedHalvesOp})
+    module = importlib.import_module("modelling.rotary_pos_embed.rotary_pos_embed_binding")
+    assert module.RotaryPosEmbedOp is application_bindings.RotaryPosEmbedHalvesOp
+    # whitespace does not change what an op is
+    for f in pkg.iterdir():
+        if f.name.endswith(suffixes):
+            f.write_text("\n  " + f.read_text().replace(" ", "\t") + "\n\n")
+    assert application_bindings.fingerprint(str(pkg), suffixes) == key[0]
+
+
+def test_an_applications_op_with_other_sources_is_not_served(import_area):
+    _application_folder(import_area, with_cpp=True)
+    with pytest.raises(ImportError, match=r"modelling\.rotary_pos_embed\.rotary_pos_embed_binding: .* is a PopART "
+                                          r"C\+\+ custom op"):
+        importlib.import_module("modelling.rotary_pos_embed.rotary_pos_embed_binding")
+
+
+def test_the_applications_rotary_op_rotates_halves():
+    """The Llama / Dolly op through its binding class: pairs (x[i], x[i + d/2]), and the class keeps
+    popxl-addons' view class for the op type."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.zeros((1, 3, 2, 8), np.float32))
+        s = popxl.variable(np.zeros((1, 3, 2), np.float32))
+        ctx, g = get_current_context(), ir.main_graph
+        op = application_bindings.RotaryPosEmbedHalvesOp.createOpInGraph(
+            g._pb_graph, {0: x.id, 1: s.id, 2: s.id}, {0: g._create_tensor_id("rotated")}, 4,
+            ctx._get_op_settings("rope"))
+        ctx._op_created(op)
+        (popxl_op,) = [o for o in g.ops if o.type == "rotary_pos_embed"]
+        assert popxl_op.attrs == {"rotary_dim": 4, "pairing": "halves"}
+    assert _CLASSES["rotary_pos_embed"] is bindings.RotaryPosEmbedOp
 
 
 # ---- the README's guide: a PopXL custom op of one's own, ported (the user guide's leaky ReLU) -------

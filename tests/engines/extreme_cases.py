@@ -695,8 +695,10 @@ add("layer_norm_distributed", "float32", [_x2, np.stack([_x2[0, 1], _x2[1, 1]]),
 _rot = with_specials(floats((1, 3, 2, 6), seed=33))
 _sin, _cos = with_specials(floats((1, 3, 2), seed=34)), with_specials(floats((1, 3, 2), seed=35))[:, ::-1].copy()
 add("rotary_pos_embed", "float32", [_rot, _sin, _cos], lambda x, s, c: addons.rotary_pos_embed(x, s, c, 4))
+add("rotary_pos_embed", "halves-float32", [_rot, _sin, _cos],
+    lambda x, s, c: addons.rotary_pos_embed(x, s, c, 4, pairing="halves"))
 add("rotary_pos_embed_grad", "float32", [_rot, _sin, _cos],
-    lambda x, s, c: create_op("rotary_pos_embed_grad", [x, s, c], {"rotary_dim": 4})[0])
+    lambda x, s, c: create_op("rotary_pos_embed_grad", [x, s, c], {"rotary_dim": 4, "pairing": "interleaved"})[0])
 add("grad_reduce_square_add", "float32", [with_specials(floats((4, 5), seed=36)), np.array(np.inf, np.float32)],
     lambda t, scale: addons.grad_reduce_square_add(t, scale))
 add("group_quantize_decompress", "float32",

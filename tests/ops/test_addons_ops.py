@@ -190,6 +190,68 @@ def test_rotary_pos_embed_values_gradient_and_engines(rotary_dim, table_batch, d
     np.testing.assert_allclose(dx, rotary_numpy(dy, sin, cos, rotary_dim, direction=-1), rtol=tol, atol=tol)
 
 
+def rotary_halves_numpy(x, sin, cos, rotary_dim, direction=1):
+    """Pair i is (x[i], x[i + rotary_dim/2]) (GPT-NeoX's form), as a complex number, turned."""
+    half = rotary_dim // 2
+    z = x[..., :half].astype(np.complex128) + 1j * x[..., half:rotary_dim]
+    turn = (cos.astype(np.float64) + 1j * direction * sin.astype(np.float64))[:, :, None, :]
+    out = x.astype(np.float64)
+    out[..., :half], out[..., half:rotary_dim] = (z * turn).real, (z * turn).imag
+    return out
+
+
+@pytest.mark.parametrize("rotary_dim,table_batch,dtype", [(8, 1, np.float32), (4, 3, np.float32),
+                                                          (6, 1, np.float16)])
+def test_rotary_pos_embed_halves_values_gradient_and_engines(rotary_dim, table_batch, dtype):
+    x = RNG.standard_normal((3, 5, 2, 8)).astype(dtype)
+    sin, cos = (a.astype(dtype) for a in trig(table_batch, 5, rotary_dim))
+
+    def build(t, s, c):
+        return addons.rotary_pos_embed(t, s, c, rotary_dim, pairing="halves")
+
+    y = compare_engines(build, [x, sin, cos], native_ops=["rotary_pos_embed"])[0]
+    tol = 1e-6 if dtype == np.float32 else 1e-3
+    np.testing.assert_allclose(y, rotary_halves_numpy(x, sin, cos, rotary_dim), rtol=tol, atol=tol)
+    assert not np.allclose(y, rotary_numpy(x, sin, cos, rotary_dim), atol=1e-2)  # not the interleaved form
+    (_,), (dx,), (dy,) = grads(build, [x, sin, cos], [0], 1)
+    np.testing.assert_allclose(dx, rotary_halves_numpy(dy, sin, cos, rotary_dim, direction=-1), rtol=tol, atol=tol)
+    check_grad(lambda t: addons.rotary_pos_embed(t, popxl.constant(sin[:1].astype(np.float32)),
+                                                 popxl.constant(cos[:1].astype(np.float32)), rotary_dim,
+                                                 pairing="halves"),
+               [x[:1].astype(np.float32)])
+
+
+@pytest.mark.parametrize("model", ["llama", "gpt_neox"])
+def test_rotary_pos_embed_halves_is_huggingface_rotary_embedding(model):
+    """HuggingFace's Llama and GPT-NeoX code (rotate_half; GPT-NeoX rotates the first rotary_ndims
+    of each head), values and gradients through torch autograd, against the op as Graphcore's
+    Llama / Dolly applications call it: (batch, seq, heads, head) and tables of half width."""
+    torch = pytest.importorskip("torch")
+    module = pytest.importorskip(f"transformers.models.{model}.modeling_{model}")
+    batch, seq, heads, head = 2, 6, 3, 8
+    rotary_dim = head if model == "llama" else 4
+    x = RNG.standard_normal((batch, seq, heads, head)).astype(np.float32)
+    g = RNG.standard_normal((batch, seq, heads, head)).astype(np.float32)
+    sin, cos = trig(1, seq, rotary_dim)  # (1, seq, rotary_dim / 2)
+
+    q = torch.tensor(x).transpose(1, 2).requires_grad_()  # HuggingFace: (batch, heads, seq, head)
+    full_cos = torch.tensor(np.concatenate([cos, cos], -1))  # (1, seq, rotary_dim): both halves
+    full_sin = torch.tensor(np.concatenate([sin, sin], -1))
+    rot, rest = q[..., :rotary_dim], q[..., rotary_dim:]
+    rotated, _ = module.apply_rotary_pos_emb(rot, rot, full_cos, full_sin)
+    want = torch.cat([rotated, rest], -1)
+    (want * torch.tensor(g).transpose(1, 2)).sum().backward()
+    want_x = want.detach().transpose(1, 2).numpy()
+    want_dx = q.grad.transpose(1, 2).numpy()
+
+    def build(t, s, c):
+        return addons.rotary_pos_embed(t, s, c, rotary_dim, pairing="halves")
+
+    (y,), (dx,), _ = grads(build, [x, sin, cos], [0], 1, seeds=[g])
+    np.testing.assert_allclose(y, want_x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=1e-6)
+
+
 def test_rotary_pos_embed_gradient_by_finite_differences():
     sin, cos = trig(1, 3, 4)
     x = RNG.standard_normal((1, 3, 2, 6))
@@ -208,6 +270,8 @@ def test_rotary_pos_embed_checks_shapes():
             addons.rotary_pos_embed(x, s, s, 4)
         with pytest.raises(ValueError, match="must have rank 4"):
             addons.rotary_pos_embed(s, s, s, 4)
+        with pytest.raises(ValueError, match=r"pairing must be one of \('interleaved', 'halves'\), not 'neox'"):
+            addons.rotary_pos_embed(x, s, s, 8, pairing="neox")
 
 
 # ---- sharded cross entropy ---------------------------------------------------------------------------

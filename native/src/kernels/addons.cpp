@@ -35,12 +35,16 @@ W through(W v) {
 }
 
 // ---- rotary_pos_embed / rotary_pos_embed_grad ----------------------------------------------------
-// x (batch, seq, heads, head) with each pair (x[2p], x[2p+1]) of the first rotary_dim values of a
-// head turned by the angle of its (batch, seq) position: by +angle forward, -angle for the gradient.
+// x (batch, seq, heads, head) with each pair of the first rotary_dim values of a head turned by the
+// angle of its (batch, seq) position: by +angle forward, -angle for the gradient. Pair p is
+// (x[2p], x[2p+1]) "interleaved" or (x[p], x[p + rotary_dim/2]) "halves".
 KernelFactory rotary(float direction) {
   return [direction](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer x = bufs[ins.inputs[0]], sn = bufs[ins.inputs[1]], cs = bufs[ins.inputs[2]], y = bufs[ins.outputs[0]];
     const int64_t pairs = ins.attrs.at("rotary_dim").i() / 2;
+    const bool halves = ins.attrs.at("pairing").s() == "halves";
+    // where the real and imaginary parts of pair p sit in a head: re_step * p + im_at (+ 0 for re)
+    const int64_t re_step = halves ? 1 : 2, im_at = halves ? pairs : 1;
     if (x.shape.size() != 4 || sn.shape.size() != 3 || cs.shape.size() != 3)
       throw std::logic_error(ins.type + " '" + ins.name + "': expects a rank-4 input and rank-3 tables");
     unique_ptr<Kernel> k;
@@ -61,9 +65,10 @@ KernelFactory rotary(float direction) {
               const int64_t xo = x.offset + b * x.strides[0] + t * x.strides[1] + h * x.strides[2];
               load_row<W>(a + xo, x.strides[3], x.dtype, row.data(), D);
               for (int64_t p = 0; p < pairs; ++p) {
-                const W re = row[2 * p], im = row[2 * p + 1];
-                row[2 * p] = re * c[p] - im * s[p];
-                row[2 * p + 1] = im * c[p] + re * s[p];
+                const int64_t at = re_step * p;
+                const W re = row[at], im = row[at + im_at];
+                row[at] = re * c[p] - im * s[p];
+                row[at + im_at] = im * c[p] + re * s[p];
               }
               store_row<W>(a + y.offset + b * y.strides[0] + t * y.strides[1] + h * y.strides[2], y.strides[3], y.dtype,
                            row.data(), D);

@@ -98,7 +98,7 @@ class RotaryPosEmbedOp(CustomOp):
 
     @classmethod
     def attributes(cls, graph: Any, rotaryDim: int) -> Dict[str, Any]:
-        return {"rotary_dim": rotaryDim}
+        return {"rotary_dim": rotaryDim, "pairing": "interleaved"}
 
 
 class LayerNormDistributedOp(CustomOp):

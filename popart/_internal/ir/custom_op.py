@@ -143,7 +143,7 @@ class CustomOp(Op):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.popxl_type:
+        if cls.__dict__.get("popxl_type"):  # a subclass that only changes attributes keeps its base's view
             register_view_class(cls.popxl_type, cls)
 
     @classmethod

@@ -28,9 +28,14 @@ def _float(s, what: str, name: str) -> None:
 
 
 # rotary position embeddings --------------------------------------------------------------------------
-def _rotary_infer(specs, rotary_dim):
+_PAIRINGS = ("interleaved", "halves")
+
+
+def _rotary_infer(specs, rotary_dim, pairing):
     x, sin, cos = specs
     what = "rotary_pos_embed"
+    if pairing not in _PAIRINGS:
+        raise ValueError(f"{what}: pairing must be one of {_PAIRINGS}, not {pairing!r}")
     if len(x.shape) != 4:
         raise ValueError(f"{what}: the input must have rank 4, (batch, seq, heads, head size), not shape {x.shape}")
     _float(x, what, "the input")
@@ -48,27 +53,32 @@ def _rotary_infer(specs, rotary_dim):
     return [spec(x.shape, x.dtype)]
 
 
-def _rotate(x, sin, cos, rotary_dim, direction: int):
-    """Each pair (x[2i], x[2i+1]) of the first ``rotary_dim`` values of the last axis, as the
-    complex number x[2i] + j x[2i+1], times exp(j * direction * angle); angles from sin/cos
-    (batch, seq, pair), the same for every head. Computed in float32, rounded once."""
+def _rotate(x, sin, cos, rotary_dim, pairing, direction: int):
+    """Each pair of the first ``rotary_dim`` values of the last axis, as the complex number re + j im,
+    times exp(j * direction * angle); angles from sin/cos (batch, seq, pair), the same for every
+    head. Pair i is (x[2i], x[2i+1]) "interleaved" (popxl-addons, GPT-J) or (x[i], x[i + rotary_dim/2])
+    "halves" (GPT-NeoX, Llama). Computed in float32, rounded once."""
     w = np.float32 if x.dtype == np.float16 else x.dtype
     out = x.astype(w, copy=True)
-    pairs = out[..., :rotary_dim].reshape(*x.shape[:3], rotary_dim // 2, 2)
-    re, im = pairs[..., 0].copy(), pairs[..., 1].copy()
+    half = rotary_dim // 2
+    if pairing == "interleaved":
+        pairs = out[..., :rotary_dim].reshape(*x.shape[:3], half, 2)
+        re, im = pairs[..., 0], pairs[..., 1]
+    else:
+        re, im = out[..., :half], out[..., half:rotary_dim]
+    re0, im0 = re.copy(), im.copy()
     s = direction * sin.astype(w)[:, :, None, :]
     c = cos.astype(w)[:, :, None, :]
-    pairs[..., 0] = re * c - im * s
-    pairs[..., 1] = im * c + re * s
-    out[..., :rotary_dim] = pairs.reshape(*x.shape[:3], rotary_dim)
+    re[...] = re0 * c - im0 * s  # views of ``out``
+    im[...] = im0 * c + re0 * s
     return out.astype(x.dtype)
 
 
-register(OpDef("rotary_pos_embed", _rotary_infer, lambda x, sin, cos, rotary_dim: _rotate(x, sin, cos, rotary_dim, 1),
-               family=_FAMILY))
+register(OpDef("rotary_pos_embed", _rotary_infer,
+               lambda x, sin, cos, rotary_dim, pairing: _rotate(x, sin, cos, rotary_dim, pairing, 1), family=_FAMILY))
 register(OpDef("rotary_pos_embed_grad", _rotary_infer,
-               lambda dy, sin, cos, rotary_dim: _rotate(dy, sin, cos, rotary_dim, -1), grad=Grad.RAISE,
-               family=_FAMILY))
+               lambda dy, sin, cos, rotary_dim, pairing: _rotate(dy, sin, cos, rotary_dim, pairing, -1),
+               grad=Grad.RAISE, family=_FAMILY))
 
 
 @grad_rule("rotary_pos_embed")
@@ -78,27 +88,32 @@ def _rotary_grad(ctx):
     return [dx, None, None]
 
 
-def rotary_pos_embed(t: Tensor, sin: Tensor, cos: Tensor, rotary_dim: Optional[int] = None) -> Tensor:
+def rotary_pos_embed(t: Tensor, sin: Tensor, cos: Tensor, rotary_dim: Optional[int] = None,
+                     pairing: str = "interleaved") -> Tensor:
     """popxl-addons' ``RotaryPosEmbed``: rotary position embeddings.
 
-    The first ``rotary_dim`` values of each head are rotated pairwise, (x0, x1) by the angle whose
-    sine and cosine the position gives; the rest pass unchanged. The gradient rotates back.
+    The first ``rotary_dim`` values of each head are rotated pairwise, pair i by the angle whose
+    sine and cosine the position gives for i; the rest pass unchanged. The gradient rotates back.
 
     Args:
         t: (batch, seq, heads, head size), float16 or float32.
         sin: (1 or batch, seq, rotary_dim / 2), ``t``'s dtype.
         cos: (1 or batch, seq, rotary_dim / 2), ``t``'s dtype.
         rotary_dim: An even number of values rotated per head; default the head size.
+        pairing: "interleaved": pair i is (x[2i], x[2i+1]), as popxl-addons' op (GPT-J's form);
+            "halves": pair i is (x[i], x[i + rotary_dim / 2]), as the op that Graphcore's Llama
+            and Dolly applications ship (GPT-NeoX's and Llama's form).
 
     Returns:
         A new tensor of ``t``'s shape and dtype.
 
     Raises:
         TypeError: If the dtypes are not float16 / float32 or differ.
-        ValueError: If the shapes do not match or ``rotary_dim`` is odd or too large.
+        ValueError: If the shapes do not match, ``rotary_dim`` is odd or too large, or ``pairing``
+            is unknown.
     """
     rotary_dim = rotary_dim or (t.shape[-1] if t.shape else 0)
-    return create_op("rotary_pos_embed", [t, sin, cos], {"rotary_dim": rotary_dim})[0]
+    return create_op("rotary_pos_embed", [t, sin, cos], {"rotary_dim": rotary_dim, "pairing": pairing})[0]
 
 
 # layer norm over a hidden axis sharded across replicas ------------------------------------------------
