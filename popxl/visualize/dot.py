@@ -69,15 +69,23 @@ class DrawOptions:
 
 
 def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """``text`` as one DOT quoted string, whatever it holds (a name of the user's cannot end the
+    string or add attributes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
 
 
 def _html(text: str) -> str:
+    """``text`` as character data inside one of our HTML-like labels."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
+class _HtmlLabel(str):
+    """An HTML-like label built by this module's own templates (every user-given text in it passed
+    through ``_html``): the only value written into DOT unquoted."""
+
+
 def _attrs_text(**kw: Any) -> str:
-    return "[" + ", ".join(f"{k}={v if isinstance(v, str) and v.startswith('<') else _quote(str(v))}"
+    return "[" + ", ".join(f"{k}=<{v}>" if isinstance(v, _HtmlLabel) else f"{k}={_quote(str(v))}"
                            for k, v in kw.items() if v is not None) + "]"
 
 
@@ -149,8 +157,8 @@ class _Writer:
     # ops ------------------------------------------------------------------------------------------
     def op_node(self, item: _Item, depth: int) -> None:
         if item.scope is not None:
-            label = (f'<<b>{_html(item.scope)}/</b><br/><font point-size="9">{len(item.ops)} ops: '
-                     f'{_html(_op_types(item.ops))}</font>>')
+            label = _HtmlLabel(f'<b>{_html(item.scope)}/</b><br/><font point-size="9">{len(item.ops)} ops: '
+                               f'{_html(_op_types(item.ops))}</font>')
             self.node(depth, item.node, shape="box3d", style="filled", fillcolor="#e9ecef", label=label,
                       tooltip=f"name scope {item.scope}: {len(item.ops)} ops")
             return
@@ -169,7 +177,7 @@ class _Writer:
             outs = outs[:_MAX_OUTPUT_LINES] + [f"... {len(op.outputs) - _MAX_OUTPUT_LINES} more"]
         rows.extend(f'<font point-size="9">{_html(o)}</font>' for o in outs)
         colour = _FAMILY_COLOURS.get(op.opdef.family, "#ffffff")
-        label = "<" + "<br/>".join(rows) + ">"
+        label = _HtmlLabel("<br/>".join(rows))
         self.node(depth, item.node, shape="box", style="rounded,filled", fillcolor=colour, label=label,
                   tooltip=_op_tooltip(op))
 
@@ -472,6 +480,9 @@ def dot_checkpoint(ir: "Ir", check: str, save_dir: Optional[Union[Path, str]] = 
         ir._dot_checks = {"ALL"}
     if not check_enabled(ir, check):
         return None
+    if any(c in check for c in "/\\\0") or check in (".", ".."):
+        raise ValueError(f"dot_checkpoint: check {check!r} names a file in the save directory: it may not contain "
+                         f"'/', '\\' or NUL, nor be '.' or '..'.")
     directory = ir._dot_save_dir or Path(".")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{check}_all.dot"

@@ -157,3 +157,39 @@ def test_session_writes_the_final_checkpoint_when_asked(tmp_path, monkeypatch, e
     if final:  # the program as compiled: every op of the model
         text = (tmp_path / "dots" / "FINAL_all.dot").read_text()
         assert "<b>gelu</b>" in text and "<b>mul</b>" in text
+
+
+_double = lambda a: a * 2.0  # noqa: E731  (a module-level lambda: its graph is '<lambda>_subgraph(0)')
+
+
+def test_names_of_any_text_are_quoted_and_cannot_add_attributes():
+    """Graph names from lambdas ('<lambda>_subgraph(0)') and tensor / op names holding quotes,
+    backslashes, newlines and DOT syntax stay text: the source parses, the names come back whole
+    and no attribute comes from them."""
+    ir = popxl.Ir()
+    evil = '<x>, URL="http://example.com/evil", label="<b>'
+    with ir.main_graph:
+        v = popxl.variable(np.ones(2, np.float32), name=evil)
+        w = popxl.variable(np.ones(2, np.float32), name="back\\slash\nnew line <tag> & \"q\"")
+        g = ir.create_graph(_double, v)
+        (y,) = ops.call(g, v)
+        ops.add(y, w)
+    assert "<lambda>" in [graph.name for graph in ir._all_graphs()]
+    source = to_dot(ir)
+    parsed = pygraphviz.AGraph(string=source)
+    for node in parsed.iternodes():
+        assert node.attr.get("URL") in (None, ""), node
+    assert any("<lambda>" in (sub.graph_attr.get("label") or "") for sub in parsed.subgraphs())
+    parsed.layout(prog="dot")
+    texts = _texts(to_svg(ir))  # the rendered lines: the names as the user wrote them
+    assert evil + ":float32[2]" in texts
+    assert "back\\slash" in texts and 'new line <tag> & "q":float32[2]' in texts
+    assert any(t.startswith("graph ") and t.endswith("<lambda>_subgraph(0)") for t in texts)
+
+
+@pytest.mark.parametrize("check", ["../../x", "a/b", "..", "a\\b", "nul\0"])
+def test_checkpoint_names_cannot_leave_the_save_dir(tmp_path, check):
+    ir = mlp(layers=1, train=False)
+    with pytest.raises(ValueError, match="dot_checkpoint: check .* names a file in the save directory"):
+        ir.dot_checkpoint(check, tmp_path / "dots")
+    assert not any(tmp_path.rglob("*.dot"))
