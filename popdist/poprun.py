@@ -69,8 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="arguments for mpiexec itself, as one string (e.g. '-iface eth0')")
     p.add_argument("--mpi-local-args", default="", metavar="ARGS",
                    help="arguments for each instance's section of the mpiexec command, as one string")
-    p.add_argument("--print-topology", nargs="?", const="yes", default="no", choices=["yes", "no"],
-                   help="print which host runs which instance and replicas")
+    p.add_argument("--print-topology", default="no", choices=["yes", "no"],
+                   help="print which host runs which instance and replicas (alone: yes; or =yes / =no)")
     p.add_argument("-v", "--verbose", action="store_true", help="print the mpiexec command")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="how long a collective waits for another instance before it fails (POPDIST_TIMEOUT; "
@@ -87,6 +87,26 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """poprun's command line. ``--print-topology`` alone means ``=yes`` and never takes the next
+    word as its value (that word may be the program: ``poprun --print-topology python prog.py``),
+    as PopRun's implicit value."""
+    parser = _parser()
+    valued = {s for a in parser._actions if a.option_strings and a.nargs != 0 for s in a.option_strings}
+    argv = list(sys.argv[1:] if argv is None else argv)
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        word = argv[i]
+        if word == "--print-topology":
+            argv[i] = "--print-topology=yes"
+        elif word in valued:
+            i += 1  # its value
+        elif not word.startswith("-"):
+            break  # the program: the rest is its own
+        i += 1
+    return parser.parse_args(argv)
 
 
 def find_mpiexec() -> str:
@@ -164,7 +184,7 @@ def _topology(args: argparse.Namespace) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:

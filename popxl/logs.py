@@ -47,7 +47,15 @@ def _configure_from_environment() -> None:
     elif dest.lower() == "stderr":
         handler = logging.StreamHandler(sys.stderr)
     else:
-        handler = logging.FileHandler(dest)
+        try:
+            handler = logging.FileHandler(dest)
+        except OSError as e:  # a log file that cannot be opened must not make `import popxl` fail
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(_Formatter())
+            ROOT.addHandler(handler)
+            get_logger("popxl").warning("POPART_LOG_DEST=%r cannot be opened for writing (%s); logging to stderr instead.",
+                         dest, e.strerror or e)
+            return
     handler.setFormatter(_Formatter())
     ROOT.addHandler(handler)
 

@@ -218,7 +218,7 @@ def test_popdist_outside_poprun_is_one_instance(tmp_path):
 # the launcher's command line (no processes) -------------------------------------------------------------
 def poprun_command(*argv: str, env=None):
     from popdist import poprun
-    args = poprun._parser().parse_args(list(argv))
+    args = poprun.parse_args(list(argv))
     return poprun.build_command(args, "/x/mpiexec", env or {})
 
 
@@ -248,9 +248,30 @@ def test_poprun_spreads_instances_over_hosts_in_blocks():
     local = [cmd[i + 1] for i, c in enumerate(cmd) if c == "POPDIST_LOCAL_INSTANCE_INDEX"]
     assert offsets == ["0", "2", "4", "6"] and local == ["0", "1", "0", "1"]
     from popdist import poprun
-    topology = poprun._topology(poprun._parser().parse_args(["--num-instances", "4", "--num-replicas", "8",
+    topology = poprun._topology(poprun.parse_args(["--num-instances", "4", "--num-replicas", "8",
                                                              "-H", "a,b", "python", "p.py"]))
     assert "instance 3 (MPI rank 3) on b: replicas 6..7" in topology
+
+
+@pytest.mark.parametrize("argv, topology, command", [
+    (("--print-topology", "python", "prog.py"), "yes", ["python", "prog.py"]),
+    (("--num-instances", "2", "--print-topology", "python", "p.py", "--print-topology"), "yes",
+     ["python", "p.py", "--print-topology"]),  # the program's own flag stays the program's
+    (("--print-topology=no", "python", "p.py"), "no", ["python", "p.py"]),
+    (("--print-topology=yes", "--num-instances", "2", "python", "p.py"), "yes", ["python", "p.py"]),
+    (("python", "p.py"), "no", ["python", "p.py"]),
+])
+def test_print_topology_alone_does_not_take_the_program_as_its_value(argv, topology, command):
+    from popdist import poprun
+    args = poprun.parse_args(list(argv))
+    assert args.print_topology == topology and args.command == command
+
+
+def test_print_topology_values_are_checked(capsys):
+    from popdist import poprun
+    with pytest.raises(SystemExit):
+        poprun.parse_args(["--print-topology=maybe", "python", "p.py"])
+    assert "invalid choice: 'maybe'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -55,6 +55,16 @@ def test_log_level_and_destination_file(tmp_path):
     assert len({pid for _, pid, _, _, _ in records}) == 1  # one process: <pid>.<tid> from the same pid
 
 
+def test_a_log_file_that_cannot_be_opened_falls_back_to_stderr(tmp_path):
+    r = run(tmp_path, POPART_LOG_DEST=str(tmp_path / "no" / "such" / "dir" / "log.txt"))
+    assert r.returncode == 0, r.stderr  # the program still runs
+    records = parsed(r.stderr)
+    first = records[0]
+    assert first[0] == "popxl" and first[3] == "W"
+    assert "POPART_LOG_DEST=" in first[4] and "cannot be opened for writing" in first[4] and "stderr" in first[4]
+    assert any(m == "popxl" and "ipu_hw" in msg for m, _, _, _, msg in records)  # later lines go there too
+
+
 def test_level_filters_and_stdout(tmp_path):
     r = run(tmp_path, POPART_LOG_LEVEL="WARN", POPART_LOG_DEST="stdout")
     assert r.returncode == 0, r.stderr
