@@ -10,36 +10,59 @@ and it holds a failed instance's exit (``release``) until the others have reacte
 prints its own error before MPI's launcher tears the job down. At the end poprun prints which
 instance failed first and why.
 
-Messages are JSON objects, one per line:
+An instance first sends the token alone on a line; nothing it sends is parsed before the token
+matched. Then messages are JSON objects, one per line:
 
-- instance -> supervisor: ``{"hello": index, "token", "pid", "host"}`` first, then ``{"failed": why}``
-  (this instance failed), ``{"stopped": why}`` (it stopped because of another's failure) or
+- instance -> supervisor: ``{"hello": index, "pid", "host"}`` first, then ``{"failed": why}`` (this
+  instance failed), ``{"stopped": why}`` (it stopped because of another's failure) or
   ``{"finished": why}`` (its program ended).
 - supervisor -> instance: ``{"instance": index, "state": "failed" | "finished", "message": why}``
   and ``{"release": true}`` (to a failed instance: the others have reacted; exit now).
 
-Connections are over the network when the launch spans hosts: the token keeps strangers out.
+Connections are over the network when the launch spans hosts: the token keeps strangers out, lines
+are bounded (``MAX_LINE``), and every message is checked against its form; a connection that breaks
+any of these rules is dropped and logged, and the supervisor goes on serving the others.
 """
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import secrets
 import selectors
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-__all__ = ["ADDRESS_VAR", "TOKEN_VAR", "Supervisor", "SupervisorClient", "InstanceRecord"]
+__all__ = ["ADDRESS_VAR", "TOKEN_VAR", "MAX_LINE", "Supervisor", "SupervisorClient", "InstanceRecord"]
 
 ADDRESS_VAR = "POPRUN_SUPERVISOR"
 TOKEN_VAR = "POPRUN_TOKEN"
+MAX_LINE = 1 << 16  # bytes of one message line; longer texts are cut by the sender
+_MAX_TEXT = 8192  # characters of a message's text ("why")
+_STATES = ("failed", "stopped", "finished")
 
 
 def _encode(message: dict) -> bytes:
     return (json.dumps(message) + "\n").encode()
+
+
+def _text(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + " [...]"
+
+
+def _instance_message(message: Any, hello: bool) -> bool:
+    """Whether ``message`` (parsed JSON from an authenticated instance) has one of the forms above."""
+    if not isinstance(message, dict):
+        return False
+    if hello:
+        return (set(message) == {"hello", "pid", "host"} and type(message["hello"]) is int
+                and type(message["pid"]) is int and isinstance(message["host"], str))
+    return len(message) == 1 and next(iter(message)) in _STATES and isinstance(next(iter(message.values())), str)
 
 
 @dataclass
@@ -61,7 +84,9 @@ class InstanceRecord:
 @dataclass
 class _Connection:
     sock: socket.socket
+    peer: str = "?"
     buffer: bytes = b""
+    authenticated: bool = False
     index: Optional[int] = None
 
 
@@ -106,12 +131,21 @@ class Supervisor:
         while not self._stop.is_set():
             for key, _ in self._selector.select(timeout=0.1):
                 if key.fileobj is self._server:
-                    sock, _ = self._server.accept()
+                    try:
+                        sock, address = self._server.accept()
+                    except OSError:
+                        continue
                     sock.setblocking(False)
-                    self._connections[sock] = _Connection(sock)
+                    self._connections[sock] = _Connection(sock, peer=f"{address[0]}:{address[1]}")
                     self._selector.register(sock, selectors.EVENT_READ)
                 else:
-                    self._read(self._connections[key.fileobj])
+                    conn = self._connections.get(key.fileobj)
+                    if conn is None:
+                        continue
+                    try:
+                        self._read(conn)
+                    except Exception as e:  # whatever a peer sends, the others are still served
+                        self._refuse(conn, f"{type(e).__name__}: {e}")
             self._release_due()
 
     def _read(self, conn: _Connection) -> None:
@@ -123,36 +157,53 @@ class Supervisor:
             self._closed(conn)
             return
         conn.buffer += data
-        while b"\n" in conn.buffer:
-            line, conn.buffer = conn.buffer.split(b"\n", 1)
+        while conn.sock in self._connections:
+            end = conn.buffer.find(b"\n")
+            limit = len(self.token) + 1 if not conn.authenticated else MAX_LINE
+            if end < 0:
+                if len(conn.buffer) >= limit:
+                    self._refuse(conn, f"a line longer than {limit} bytes")
+                return
+            line, conn.buffer = conn.buffer[:end], conn.buffer[end + 1:]
+            if not conn.authenticated:
+                if not hmac.compare_digest(line, self.token.encode()):
+                    self._refuse(conn, "a wrong token")
+                    return
+                conn.authenticated = True
+                continue
             try:
                 message = json.loads(line)
-            except ValueError:
-                self._drop(conn)
+            except (ValueError, RecursionError):
+                self._refuse(conn, "a line that is not JSON")
+                return
+            if not _instance_message(message, hello=conn.index is None):
+                self._refuse(conn, f"a message of an unknown form: {line[:200]!r}")
                 return
             self._handle(conn, message)
 
+    def _refuse(self, conn: _Connection, why: str) -> None:
+        """Drop a connection that broke the protocol, saying so (a dropped instance counts as died)."""
+        who = f"instance {conn.index}" if conn.index is not None else f"a connection from {conn.peer}"
+        print(f"poprun: supervisor: dropped {who}: it sent {why}.", file=sys.stderr, flush=True)
+        self._closed(conn)
+
     def _handle(self, conn: _Connection, message: dict) -> None:
         if conn.index is None:
-            index = message.get("hello")
-            if (message.get("token") != self.token or not isinstance(index, int)
-                    or not 0 <= index < len(self.records) or index in self._by_index):
-                self._drop(conn)
+            index = message["hello"]
+            if not 0 <= index < len(self.records) or index in self._by_index:
+                self._refuse(conn, f"hello {index}, which is not a free instance index")
                 return
             conn.index = index
             self._by_index[index] = conn
             record = self.records[index]
-            record.pid, record.host, record.state = message.get("pid"), str(message.get("host", "")), "running"
+            record.pid, record.host, record.state = message["pid"], _text(message["host"]), "running"
             # An instance that connects after another failed learns of it at once.
             for other in self.records:
                 if other.state in ("failed", "died"):
                     self._send(conn, {"instance": other.index, "state": "failed", "message": self._why(other)})
             return
-        record = self.records[conn.index]
-        for state in ("failed", "stopped", "finished"):
-            if state in message:
-                self._set(record, state, str(message[state]))
-                return
+        (state, why), = message.items()
+        self._set(self.records[conn.index], state, _text(why))
 
     def _closed(self, conn: _Connection) -> None:
         index = conn.index
@@ -167,9 +218,10 @@ class Supervisor:
             self._set(record, "died", "its process ended without a word: killed by a signal, or crashed")
 
     def _drop(self, conn: _Connection) -> None:
+        if self._connections.pop(conn.sock, None) is None:
+            return  # dropped already
         self._selector.unregister(conn.sock)
         conn.sock.close()
-        self._connections.pop(conn.sock, None)
         if conn.index is not None:
             self._by_index.pop(conn.index, None)
             self._waiting_release.pop(conn.index, None)
@@ -242,7 +294,9 @@ class SupervisorClient:
         self._sock = socket.create_connection((host, int(port)), timeout=30)
         self._sock.settimeout(None)
         self._send_lock = threading.Lock()
-        self._send({"hello": index, "token": token, "pid": os.getpid(), "host": socket.gethostname()})
+        with self._send_lock:
+            self._sock.sendall(token.encode() + b"\n")
+        self._send({"hello": index, "pid": os.getpid(), "host": socket.gethostname()})
         self._thread = threading.Thread(target=self._listen, name="popdist-supervisor", daemon=True)
         self._thread.start()
 
@@ -266,15 +320,18 @@ class SupervisorClient:
             buffer += data
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
-                message = json.loads(line)
-                if message.get("release"):
-                    self._released.set()
-                elif "instance" in message:
-                    self._on_notice(int(message["instance"]), str(message["state"]), str(message["message"]))
+                try:
+                    message = json.loads(line)
+                    if message.get("release"):
+                        self._released.set()
+                    elif "instance" in message:
+                        self._on_notice(int(message["instance"]), str(message["state"]), str(message["message"]))
+                except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                    continue  # not from our supervisor: ignored
 
     def report(self, state: str, message: str) -> None:
         """Tell the supervisor this instance ``failed``, ``stopped`` or ``finished``."""
-        self._send({state: message})
+        self._send({state: _text(message)})
 
     def wait_release(self, timeout: float) -> bool:
         """After reporting a failure: wait (at most ``timeout`` s) until the others have reacted."""

@@ -26,6 +26,8 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from popxl.errors import popart_exception
+
 __all__ = ["Launch"]
 
 # An entry of device state: what `read(entry, local replica)` reads (the Session decides).
@@ -49,6 +51,7 @@ class Launch:
         engine.set_layout(self.index, self.count, self.local, self.global_replicas)
         layout = f"{self.count} instances x {self.local} replicas".encode()
         self.fingerprint = hashlib.sha256(exe.to_json().encode() + layout).hexdigest()
+        self.engine_kind = f"{engine.name} engine (build {engine.build})"
 
     @property
     def several(self) -> bool:
@@ -70,11 +73,17 @@ class Launch:
             return
         engine_comm = self.backend.new_comm(f"attaching {what}")
         self._comms = [engine_comm, self.backend.new_comm(f"attaching {what}")]
-        prints = self.backend.allgather(self._comms[1], self.fingerprint, f"attaching {what}")
+        everyone = self.backend.allgather(self._comms[1], (self.engine_kind, self.fingerprint), f"attaching {what}")
+        kinds, prints = [k for k, _ in everyone], [p for _, p in everyone]
+        other_engine = [i for i, k in enumerate(kinds) if k != kinds[0]]
         differ = [i for i, f in enumerate(prints) if f != prints[0]]
-        if differ:
+        if other_engine or differ:
             self.leave(engine)
-            from popxl.errors import popart_exception
+        if other_engine:
+            raise popart_exception(
+                f"{what}: the instances run different engines: {', '.join(f'instance {i}: {k}' for i, k in enumerate(kinds))}. "
+                f"Every instance must run the same engine and build (POPXL_ENGINE, and the same installation).")
+        if differ:
             raise popart_exception(
                 f"{what}: the instances run different programs: the executable of instance(s) {differ} differs from "
                 f"instance 0's (fingerprints {', '.join(f'{i}: {p[:12]}' for i, p in enumerate(prints))}). Every "

@@ -7,6 +7,8 @@ lists which ops took that path.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import sys
 import threading
@@ -58,8 +60,23 @@ def _import_native():
     return _native
 
 
+@functools.lru_cache(maxsize=None)
+def _build_id() -> str:
+    """A digest of the native extension's file: instances of one launch must run the same build."""
+    digest = hashlib.sha256()
+    with open(_import_native().__file__, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 class NativeEngine:
     name = "native"
+
+    @property
+    def build(self) -> str:
+        """Which build of the engine this is (a digest of the extension module)."""
+        return _build_id()
 
     def __init__(self, exe: Executable, force_fallback: Sequence[str] = ()) -> None:
         self.exe = exe

@@ -17,6 +17,7 @@ from popxl.engines.arena import ArenaViews
 
 class ReferenceEngine:
     name = "reference"
+    build = "numpy"  # the NumPy kernels of this popxl (its version is compared with the program)
 
     def __init__(self, exe: Executable) -> None:
         self.exe = exe

@@ -9,7 +9,7 @@ files together and compare layouts (1 x 4, 2 x 2, 4 x 1) bit for bit.
 
 Modes: ``collectives`` (every collective, with several groupings and dtypes, on both engines),
 ``mlp`` (data-parallel training of a small MLP), ``popart`` (a PopART TrainingSession), and the fault programs (``raise``, ``die``,
-``differ``, ``early_end``, ``hang``), which end badly on purpose.
+``differ``, ``other_engine``, ``early_end``, ``hang``), which end badly on purpose.
 """
 from __future__ import annotations
 
@@ -215,6 +215,13 @@ def fault(mode: str) -> None:
     me = popdist.getInstanceIndex()
     if mode == "differ":  # instance 1 builds another program: refused at attach
         ir, s = small_program(steps=2 if me == 1 else 1)
+        with popxl.Session(ir, "ipu_model"):
+            pass
+        return
+    if mode == "other_engine":  # the same program, instance 1 on the reference engine: refused at attach
+        ir, s = small_program()
+        if me == 1:
+            os.environ["POPXL_ENGINE"] = "reference"
         with popxl.Session(ir, "ipu_model"):
             pass
         return

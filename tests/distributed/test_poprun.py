@@ -162,6 +162,14 @@ def test_instances_running_different_programs_are_refused_at_attach(tmp_path):
     assert "the instances run different programs: the executable of instance(s) [1] differs" in proc.stderr
 
 
+def test_instances_on_different_engines_are_refused_at_attach_naming_them(tmp_path):
+    proc, seconds = fault_launch("other_engine", tmp_path)
+    assert proc.returncode != 0
+    assert "the instances run different engines: instance 0: native engine (build " in proc.stderr
+    assert "instance 1: reference engine (build numpy)" in proc.stderr
+    assert seconds < 60  # at once, not after the collectives' timeout
+
+
 def test_an_instance_that_ends_early_stops_the_one_waiting_for_it(tmp_path):
     proc, _ = fault_launch("early_end", tmp_path)
     assert proc.returncode != 0
