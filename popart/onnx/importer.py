@@ -78,6 +78,15 @@ def device_array(a: np.ndarray) -> np.ndarray:
     return a.astype(to)
 
 
+def _reason(e: Exception) -> str:
+    """An exception's message for an import error: as it is for the errors that say what was wrong
+    (ValueError, TypeError, NotImplementedError), else with its type (a KeyError's text is a key)."""
+    text = str(e)
+    if type(e) in (ValueError, TypeError, NotImplementedError) and text:
+        return text
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def load_model(model: ModelLike) -> onnx.ModelProto:
     """A ModelProto from a ModelProto, its serialised bytes, or the path of a file holding it."""
     if isinstance(model, onnx.ModelProto):
@@ -332,11 +341,11 @@ class GraphImporter:
                     outs = self._lower_rounded(n) if self.rounder is not None else list(n.entry(n))
                 except OnnxImportError:
                     raise
-                except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
-                    raise OnnxImportError(f"{n.describe()}: {e}") from e
                 except MemoryError as e:  # a request for more memory than there is (never allocated)
                     raise OnnxImportError(f"{n.describe()}: the values it needs at import do not fit in memory "
                                           f"({e}).") from None
+                except Exception as e:  # whatever a node holds, the error names it
+                    raise OnnxImportError(f"{n.describe()}: {_reason(e)}") from e
                 finally:
                     self._lowering.pop()
             wanted = [o for o in node.output]
@@ -394,8 +403,8 @@ class GraphImporter:
                 outs = n.entry.fold(n, *[self.static(x) if x else None for x in node.input])
             except OnnxImportError:
                 raise
-            except (ValueError, TypeError, IndexError) as e:
-                raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {e}") from None
+            except Exception as e:
+                raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {_reason(e)}") from e
             return [None if v is None else np.asarray(v) for v in outs]
         from onnx.reference import ReferenceEvaluator
         feeds = {x: self.static(x) for x in node.input if x}
@@ -417,7 +426,7 @@ class GraphImporter:
         try:
             results = dict(zip(produced, evaluator.run(None, feeds)))
         except Exception as e:
-            raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {e}") from None
+            raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {_reason(e)}") from None
         return [np.asarray(results[o]) if o and results.get(o) is not None else None for o in node.output]
 
 

@@ -35,6 +35,8 @@ def _gather(n: Node) -> List[Value]:
 def _onehot(n: Node) -> List[Value]:
     indices = n.x(0)
     depth = n.static_int(1, "depth")
+    if not 0 < depth <= np.iinfo(np.int32).max:
+        raise n.fail(f"depth {depth} must be between 1 and {np.iinfo(np.int32).max}")
     values = n.x(2)
     axis = int(n.attr("axis", -1))
     if indices.dtype.is_floating_point:  # ONNX allows float indices; they are truncated

@@ -81,7 +81,7 @@ def _cumprod(x: popxl.Tensor, axis: int) -> popxl.Tensor:
 @onnx_op("CumSum", "CumProd")
 def _cumulative(n: Node) -> List[Value]:
     x = n.x(0)
-    axis = _axis(n.static_int(1, "axis"), x.rank, n)
+    axis = _axis(n.static_int(1, "axis"), x.rank, n, scalar_axis=False)  # a scalar has no axis to run along
     flip = np.arange(x.shape[axis] - 1, -1, -1)
     reverse = bool(n.attr("reverse", 0))
     product = n.op_type == "CumProd"
@@ -95,7 +95,7 @@ def _cumulative(n: Node) -> List[Value]:
 @onnx_fold("CumSum", "CumProd")
 def _cumulative_at_import(n: Node, x: np.ndarray, axis: np.ndarray) -> List[np.ndarray]:
     # ONNX's reference CumSum refuses the one-element 1-D axis the entry (and ONNX Runtime) take.
-    axis = _axis(n.static_int(1, "axis"), x.ndim, n)
+    axis = _axis(n.static_int(1, "axis"), x.ndim, n, scalar_axis=False)
     y = np.flip(x, axis) if n.attr("reverse", 0) else x
     identity = 1 if n.op_type == "CumProd" else 0
     if n.attr("exclusive", 0) and y.shape[axis]:  # each position sees only those before it

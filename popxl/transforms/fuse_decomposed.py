@@ -206,8 +206,11 @@ def _match_gelu(r: _Readers, erf: Op):
     pre = scaled.producer
     if pre is None or pre.graph is not r.graph or r.only(scaled, "erf") is not erf:
         return None
-    if pre.type == "div" and _scalar(pre.inputs[1]) is not None:
-        x, k = pre.inputs[0], 1.0 / _scalar(pre.inputs[1])
+    divisor = _scalar(pre.inputs[1]) if pre.type == "div" else None
+    if divisor is not None:
+        if divisor == 0:  # x / 0 is no GELU (whatever ONNX Runtime makes of it): left as it is
+            return None
+        x, k = pre.inputs[0], 1.0 / divisor
     elif pre.type == "mul":
         consts = [(i, _scalar(t)) for i, t in enumerate(pre.inputs) if _scalar(t) is not None]
         if len(consts) != 1:

@@ -92,6 +92,25 @@ def test_axes_of_a_scalar_are_refused(op, inputs, inits, message):
         run_session(model, {"s": s}, ["y"])
 
 
+@pytest.mark.parametrize("node, inputs, inits, message", [
+    (onnx.helper.make_node("OneHot", ["i", "d", "v"], ["y"], name="n"), {"i": np.zeros(2, np.int64)},
+     {"d": np.int64(2 ** 40), "v": np.array([0, 1], np.float32)}, "depth 1099511627776 must be between 1 and 2147483647"),
+    (onnx.helper.make_node("CumSum", ["s", "ax"], ["y"], name="n"), {"s": np.float32(1.0)}, {"ax": np.int64(0)},
+     "axis 0 is out of range for rank 0"),
+    (onnx.helper.make_node("CumSum", ["c", "ax"], ["y"], name="n"), {}, {"c": np.float32(1.0), "ax": np.int64(0)},
+     "axis 0 is out of range for rank 0"),  # folded at import
+    (onnx.helper.make_node("TopK", ["s", "k"], ["y", "i"], name="n"), {"s": np.float32(1.0)},
+     {"k": np.array([1], np.int64)}, "axis -1 is out of range for rank 0"),
+    (onnx.helper.make_node("Cast", ["c"], ["y"], name="n", to=99), {}, {"c": np.ones(2, np.float32)},
+     "element type 99 \\(not an ONNX element type\\)"),
+])
+def test_a_hardening_probe_s_models_fail_naming_the_node(node, inputs, inits, message):
+    # OverflowError, IndexError and KeyError texts escaped these before.
+    model = make_model([node], inputs, ["y"], inits)
+    with pytest.raises(popart.OnnxImportError, match=f"node 'n' \\({node.op_type}, opset 17\\): {message}"):
+        run_session(model, inputs, ["y"])
+
+
 def test_clip_bounds_must_be_scalars():
     # They were converted with float(): "only 0-dimensional arrays can be converted to Python scalars".
     x = np.zeros((2, 3), np.float32)
@@ -193,6 +212,9 @@ def test_string_attributes_that_are_not_text():
 def _check(report: onnx_fuzz.Report) -> None:
     print(report.summary())
     assert report.counts["ok"] > report.cases // 10  # mutations that still run: the run stage is reached
+    # whatever goes wrong while a model is imported is an OnnxImportError naming the node or model
+    escaped = {k: n for k, n in report.counts.items() if k.startswith("import: ") and k != "import: OnnxImportError"}
+    assert not escaped, f"exception types other than OnnxImportError escaped the import: {escaped}"
     if report.failures:
         lines = [f"{desc}\n    {what[:3000]}" for desc, what in report.failures]
         pytest.fail(f"{len(report.failures)} of {report.cases} mutated models crashed, hung or raised an internal "
