@@ -93,10 +93,16 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 def _serialised(method: _Method) -> _Method:
     """One call at a time per Session: a run from another thread, or a detach, weight read or write
-    during a run, waits until the run is over (the engine's memory is not shared between calls)."""
+    during a run, waits until the run is over (the engine's memory is not shared between calls).
+    The same call from the running thread itself (a custom op's kernel, a callback or a signal
+    handler during the run) cannot wait for the run: it is refused."""
+    name = method.__name__
+
     @functools.wraps(method)
     def locked(self: "Session", *args: Any, **kwargs: Any) -> Any:
         with self._lock:
+            if self._running:
+                raise self._reentry_error(name)
             return method(self, *args, **kwargs)
     return locked  # type: ignore[return-value]
 
@@ -136,6 +142,7 @@ class Session:
         self.ir_ = ir
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._lock = threading.RLock()
+        self._running = False  # a run is in progress (on the thread that holds the lock)
         progress = Progress("popxl: compiling", 2 * len(list(ir._all_graphs())) + 1)
         expand_ops(ir)  # ops that run as other ops (popxl-addons' replica-spanning custom ops)
         order_weight_fragments(ir)  # weight-fragment ops at the start / end of the main program
@@ -579,12 +586,26 @@ class Session:
                 does not match.
         """
         with self._lock:  # (not @_serialised: this is run's hot path)
-            exact = self._exact_buffers(inputs, outputs)
-            if exact is not None and self._run_progress.fast and self.is_attached:
-                self._host_stale = True
-                self._engine_run(*exact)
-                return
-            self._run_checked(inputs, outputs, downcast_inputs, exact)
+            if self._running:
+                raise self._reentry_error("run")
+            self._running = True
+            try:
+                exact = self._exact_buffers(inputs, outputs)
+                if exact is not None and self._run_progress.fast and self.is_attached:
+                    self._host_stale = True
+                    self._engine_run(*exact)
+                    return
+                self._run_checked(inputs, outputs, downcast_inputs, exact)
+            finally:
+                self._running = False
+
+    @staticmethod
+    def _reentry_error(what: str) -> Exception:
+        shown = {"__enter__": "entering `with session:`", "__exit__": "leaving `with session:` (detach)"}
+        return popart_exception(
+            f"Session.{what}: called while a run of this session is in progress on the same thread (from a "
+            f"custom op's kernel, a callback or a signal handler during Session.run?): "
+            f"{shown.get(what, what)} must wait until the run is over, and cannot from inside it.")
 
     def _run_checked(self, inputs, outputs, downcast_inputs: bool, exact) -> None:
         self._require_attached("run")

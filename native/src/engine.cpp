@@ -136,7 +136,14 @@ void copy_buffer(uint8_t* arena_dst, const Buffer& dst, const uint8_t* arena_src
 Engine::Engine() : layout_(std::make_unique<InstanceLayout>()) {}
 Engine::~Engine() = default;
 
+void Engine::not_running(const char* what) const {
+  if (running_)
+    throw std::runtime_error(std::string("engine: ") + what + " while a run is in progress (from inside the run: a "
+                             "kernel, callback or signal handler)");
+}
+
 void Engine::set_layout(const InstanceLayout& layout) {
+  not_running("set_layout");
   if (layout.local != replicas)
     throw std::invalid_argument("the launch gives each instance " + std::to_string(layout.local) +
                                 " replicas, but the executable has " + std::to_string(replicas));
@@ -146,11 +153,13 @@ void Engine::set_layout(const InstanceLayout& layout) {
 }
 
 void Engine::join(std::unique_ptr<InstanceLink> link) {
+  not_running("join");
   link_ = std::move(link);
   bind_instances();
 }
 
 void Engine::leave() {
+  not_running("leave");
   link_.reset();
   bind_instances();
 }
@@ -160,6 +169,7 @@ void Engine::bind_instances() {
 }
 
 void Engine::attach() {
+  not_running("attach");
   arenas_.clear();
   arena_ptrs_.clear();
   const size_t bytes = static_cast<size_t>((arena_bytes + 63) / 64 * 64 + 64);
@@ -183,6 +193,7 @@ void Engine::attach() {
 }
 
 void Engine::detach() {
+  not_running("detach");
   leave();
   for (auto& k : kernels) k->bind_scratch(nullptr);
   scratch_.reset();
@@ -193,6 +204,12 @@ void Engine::detach() {
 void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outputs,
                  const std::function<void()>* poll) {
   if (!attached()) throw std::runtime_error("engine is not attached");
+  not_running("run");
+  struct Running {  // set for the whole run, however it ends
+    std::atomic<bool>& flag;
+    explicit Running(std::atomic<bool>& f) : flag(f) { flag = true; }
+    ~Running() { flag = false; }
+  } running(running_);
   if (layout_->count > 1 && !link_)
     throw std::runtime_error("engine of instance " + std::to_string(layout_->index) + " of " +
                              std::to_string(layout_->count) + " has not joined the other instances");

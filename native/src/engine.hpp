@@ -6,6 +6,7 @@
 // program (values computed from weights alone) runs first when variables changed since it last ran.
 #pragma once
 
+#include <atomic>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -236,6 +237,8 @@ class Engine {
   void transfer(const Node& n, const std::vector<int>& reps, bool load);
   void timed_op(int kernel, const std::vector<int>& reps);
   bool profiling_ = false;
+  std::atomic<bool> running_{false};  // inside run(): the arenas and links may not change
+  void not_running(const char* what) const;
   std::unique_ptr<InstanceLayout> layout_;
   std::unique_ptr<InstanceLink> link_;
   void bind_instances();
