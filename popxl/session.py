@@ -544,7 +544,11 @@ class Session:
                             f"dtype {arr.dtype}. Convert it with .astype(np.{want_dtype}).")
         shape = arr.shape
         lead = [d for d in (nht, rf) if d > 1]
-        ok = len(shape) == len(expected) and tuple(shape[len(lead):]) == tuple(s.shape)
+        data = tuple(shape[len(lead):])
+        # A stream of one value per transfer takes it under any number of size-1 axes, as in PopXL
+        # (popxl-addons' tests feed a () stream from (n, 1) arrays).
+        single = all(d == 1 for d in s.shape) and all(d == 1 for d in data)
+        ok = len(shape) >= len(lead) and (data == tuple(s.shape) or single)
         if ok and nht > 1:
             ok = shape[0] >= nht if is_input else shape[0] == nht
         if ok and rf > 1:
