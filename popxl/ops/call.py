@@ -490,7 +490,8 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Union[TensorLike,
         check_inputs: Require every graph input to be bound.
 
     Returns:
-        The `CallSiteInfo` of the new site (its ``called_graph`` is an internal wrapper graph).
+        The `CallSiteInfo` of the new site (its ``called_graph`` is ``graph``; a wrapper graph calling
+        ``graph`` once ``graph`` gets an output through ``popart._internal.ir``, as in PopXL).
 
     Raises:
         TypeError: If a value cannot be made a tensor of its input's dtype, or ``graph`` is not a

@@ -5,8 +5,9 @@ Input and output indices are PopART's. For most ops they are the positions of th
 inputs and outputs. A ``CallOp``'s input ``i`` is its graph's input ``i`` (bound or not); a
 ``LoopOp``'s input ``i + 2`` is its graph's input ``i`` (PopART's loop inputs 0 and 1 are the trip
 count and the condition, which popxl's ``repeat`` keeps as an attribute) and its output ``j`` is its
-graph's output ``j``. popxl's repeat calls the user's graph directly (PopART puts a wrapper graph
-in between), so ``getCalledGraphs()`` of a LoopOp is that graph.
+graph's output ``j``. popxl's repeat runs the user's graph directly (PopXL puts a wrapper graph in
+between), so ``getCalledGraphs()`` of a LoopOp is that graph, until ``Graph.markAsOutput`` gives it
+an output: the loop then runs a wrapper graph calling it, as in PopXL (``popxl.ops.call.wrap_loop_body``).
 
 ``cloneIntoGraph`` returns an op that is placed in its graph once it is connected: when ``setup()``
 is called or one of its outputs is asked for (popxl ops are made whole, with their inputs).
