@@ -7,7 +7,6 @@ import operator
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from popxl.errors import popart_exception
-from popxl.graph import op_called_graphs
 
 from popart._internal.ir._views import View, popxl_object, view_of
 
@@ -272,7 +271,8 @@ class Graph(View):
 
 def _call_sites(graph: Any) -> List[Any]:
     """The ops of ``graph``'s Ir that call it."""
-    return [op for g in graph.ir._all_graphs() for op in g.schedule() if any(c is graph for c in op_called_graphs(op))]
+    from popxl.ops.call import graph_sites
+    return graph_sites(graph)
 
 
 class TopoCons:
