@@ -1,6 +1,7 @@
 """`popxl.Graph`: an ordered list of ops with inputs and outputs, entered with ``with g:``."""
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from popxl.context import OpCreatedHooks, get_current_context
@@ -313,20 +314,22 @@ class Graph(OpCreatedHooks):
             raise ValueError(f"Graph.add_op_input: {t.id!r} is not a tensor of graph {self._id!r}.")
         op.inputs = op.inputs + (t,)
 
-    def add_op_output(self, op: "Op", spec: "TensorSpec", name: str) -> "Tensor":
+    def add_op_output(self, op: "Op", spec: "TensorSpec", name: str, index: Optional[int] = None) -> "Tensor":
         """A new output tensor of ``op`` (a call site whose graph got a new output).
 
         Args:
             op: A call site of the graph.
             spec: The new output's spec.
             name: The new output's name.
+            index: Its position among the op's outputs (later ones move up one); default last.
 
         Returns:
             The new output tensor.
         """
         from popxl.tensor import Tensor
+        at = len(op.outputs) if index is None else _position(index, len(op.outputs), "Graph.add_op_output")
         out = Tensor._create(self, name, spec, producer=op)
-        op.outputs = op.outputs + (out,)
+        op.outputs = op.outputs[:at] + (out,) + op.outputs[at:]
         return out
 
     def remove_op_outputs(self, op: "Op", positions: Iterable[int]) -> None:
@@ -348,18 +351,21 @@ class Graph(OpCreatedHooks):
             self._tensors.pop(t.id, None)
         op.outputs = tuple(t for k, t in enumerate(op.outputs) if k not in positions)
 
-    def add_output(self, t: "Tensor") -> None:
-        """Append ``t`` to the graph's outputs (call sites are the caller's to update).
+    def add_output(self, t: "Tensor", index: Optional[int] = None) -> None:
+        """Make ``t`` an output of the graph, the last or at ``index`` (call sites are the caller's
+        to update).
 
         Args:
             t: A tensor of the graph.
+            index: Its position among the outputs (later ones move up one); default last.
 
         Raises:
-            ValueError: If ``t`` is not a tensor of the graph.
+            ValueError: If ``t`` is not a tensor of the graph, or ``index`` is out of range.
         """
         if t.graph is not self:
             raise ValueError(f"Graph.add_output: {t.id!r} is not a tensor of graph {self._id!r}.")
-        self._outputs.append(t)
+        at = len(self._outputs) if index is None else _position(index, len(self._outputs), "Graph.add_output")
+        self._outputs.insert(at, t)
 
     def remove_output(self, index: int) -> "Tensor":
         """Remove output ``index`` (call sites are the caller's to update); returns the tensor.
@@ -372,20 +378,26 @@ class Graph(OpCreatedHooks):
         """
         return self._outputs.pop(index)
 
-    def add_input(self, spec: "TensorSpec", name: str, by_ref: bool = False) -> "Tensor":
-        """Append a new input (call sites are the caller's to bind).
+    def add_input(self, spec: "TensorSpec", name: str, by_ref: bool = False, index: Optional[int] = None) -> "Tensor":
+        """A new input, the last or at ``index`` (call sites are the caller's to bind, and with
+        ``index`` to renumber: ``popxl.ops.call.insert_graph_input`` does both).
 
         Args:
             spec: The new input's spec.
             name: The new input's name.
             by_ref: Make the input by-reference.
+            index: Its position among the inputs (later ones move up one); default last.
 
         Returns:
             The new input tensor.
+
+        Raises:
+            ValueError: If ``index`` is out of range.
         """
         from popxl.tensor import Tensor
+        at = len(self._inputs) if index is None else _position(index, len(self._inputs), "Graph.add_input")
         t = Tensor._create(self, name, spec)
-        self._inputs.append(t)
+        self._inputs.insert(at, t)
         if by_ref:
             self._by_ref_inputs.add(t)
         return t
@@ -584,6 +596,14 @@ class Graph(OpCreatedHooks):
 
     def __exit__(self, *exc: Any) -> None:
         get_current_context().pop_graph()
+
+
+def _position(index: int, size: int, where: str) -> int:
+    """``index`` as a place to insert into a list of ``size`` items (0 .. size)."""
+    i = operator.index(index)
+    if not 0 <= i <= size:
+        raise ValueError(f"{where}: position {i} is out of range (0 to {size}).")
+    return i
 
 
 def orphaned(t: "Tensor") -> bool:

@@ -329,6 +329,91 @@ def bind_site_input(site: Op, graph_input: Tensor, parent: Tensor) -> None:
         mark_site_input_modified(site, i)
 
 
+def graph_sites(graph: Graph) -> List[Op]:
+    """Every op of ``graph``'s Ir that runs it: its calls, repeats and conditionals."""
+    from popxl.graph import op_called_graphs
+    return [op for g in graph.ir._all_graphs() for op in g.schedule() if any(c is graph for c in op_called_graphs(op))]
+
+
+def insert_graph_input(graph: Graph, index: int, spec: Any, name: str, by_ref: bool = False) -> Tensor:
+    """A new input of ``graph`` at position ``index`` (the inputs from there move up one). Every
+    site running the graph keeps its bindings (they are renumbered with the inputs); the new input
+    is bound at none of them (``bind_site_input`` binds it)."""
+    t = graph.add_input(spec, name, by_ref, index=index)
+    at = graph.inputs.index(t)
+
+    def moved(indices: Tuple[int, ...]) -> Tuple[int, ...]:
+        return tuple(i + 1 if i >= at else i for i in indices)
+    for op in graph_sites(graph):
+        a = op.attrs
+        if op.type == "if":
+            for branch, key in (("then_graph", "then_index"), ("else_graph", "else_index")):
+                if a[branch] is graph:
+                    a[key] = moved(a[key])
+        else:
+            a["input_index"], a["modified"] = moved(a["input_index"]), moved(a["modified"])
+    return t
+
+
+def insert_graph_output(graph: Graph, index: int, t: Tensor) -> List[Tensor]:
+    """Make ``t`` output ``index`` of ``graph`` (the outputs from there move up one) and give each
+    call or repeat site running it the matching output at the same position; returns those
+    outputs, one per site. What a new output of a loop body means for the loop (which input it is
+    carried into) is the caller's concern."""
+    sites = graph_sites(graph)
+    for op in sites:
+        if op.type == "if":
+            raise ValueError(f"graph {graph.id!r} is a branch of the conditional {op.name!r}: both branches "
+                             f"must keep the same outputs, so one cannot get an output alone.")
+    graph.add_output(t, index)
+    return [op.graph.add_op_output(op, t.spec, t.name, index) for op in sites]
+
+
+def check_site(op: Op) -> None:
+    """Check a call, repeat or conditional site against its graphs as they are now (they may have
+    been edited since it was traced): its bindings, the loop-carried pairs of a repeat, and its
+    outputs, which must match its graphs' outputs in number, shape and dtype.
+
+    Raises:
+        ValueError: Naming what does not fit.
+    """
+    try:
+        specs = op.opdef.infer([t.spec for t in op.inputs], **op.attrs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{op.type} {op.name!r} in graph {op.graph.id!r}: {e}") from None
+    have = [(t.shape, t.dtype) for t in op.outputs]
+    want = [(t.shape, t.dtype) for t in specs]
+    if have != want:
+        raise ValueError(f"{op.type} {op.name!r} in graph {op.graph.id!r} has outputs "
+                         f"{[(s, d.name) for s, d in have]}, but its graph gives {[(s, d.name) for s, d in want]}.")
+
+
+def wrap_loop_body(site: Op) -> Graph:
+    """Make the repeat op ``site`` run a new graph that calls the graph it ran (PopXL's own layout:
+    its loops run a wrapper graph holding a call of the user's graph). The wrapper has the body's
+    inputs (names, specs, by-reference), calls the body with all of them and returns the body's
+    outputs, so the loop computes what it did, with the same bindings and results; afterwards the
+    body is a called graph, which can get outputs that the loop does not carry. Returns the
+    wrapper."""
+    body = site.attrs["graph"]
+    n = len(body.inputs)
+    changed = set(site.attrs["modified"])
+    wrapper = body.ir.create_empty_graph(f"{body.name}__loop_wrapper")
+    ins = [wrapper.add_input(t.spec, t.name, body.is_input_by_ref(t) or i in changed)
+           for i, t in enumerate(body.inputs)]
+    modified = tuple(i for i, t in enumerate(body.inputs) if body.is_input_by_ref(t) or i in changed)
+    call_op = create_op("call", ins, {"graph": body, "input_index": tuple(range(n)), "modified": modified},
+                        name=body.id, output_names=[t.name for t in body.outputs], graph=wrapper,
+                        return_op=True, notify=False)
+    call_op.location, call_op.ipu, call_op.tile_set = site.location, site.ipu, site.tile_set
+    call_op.execution_context = site.execution_context
+    call_op.name = f"{wrapper.id}__call__{body.id}"
+    for t in call_op.outputs:
+        wrapper.add_output(t)
+    site.attrs["graph"] = wrapper
+    return wrapper
+
+
 def mark_site_input_modified(site: Op, graph_input_index: int) -> None:
     """Input ``graph_input_index`` of a call or repeat site's graph is changed in place: the site
     copies it back to the parent tensor bound to it."""
@@ -405,7 +490,8 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Union[TensorLike,
         check_inputs: Require every graph input to be bound.
 
     Returns:
-        The `CallSiteInfo` of the new site (its ``called_graph`` is an internal wrapper graph).
+        The `CallSiteInfo` of the new site (its ``called_graph`` is ``graph``; a wrapper graph calling
+        ``graph`` once ``graph`` gets an output through ``popart._internal.ir``, as in PopXL).
 
     Raises:
         TypeError: If a value cannot be made a tensor of its input's dtype, or ``graph`` is not a

@@ -140,6 +140,29 @@ def test_extra_leading_rows_are_allowed_for_inputs():
     assert out[y_s].shape == (2, 2, 2)
 
 
+def test_one_value_streams_take_size_one_axes():
+    """A stream of one value per transfer takes host arrays with extra size-1 axes, as PopXL does
+    ((n, 1) arrays for a () stream); other shapes are still refused."""
+    ir = popxl.Ir()
+    ir.num_host_transfers = 4
+    with ir.main_graph:
+        x_s = popxl.h2d_stream((), popxl.uint32, "x")
+        y_s = popxl.d2h_stream((1,), popxl.uint32, "y")
+        g = ir.create_graph(lambda: ops.host_store(y_s, (ops.host_load(x_s) * 3).reshape((1,))))
+        ops.repeat(g, 4)
+    xs = np.array([[1], [2], [3], [4]], np.uint32)
+    with popxl.Session(ir) as s:
+        np.testing.assert_array_equal(s.run({x_s: xs})[y_s], [[3], [6], [9], [12]])
+        np.testing.assert_array_equal(s.run({x_s: xs.reshape(4, 1, 1)})[y_s], [[3], [6], [9], [12]])
+        out = np.zeros(4, np.uint32)
+        s.run_with_outputs({x_s: xs.reshape(4)}, {y_s: out})
+        np.testing.assert_array_equal(out, [3, 6, 9, 12])
+        with pytest.raises(ValueError, match="'x' needs a host input of shape"):
+            s.run({x_s: np.ones((4, 2), np.uint32)})
+        with pytest.raises(ValueError, match="'x' needs a host input of shape"):
+            s.run({x_s: np.ones((3, 1), np.uint32)})
+
+
 def test_run_with_outputs_checks_outputs():
     ir, x_s, y_s, _ = _stream_ir()
     with popxl.Session(ir) as s:

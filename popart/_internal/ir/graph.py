@@ -7,7 +7,6 @@ import operator
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from popxl.errors import popart_exception
-from popxl.graph import op_called_graphs
 
 from popart._internal.ir._views import View, popxl_object, view_of
 
@@ -138,7 +137,14 @@ class Graph(View):
     def markAsOutput(self, *args: Any) -> None:
         """``markAsOutput(tensorId)`` appends an output; ``markAsOutput(index, tensorId, overwrite)``
         puts one at ``index`` (replacing the output there with ``overwrite``). Each call site of the
-        graph gets (or keeps) the matching output."""
+        graph gets the matching output at the same position.
+
+        A graph that ``ops.repeat`` runs is, as in PopXL, the graph the loop's wrapper calls: the
+        first new output makes the loop run a wrapper graph holding a call of this one (PopXL builds
+        every loop that way; popxl builds the wrapper only now), so the new output is one of that
+        call, not carried by the loop; ``LoopOp.addLoopOutput`` can then make the loop carry it.
+        Both branches of a conditional must keep the same outputs, so a branch gets none alone."""
+        from popxl.ops.call import insert_graph_output, wrap_loop_body
         g = self._popxl
         if len(args) == 1:
             index, tensor_id, overwrite = len(g.outputs), args[0], False
@@ -150,23 +156,19 @@ class Graph(View):
         if overwrite:
             g.replace_output(_index(index, len(g.outputs), "output", "Graph.markAsOutput"), t)
             return
-        if index != len(g.outputs):
-            raise NotImplementedError(
-                f"Graph.markAsOutput({index}, {tensor_id!r}, False): popxl graphs take new outputs at the end "
-                f"(index {len(g.outputs)}); inserting one before others would renumber the outputs of every "
-                f"call site.")
+        if not 0 <= index <= len(g.outputs):
+            raise popart_exception(f"Graph.markAsOutput: index {index} is out of range for graph {g.id!r} "
+                                   f"(0 to {len(g.outputs)}).")
         sites = _call_sites(g)
         for op in sites:
-            if op.type != "call":
+            if op.type == "if":
                 raise NotImplementedError(
-                    f"Graph.markAsOutput: graph {g.id!r} is called by {op.type} {op.name!r}; only graphs "
-                    f"called with ops.call can get new outputs. popxl's repeat runs its graph directly (PopART "
-                    f"calls it from a wrapper graph, whose extra outputs need not be carried), so every output "
-                    f"of a loop body is carried into the next iteration; and both branches of a conditional "
-                    f"must keep the same outputs.")
-        g.add_output(t)
+                    f"Graph.markAsOutput: graph {g.id!r} is a branch of the conditional {op.name!r}; both branches "
+                    f"of a conditional must keep the same outputs, so one cannot get an output alone.")
         for op in sites:
-            op.graph.add_op_output(op, t.spec, t.name)
+            if op.type == "repeat":
+                wrap_loop_body(op)
+        insert_graph_output(g, index, t)
 
     def removeOutput(self, index_or_id: Union[int, str]) -> None:
         """Remove an output (by index or tensor id). Call sites lose the matching output, which must
@@ -269,7 +271,8 @@ class Graph(View):
 
 def _call_sites(graph: Any) -> List[Any]:
     """The ops of ``graph``'s Ir that call it."""
-    return [op for g in graph.ir._all_graphs() for op in g.schedule() if any(c is graph for c in op_called_graphs(op))]
+    from popxl.ops.call import graph_sites
+    return graph_sites(graph)
 
 
 class TopoCons:

@@ -5,8 +5,9 @@ Input and output indices are PopART's. For most ops they are the positions of th
 inputs and outputs. A ``CallOp``'s input ``i`` is its graph's input ``i`` (bound or not); a
 ``LoopOp``'s input ``i + 2`` is its graph's input ``i`` (PopART's loop inputs 0 and 1 are the trip
 count and the condition, which popxl's ``repeat`` keeps as an attribute) and its output ``j`` is its
-graph's output ``j``. popxl's repeat calls the user's graph directly (PopART puts a wrapper graph
-in between), so ``getCalledGraphs()`` of a LoopOp is that graph.
+graph's output ``j``. popxl's repeat runs the user's graph directly (PopXL puts a wrapper graph in
+between), so ``getCalledGraphs()`` of a LoopOp is that graph, until ``Graph.markAsOutput`` gives it
+an output: the loop then runs a wrapper graph calling it, as in PopXL (``popxl.ops.call.wrap_loop_body``).
 
 ``cloneIntoGraph`` returns an op that is placed in its graph once it is connected: when ``setup()``
 is called or one of its outputs is asked for (popxl ops are made whole, with their inputs).
@@ -413,39 +414,71 @@ class LoopOp(SubgraphOp):
         return len(self._inputs()) - len(self._source().attrs["graph"].outputs)
 
     def addLoopInput(self, index: int, tensor_id: str, subgraph_tensor_id: str, overwrite: bool = False) -> None:
-        """Give the loop a new input that its graph sees as a new input: ``tensor_id`` of this op's
-        graph, bound to a new graph input named ``subgraph_tensor_id``. Only loop-invariant inputs
-        can be added (at or after ``getNumExplicitInputs()``); popxl appends it to the graph's inputs."""
+        """Give the loop input ``index``: ``tensor_id`` of this op's graph, seen by the loop's graph as
+        the input ``index - 2`` named ``subgraph_tensor_id``. Without ``overwrite`` a new graph input
+        is put there (the inputs from there move up one, as PopART's); an index below
+        ``getNumExplicitInputs()`` makes it loop-carried, the output at ``index - 2`` now being carried
+        into it (``addLoopOutput`` adds the output it pairs with). With ``overwrite`` the loop binds
+        ``tensor_id`` to the graph input already at ``index - 2`` instead of what it bound there."""
+        from popxl.ops.call import bind_site_input, insert_graph_input
         where = self._where("addLoopInput")
-        if operator.index(index) < self.getNumExplicitInputs():
-            raise NotImplementedError(
-                f"{where}: index {index} would add a loop-carried input, which needs a matching graph output; "
-                f"only inputs at or after getNumExplicitInputs() ({self.getNumExplicitInputs()}) can be added.")
-        from popxl.ops.call import bind_site_input
         op = self._xl()
-        parent = view_of(op.graph)._tensor(tensor_id, where)
         body = op.attrs["graph"]
-        graph_input = body.add_input(parent.spec, _name_in(body, subgraph_tensor_id))
+        gi = operator.index(index) - self._offset
+        parent = view_of(op.graph)._tensor(tensor_id, where)
+        if overwrite:
+            if not 0 <= gi < len(body.inputs):
+                raise popart_exception(f"{where}: no input {index} to overwrite (its graph has inputs at op "
+                                       f"indices {self._offset}..{self._offset + len(body.inputs) - 1}).")
+            graph_input = body.inputs[gi]
+            if parent.spec != graph_input.spec:
+                raise popart_exception(f"{where}: {tensor_id!r} ({parent.spec}) does not match graph input "
+                                       f"{graph_input.id!r} ({graph_input.spec}).")
+            index_of = op.attrs["input_index"]
+            if gi in index_of:
+                inputs = list(op.inputs)
+                inputs[index_of.index(gi)] = parent
+                op.graph.replace_inputs(op, inputs)
+            else:
+                bind_site_input(op, graph_input, parent)
+            _set_id(body, graph_input, subgraph_tensor_id)
+            return
+        if not 0 <= gi <= len(body.inputs):
+            raise popart_exception(f"{where}: index {index} is out of range: a new input goes at op index "
+                                   f"{self._offset} to {self._offset + len(body.inputs)}.")
+        graph_input = insert_graph_input(body, gi, parent.spec, _name_in(body, subgraph_tensor_id))
         _set_id(body, graph_input, subgraph_tensor_id)
         bind_site_input(op, graph_input, parent)
 
     def addLoopOutput(self, index: int, tensor_id: str, subgraph_tensor_id: str, overwrite: bool = False) -> None:
-        """With ``overwrite``: make ``subgraph_tensor_id`` the graph's output ``index`` (carried
-        into input ``index`` of the next iteration); the loop's output ``index`` is named
-        ``tensor_id``. New outputs cannot be added (each needs a loop-carried input)."""
+        """Make ``subgraph_tensor_id`` (a tensor of the loop's graph) the graph's output ``index``,
+        carried into its input ``index`` for the next iteration; the loop's output ``index``, its
+        value after the last iteration (the input's initial value when the loop runs no
+        iteration), is named ``tensor_id``. With ``overwrite`` it replaces the output there (same
+        shape and type); without, it is put there and the outputs from there move up one, as in
+        PopART, so graph input ``index`` must be (or be made, with ``addLoopInput``) its carried
+        input of the same shape and type before the program is compiled."""
+        from popxl.ops.call import insert_graph_output
         where = self._where("addLoopOutput")
         op = self._xl()
         body = op.attrs["graph"]
         j = operator.index(index)
-        if not overwrite or not 0 <= j < len(body.outputs):
-            raise NotImplementedError(
-                f"{where}: only an existing output (0..{len(body.outputs) - 1}) can be replaced (overwrite=True); "
-                f"a new loop output would need a new loop-carried input.")
         inner = view_of(body)._tensor(subgraph_tensor_id, where)
-        try:
-            body.replace_output(j, inner)
-        except ValueError as e:
-            raise popart_exception(f"{where}: {e}") from None
+        if overwrite:
+            if not 0 <= j < len(body.outputs):
+                raise popart_exception(f"{where}: no output {j} to overwrite (the loop has {len(body.outputs)}).")
+            try:
+                body.replace_output(j, inner)
+            except ValueError as e:
+                raise popart_exception(f"{where}: {e}") from None
+        else:
+            if not 0 <= j <= len(body.outputs):
+                raise popart_exception(f"{where}: index {j} is out of range: a new output goes at 0 to "
+                                       f"{len(body.outputs)}.")
+            try:
+                insert_graph_output(body, j, inner)
+            except ValueError as e:
+                raise popart_exception(f"{where}: {e}") from None
         _set_id(op.graph, op.outputs[j], tensor_id)
 
 
