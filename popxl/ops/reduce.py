@@ -3,7 +3,7 @@ index/running/statistical reductions (argmax, argmin, cumsum, topk, histogram, l
 from __future__ import annotations
 
 import builtins
-from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Callable, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -52,21 +52,6 @@ def _logsumexp(x, axis, keepdims):
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
-_REDUCTIONS: Dict[str, Callable] = {
-    "sum": np.sum,
-    "mean": np.mean,
-    "prod": np.prod,
-    "max": _extreme(np.max),
-    "min": _extreme(np.min),
-    "median": np.median,
-    "l1": lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
-    "l2": lambda x, axis, keepdims: np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims)),
-    "logsum": lambda x, axis, keepdims: np.log(np.sum(x, axis=axis, keepdims=keepdims)),
-    "logsumexp": _logsumexp,
-    "sumsquare": lambda x, axis, keepdims: np.sum(x * x, axis=axis, keepdims=keepdims),
-}
-
-
 def _reduce(opname: str, t: Tensor, axis: Optional[Union[int, Iterable[int]]], keepdims: bool) -> Tensor:
     try:
         axes = normalize_axes(t.rank, axis) if t.rank else ()
@@ -75,8 +60,35 @@ def _reduce(opname: str, t: Tensor, axis: Optional[Union[int, Iterable[int]]], k
     return create_op(opname, [t], {"axis": axes, "keepdims": builtins.bool(keepdims)})[0]
 
 
-for _name, _fn in _REDUCTIONS.items():
-    register(OpDef(_name, _reduce_infer, _wide(_fn), family="reduce"))
+def _spread(ctx, t: Tensor) -> Tensor:
+    """A reduction-output-shaped ``t`` broadcast back over the reduced axes to the input shape."""
+    from popxl.ops.shape import broadcast_to
+    x = ctx.op.inputs[0]
+    keep = tuple(1 if i in ctx.attrs["axis"] else d for i, d in enumerate(x.shape))
+    if t.shape != keep:
+        t = t.reshape(keep)
+    return broadcast_to(t, x.shape)
+
+
+def _reduction_rule(local: Callable[..., Tensor]) -> Callable:
+    """The gradient rule of a reduction whose input gradient is ``local(ctx, g, x, y)``, with g and y
+    (the output gradient and output) already spread back to the input shape. Use under ``@grad_rule``."""
+    def rule(ctx):
+        return [local(ctx, _spread(ctx, ctx.grad(0)), ctx.input(0), _spread(ctx, ctx.output(0)))]
+    return rule
+
+
+def _count(ctx) -> int:
+    shape = ctx.op.inputs[0].shape
+    return int(np.prod([shape[a] for a in ctx.attrs["axis"]], dtype=np.int64))
+
+
+def _at_extreme(ctx, g, x, y):  # every element equal to the result receives the full gradient
+    from popxl.ops.elementwise import cast, equal
+    return g * cast(equal(x, y), x.dtype)
+
+
+register(OpDef("sum", _reduce_infer, _wide(np.sum), family="reduce"))
 
 
 def sum(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -100,6 +112,15 @@ def sum(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: b
     return _reduce("sum", t, axis, keepdims)
 
 
+@grad_rule("sum")
+@_reduction_rule
+def _sum_grad(ctx, g, x, y):
+    return g
+
+
+register(OpDef("mean", _reduce_infer, _wide(np.mean), family="reduce"))
+
+
 def mean(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
     """Arithmetic mean over axes.
 
@@ -119,6 +140,15 @@ def mean(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: 
     return _reduce("mean", t, axis, keepdims)
 
 
+@grad_rule("mean")
+@_reduction_rule
+def _mean_grad(ctx, g, x, y):
+    return g * (1.0 / builtins.max(_count(ctx), 1))
+
+
+register(OpDef("prod", _reduce_infer, _wide(np.prod), family="reduce"))
+
+
 def prod(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
     """Product over axes.
 
@@ -136,6 +166,15 @@ def prod(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: 
         ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
     """
     return _reduce("prod", t, axis, keepdims)
+
+
+@grad_rule("prod")
+@_reduction_rule
+def _prod_grad(ctx, g, x, y):
+    return g * y / x
+
+
+register(OpDef("max", _reduce_infer, _wide(_extreme(np.max)), family="reduce"))
 
 
 def max(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -159,6 +198,15 @@ def max(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: b
     return _reduce("max", t, axis, keepdims)
 
 
+@grad_rule("max")
+@_reduction_rule
+def _max_grad(ctx, g, x, y):
+    return _at_extreme(ctx, g, x, y)
+
+
+register(OpDef("min", _reduce_infer, _wide(_extreme(np.min)), family="reduce"))
+
+
 def min(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
     """Minimum over axes.
 
@@ -178,6 +226,15 @@ def min(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: b
         ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
     """
     return _reduce("min", t, axis, keepdims)
+
+
+@grad_rule("min")
+@_reduction_rule
+def _min_grad(ctx, g, x, y):
+    return _at_extreme(ctx, g, x, y)
+
+
+register(OpDef("median", _reduce_infer, _wide(np.median), family="reduce"))
 
 
 def median(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -201,6 +258,19 @@ def median(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims
     return _reduce("median", t, axis, keepdims)
 
 
+@grad_rule("median")
+@_reduction_rule
+def _median_grad(ctx, g, x, y):
+    return _at_extreme(ctx, g, x, y)
+
+
+def _l1(x, axis, keepdims):
+    return np.sum(np.abs(x), axis=axis, keepdims=keepdims)
+
+
+register(OpDef("l1", _reduce_infer, _wide(_l1), family="reduce"))
+
+
 def l1(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
     """L1 norm over axes: the sum of absolute values.
 
@@ -218,6 +288,19 @@ def l1(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bo
         ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
     """
     return _reduce("l1", t, axis, keepdims)
+
+
+@grad_rule("l1")
+@_reduction_rule
+def _l1_grad(ctx, g, x, y):
+    return g * create_op("sign", [x])[0]
+
+
+def _l2(x, axis, keepdims):
+    return np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims))
+
+
+register(OpDef("l2", _reduce_infer, _wide(_l2), family="reduce"))
 
 
 def l2(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -239,6 +322,19 @@ def l2(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bo
     return _reduce("l2", t, axis, keepdims)
 
 
+@grad_rule("l2")
+@_reduction_rule
+def _l2_grad(ctx, g, x, y):
+    return g * x / y
+
+
+def _logsum(x, axis, keepdims):
+    return np.log(np.sum(x, axis=axis, keepdims=keepdims))
+
+
+register(OpDef("logsum", _reduce_infer, _wide(_logsum), family="reduce"))
+
+
 def logsum(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
     """Natural logarithm of the sum over axes.
 
@@ -256,6 +352,15 @@ def logsum(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims
         ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
     """
     return _reduce("logsum", t, axis, keepdims)
+
+
+@grad_rule("logsum")
+@_reduction_rule
+def _logsum_grad(ctx, g, x, y):
+    return g / create_op("exp", [y])[0]
+
+
+register(OpDef("logsumexp", _reduce_infer, _wide(_logsumexp), family="reduce"))
 
 
 def logsumexp(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -277,6 +382,19 @@ def logsumexp(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepd
     return _reduce("logsumexp", t, axis, keepdims)
 
 
+@grad_rule("logsumexp")
+@_reduction_rule
+def _logsumexp_grad(ctx, g, x, y):
+    return g * create_op("exp", [x - y])[0]
+
+
+def _sumsquare(x, axis, keepdims):
+    return np.sum(x * x, axis=axis, keepdims=keepdims)
+
+
+register(OpDef("sumsquare", _reduce_infer, _wide(_sumsquare), family="reduce"))
+
+
 def sumsquare(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
     """Sum of squares over axes.
 
@@ -294,6 +412,12 @@ def sumsquare(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepd
         ValueError: If an axis is out of range or repeated, or ``t`` is not in the current graph.
     """
     return _reduce("sumsquare", t, axis, keepdims)
+
+
+@grad_rule("sumsquare")
+@_reduction_rule
+def _sumsquare_grad(ctx, g, x, y):
+    return g * x * 2.0
 
 
 # Index, running and statistical reductions ----------------------------------------------------------
@@ -421,6 +545,17 @@ def cumsum(t: Tensor, dim: Optional[int] = 0) -> Tensor:
     return create_op("cumsum", [t], {"dim": _one_axis("cumsum", t, dim)})[0]
 
 
+@grad_rule("cumsum")
+def _cumsum_grad(ctx):
+    # d/dx_i of sum_j g_j * y_j with y_j = sum_{i<=j} x_i is sum_{j>=i} g_j = total - cumsum(g) + g.
+    g, dim, shape = ctx.grad(0), ctx.attrs["dim"], ctx.op.inputs[0].shape
+    axis = 0 if dim is None else dim
+    if g.rank == 0:
+        return [g]
+    out = sum(g, [axis], keepdims=True) - cumsum(g, axis) + g
+    return [out.reshape(shape) if out.shape != shape else out]
+
+
 # topk -----------------------------------------------------------------------------------------------
 def _topk_infer(specs, k, axis, largest, sorted):
     s = specs[0]
@@ -479,6 +614,15 @@ def topk(t: Tensor, k: int, axis: int, largest: bool, sorted: bool,
     values, indices = create_op("topk", [t], {"k": int(k), "axis": ax, "largest": builtins.bool(largest),
                                               "sorted": builtins.bool(sorted)})
     return values, indices
+
+
+@grad_rule("topk")
+def _topk_grad(ctx):  # the values' gradients go back to the places they were taken from
+    from popxl.ops.misc import init
+    from popxl.ops.indexing import scatter
+    x = ctx.op.inputs[0]
+    zeros = init(x.shape, x.dtype, name="zero_grad_topk")
+    return [scatter(zeros, ctx.output(1), ctx.grad_or_zeros(0), ctx.attrs["axis"])]
 
 
 # histogram ------------------------------------------------------------------------------------------
@@ -550,69 +694,3 @@ def lamb_square(t: Tensor) -> Tensor:
         ValueError: If ``t`` is not a tensor of the current graph.
     """
     return create_op("lamb_square", [t])[0]
-
-
-# gradients ------------------------------------------------------------------------------------------
-def _spread(ctx, t: Tensor) -> Tensor:
-    """A reduction-output-shaped ``t`` broadcast back over the reduced axes to the input shape."""
-    from popxl.ops.shape import broadcast_to
-    x = ctx.op.inputs[0]
-    keep = tuple(1 if i in ctx.attrs["axis"] else d for i, d in enumerate(x.shape))
-    if t.shape != keep:
-        t = t.reshape(keep)
-    return broadcast_to(t, x.shape)
-
-
-def _reduction_rule(local: Callable[..., Tensor]) -> Callable:
-    """Rule of a reduction whose input gradient is ``local(ctx, g, x, y)``, with g and y (the
-    output gradient and output) already spread back to the input shape."""
-    def rule(ctx):
-        return [local(ctx, _spread(ctx, ctx.grad(0)), ctx.input(0), _spread(ctx, ctx.output(0)))]
-    return rule
-
-
-def _count(ctx) -> int:
-    shape = ctx.op.inputs[0].shape
-    return int(np.prod([shape[a] for a in ctx.attrs["axis"]], dtype=np.int64))
-
-
-def _at_extreme(ctx, g, x, y):  # every element equal to the result receives the full gradient
-    from popxl.ops.elementwise import cast, equal
-    return g * cast(equal(x, y), x.dtype)
-
-
-_REDUCTION_GRADS: Dict[str, Callable] = {
-    "sum": lambda ctx, g, x, y: g,
-    "mean": lambda ctx, g, x, y: g * (1.0 / builtins.max(_count(ctx), 1)),
-    "prod": lambda ctx, g, x, y: g * y / x,
-    "max": _at_extreme,
-    "min": _at_extreme,
-    "median": _at_extreme,
-    "l1": lambda ctx, g, x, y: g * create_op("sign", [x])[0],
-    "l2": lambda ctx, g, x, y: g * x / y,
-    "logsum": lambda ctx, g, x, y: g / create_op("exp", [y])[0],
-    "logsumexp": lambda ctx, g, x, y: g * create_op("exp", [x - y])[0],
-    "sumsquare": lambda ctx, g, x, y: g * x * 2.0,
-}
-for _name, _local in _REDUCTION_GRADS.items():
-    grad_rule(_name)(_reduction_rule(_local))
-
-
-@grad_rule("cumsum")
-def _cumsum_grad(ctx):
-    # d/dx_i of sum_j g_j * y_j with y_j = sum_{i<=j} x_i is sum_{j>=i} g_j = total - cumsum(g) + g.
-    g, dim, shape = ctx.grad(0), ctx.attrs["dim"], ctx.op.inputs[0].shape
-    axis = 0 if dim is None else dim
-    if g.rank == 0:
-        return [g]
-    out = sum(g, [axis], keepdims=True) - cumsum(g, axis) + g
-    return [out.reshape(shape) if out.shape != shape else out]
-
-
-@grad_rule("topk")
-def _topk_grad(ctx):  # the values' gradients go back to the places they were taken from
-    from popxl.ops.misc import init
-    from popxl.ops.indexing import scatter
-    x = ctx.op.inputs[0]
-    zeros = init(x.shape, x.dtype, name="zero_grad_topk")
-    return [scatter(zeros, ctx.output(1), ctx.grad_or_zeros(0), ctx.attrs["axis"])]

@@ -252,6 +252,14 @@ def replica_sharded_slice(t: Tensor, group: Optional[ReplicaGrouping] = None) ->
     return create_op("replica_sharded_slice", [t], {"groups": _assignment(group)})[0]
 
 
+@grad_rule("replica_sharded_slice")
+def _sharded_slice_grad(ctx):
+    x = ctx.op.inputs[0]
+    return [create_op("replicated_all_gather", [ctx.grad(0)], {"axis": 0, "groups": ctx.attrs["groups"],
+                                                               "output_shape": "meta_shape",
+                                                               "meta_shape": tuple(x.shape)})[0]]
+
+
 def _replicated_slice_infer(specs, axis, groups):
     s = specs[0]
     n = _group_size(groups)
@@ -291,6 +299,13 @@ def replicated_slice(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] 
     except (ValueError, TypeError) as e:
         raise type(e)(f"ops.collectives.replicated_slice: {e} (tensor {t.id!r} of shape {t.shape})") from None
     return create_op("replicated_slice", [t], {"axis": ax, "groups": _assignment(group)})[0]
+
+
+@grad_rule("replicated_slice")
+def _replicated_slice_grad(ctx):
+    return [create_op("replicated_all_gather", [ctx.grad(0)], {"axis": ctx.attrs["axis"],
+                                                               "groups": ctx.attrs["groups"],
+                                                               "output_shape": "concat", "meta_shape": ()})[0]]
 
 
 # all-gather ----------------------------------------------------------------------------------------
@@ -354,6 +369,20 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: Optional[ReplicaGroup
     return create_op("replicated_all_gather", [t], {"axis": ax, "groups": _assignment(group),
                                                     "output_shape": output_shape,
                                                     "meta_shape": tuple(t.meta_shape)})[0]
+
+
+@grad_rule("replicated_all_gather")
+def _all_gather_grad(ctx):
+    """The local reduce-scatter: each replica keeps the part of its own gradient that its input
+    became (gradients are not summed across replicas, as in PopXL)."""
+    a, g = ctx.attrs, ctx.grad(0)
+    if a["output_shape"] == "new_axis":
+        g = g.reshape((g.shape[0] * g.shape[1],) + g.shape[2:]) if g.rank > 1 else g
+        part = create_op("replicated_slice", [g], {"axis": 0, "groups": a["groups"]})[0]
+        return [part.reshape(ctx.op.inputs[0].shape)]
+    if a["output_shape"] == "meta_shape":
+        return [create_op("replica_sharded_slice", [g], {"groups": a["groups"]})[0]]
+    return [create_op("replicated_slice", [g], {"axis": a["axis"], "groups": a["groups"]})[0]]
 
 
 # across IPUs within a replica ----------------------------------------------------------------------
@@ -440,7 +469,6 @@ def all_reduce_identical_grad_inputs(ts: List[Tensor], ipus: Optional[List[int]]
     return _ipu_all_reduce(ts, ipus, op, identity=False, backward="identity")
 
 
-# gradients ------------------------------------------------------------------------------------------
 @grad_rule("all_reduce")
 def _all_reduce_grad(ctx):
     """Every output is the sum (or an identical copy) of the inputs, so each input's gradient is
@@ -452,32 +480,3 @@ def _all_reduce_grad(ctx):
     if ctx.attrs["backward"] == "identity":
         return grads
     return list(create_op("all_reduce", grads, {"op": "add", "identity": False, "backward": "all_reduce"}))
-
-
-@grad_rule("replicated_all_gather")
-def _all_gather_grad(ctx):
-    """The local reduce-scatter: each replica keeps the part of its own gradient that its input
-    became (gradients are not summed across replicas, as in PopXL)."""
-    a, g = ctx.attrs, ctx.grad(0)
-    if a["output_shape"] == "new_axis":
-        g = g.reshape((g.shape[0] * g.shape[1],) + g.shape[2:]) if g.rank > 1 else g
-        part = create_op("replicated_slice", [g], {"axis": 0, "groups": a["groups"]})[0]
-        return [part.reshape(ctx.op.inputs[0].shape)]
-    if a["output_shape"] == "meta_shape":
-        return [create_op("replica_sharded_slice", [g], {"groups": a["groups"]})[0]]
-    return [create_op("replicated_slice", [g], {"axis": a["axis"], "groups": a["groups"]})[0]]
-
-
-@grad_rule("replica_sharded_slice")
-def _sharded_slice_grad(ctx):
-    x = ctx.op.inputs[0]
-    return [create_op("replicated_all_gather", [ctx.grad(0)], {"axis": 0, "groups": ctx.attrs["groups"],
-                                                               "output_shape": "meta_shape",
-                                                               "meta_shape": tuple(x.shape)})[0]]
-
-
-@grad_rule("replicated_slice")
-def _replicated_slice_grad(ctx):
-    return [create_op("replicated_all_gather", [ctx.grad(0)], {"axis": ctx.attrs["axis"],
-                                                               "groups": ctx.attrs["groups"],
-                                                               "output_shape": "concat", "meta_shape": ()})[0]]
