@@ -486,6 +486,22 @@ def test_fp8_mse_scale(dtype, fmt):
     compare_engines(build, [mixed.astype(dtype)], native_ops=["fp8_mse_scale"])
 
 
+@pytest.mark.parametrize("src_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("fp8", [popxl.float8_143, popxl.float8_152])
+@pytest.mark.parametrize("binade", [5, -6, 12])
+def test_fp8_mse_scale_agrees_with_the_host_estimate(src_dtype, fp8, binade):
+    # popxl-addons hands the op its format's lowest binade as a float32 exponent index (lowest
+    # exponent - 31 + 126), the number of binades the format spans, and a rounding error taken from
+    # float16's 10 mantissa bits; on values that share one binade the device's choice is PopXL's
+    # host_fp8_mse_scale (which takes the rounding error from the data's own type).
+    from popxl.fp8_utils import host_fp8_mse_scale
+    lowest, highest, mant = {"float8_143": (-10, 7, 3), "float8_152": (-17, 15, 2)}[fp8.name]
+    params = (lowest - 31 + 126, highest - lowest + 1, 2.0 ** (-2.0 * (10 - mant)))
+    x = -RNG.uniform(2.0 ** binade, 2.0 ** (binade + 1) * 0.999, 16).astype(src_dtype)
+    (bias,) = compare_engines(lambda t: addons.fp8_mse_scale(t, *params), [x], native_ops=["fp8_mse_scale"])
+    assert bias == host_fp8_mse_scale(x, fp8)[1] == fp8_expected(binade, params[0], params[1])
+
+
 def test_linear_layout_is_a_copy():
     x = RNG.standard_normal((3, 4)).astype(np.float32)
     (out,) = compare_engines(lambda t: addons.linear_layout(t, 4), [x])
