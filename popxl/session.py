@@ -17,6 +17,7 @@ from popxl.graph import orphaned
 from popxl.host_transfers import HostTransfers
 from popxl.ir import Ir
 from popxl.logs import get_logger
+from popxl.ops.matmul import refuse_mixed_dtypes
 from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
@@ -133,6 +134,7 @@ class Session:
         if not any(g.schedule() for g in ir._all_graphs()):
             raise popart_exception(f"Session: {ir!r} has no ops; there is nothing to run.")
         _check_no_erased_producers(ir)
+        refuse_mixed_dtypes(ir)  # matmuls of two dtypes, which PopXL traces but cannot compile
         self.ir_ = ir
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._lock = threading.RLock()
