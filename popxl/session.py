@@ -22,7 +22,7 @@ from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Tensor, Variable
-from popxl.transforms.expand import expand_ops
+from popxl.transforms.expand import expand_ops, refuse_unreplaced_identities
 from popxl.transforms.fragments import order_weight_fragments
 from popxl.transforms.fuse_attention import fuse_attention
 from popxl.transforms.fuse_decomposed import fuse_decomposed
@@ -135,6 +135,7 @@ class Session:
             raise popart_exception(f"Session: {ir!r} has no ops; there is nothing to run.")
         _check_no_erased_producers(ir)
         refuse_mixed_dtypes(ir)  # matmuls of two dtypes, which PopXL traces but cannot compile
+        refuse_unreplaced_identities(ir)  # popxl-addons' ops that need PopART's OpToIdentity pattern first
         self.ir_ = ir
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._lock = threading.RLock()

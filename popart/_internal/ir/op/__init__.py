@@ -122,6 +122,12 @@ class Op(View):
     def hasVirtualGraphId(self) -> bool:
         return True
 
+    def canBeReplacedByIdentity(self) -> bool:
+        """Whether PopART's OpToIdentity pattern turns the op into an identity (popxl-addons'
+        all-reduces with identical inputs)."""
+        src = self._source()
+        return src.opdef.identity_when is not None and bool(src.opdef.identity_when(**src.attrs))
+
     def getCalledGraphs(self) -> List["Graph"]:
         return [view_of(g) for g in op_called_graphs(self._source())]
 
