@@ -13,6 +13,7 @@ from popxl.transforms.expand import replace_by_identities
 
 from popart._internal.ir._views import View, popxl_object, view_of
 from popart._internal.ir.graph import GraphId
+from popart._internal.ir.inplace import apply_inplace_pattern
 from popart.options import Patterns, SessionOptions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,14 +134,17 @@ class Ir(View):
     # its inplace pattern makes ops write into their inputs. popxl's gradient rules already emit
     # the ops that run, and lowering places an elementwise result in the storage of an input that
     # dies there: of the pre-alias patterns only OpToIdentity has work here (popxl-addons' ops
-    # that are identities but cannot run as they are, OpDef.identity_when).
+    # that are identities but cannot run as they are, OpDef.identity_when), and the inplace
+    # pattern only shows, in the views' classes, which ops PopART would make in-place.
     def applyPreAliasPatterns(self, graph: Any) -> None:
         g = self._own_graph(graph, "applyPreAliasPatterns")
         if self._patterns.isPatternEnabled("OpToIdentity"):
             replace_by_identities(g)
 
     def applyInplacePattern(self, graph: Any) -> None:
-        self._own_graph(graph, "applyInplacePattern")
+        """The ops PopART would make in-place get their in-place view classes
+        (``popart._internal.ir.inplace``); popxl's ops are unchanged."""
+        apply_inplace_pattern(self._own_graph(graph, "applyInplacePattern"))
 
     def _own_graph(self, graph: Any, where: str) -> Any:
         from popxl.graph import Graph as XlGraph

@@ -97,7 +97,11 @@ class Op(View):
     def _source(self) -> Any:
         return self._clone.source if self._clone is not None else self._popxl
 
+    _pb_type = ""  # the PopART type of a view class standing for one (the in-place variants)
+
     def opType(self) -> str:
+        if self._pb_type:
+            return self._pb_type
         t = self._source().type
         return _PB_TYPES.get(t, _camel(t))
 
@@ -474,11 +478,17 @@ class MulOp(Op):
 
 
 class MulLhsInplaceOp(Op):
-    """PopART's in-place multiply; popxl has none, so no op is one."""
+    """``ops.mul`` that PopART's inplace pattern writes over its left operand
+    (``Ir.applyInplacePattern``; popxl's op is unchanged)."""
+
+    _pb_type = "MulLhsInplace"
 
 
 class MulRhsInplaceOp(Op):
-    """PopART's in-place multiply; popxl has none, so no op is one."""
+    """``ops.mul`` that PopART's inplace pattern writes over its right operand
+    (``Ir.applyInplacePattern``; popxl's op is unchanged)."""
+
+    _pb_type = "MulRhsInplace"
 
 
 class AccumulateOp(Op):
