@@ -40,11 +40,16 @@ def inplace_variant_classes() -> Tuple[Type[Any], ...]:
 
 
 class _Storages:
-    """Which tensors share storage: popxl's views and in-place ops, and the results of the ops
-    already made in-place joined to the operands they overwrite."""
+    """Which tensors of a graph share storage (popxl's views and in-place ops, and the results of
+    the ops made in-place joined to the operands they overwrite), with the tensors and the writing
+    ops of each storage."""
 
-    def __init__(self) -> None:
+    def __init__(self, graph: Any) -> None:
         self.parent: Dict[int, int] = {}
+        self.members: Dict[int, List[Any]] = {}
+        self.writers: Dict[int, Set[int]] = {}
+        for t in graph.tensors:
+            self.members.setdefault(id(storage_root(t)), []).append(t)
 
     def find(self, t: Any) -> int:
         k = id(storage_root(t))
@@ -56,17 +61,24 @@ class _Storages:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[ra] = rb
+            self.members.setdefault(rb, []).extend(self.members.pop(ra, []))
+            self.writers.setdefault(rb, set()).update(self.writers.pop(ra, set()))
+
+    def add_writer(self, op: Any, t: Any) -> None:
+        self.writers.setdefault(self.find(t), set()).add(id(op))
 
 
-def _downstream(op: Any, schedule: List[Any]) -> Set[int]:
-    """ids of the ops that read, directly or not, what ``op`` makes."""
+def _depends_on(op: Any, other: Any, position: Dict[int, int], schedule: List[Any]) -> bool:
+    """Whether ``other`` reads, directly or not, what ``op`` makes (the schedule is topological)."""
+    if position[id(other)] < position[id(op)]:
+        return False
     made = {id(t) for t in op.outputs}
-    after: Set[int] = set()
-    for other in schedule[schedule.index(op) + 1:]:
-        if any(id(t) in made for t in other.inputs):
-            after.add(id(other))
-            made.update(id(t) for t in other.outputs)
-    return after
+    for between in schedule[position[id(op)] + 1:position[id(other)] + 1]:
+        if any(id(t) in made for t in between.inputs):
+            if between is other:
+                return True
+            made.update(id(t) for t in between.outputs)
+    return False
 
 
 def apply_inplace_pattern(graph: Any) -> List[Any]:
@@ -81,23 +93,22 @@ def apply_inplace_pattern(graph: Any) -> List[Any]:
     """
     variants = _variants()
     schedule = list(graph.schedule())
-    storages = _Storages()
+    position = {id(op): i for i, op in enumerate(schedule)}
+    readers: Dict[int, List[Any]] = {}  # tensor -> the ops reading it
+    for op in schedule:
+        for t in op.inputs:
+            readers.setdefault(id(t), []).append(op)
+    storages = _Storages(graph)
     inplace_classes = inplace_variant_classes()
-    writers: Dict[int, Set[int]] = {}  # storage -> ids of the ops writing it
-
-    def note_writer(op: Any, t: Any) -> None:
-        writers.setdefault(storages.find(t), set()).add(id(op))
-
     for op in schedule:
         view = view_of(op)
         if isinstance(view, inplace_classes):  # made in-place before
             t = op.inputs[variants[op.type].index(type(view))]
             storages.join(op.outputs[0], t)
-            note_writer(op, t)
-    for op in schedule:
+            storages.add_writer(op, t)
         for t in op.inputs:
             if id(storage_root(t)) in written_roots(op):
-                note_writer(op, t)
+                storages.add_writer(op, t)
 
     outputs = {id(t) for t in graph.outputs}
     changed = []
@@ -105,36 +116,34 @@ def apply_inplace_pattern(graph: Any) -> List[Any]:
         if isinstance(view_of(op), inplace_classes):
             continue
         for index, cls in enumerate(variants[op.type]):
-            if _can_overwrite(graph, schedule, storages, writers, outputs, op, index):
+            if _can_overwrite(storages, readers, position, schedule, outputs, op, index):
                 t = op.inputs[index]
                 storages.join(op.outputs[0], t)
-                note_writer(op, t)
+                storages.add_writer(op, t)
                 view_of(op).__class__ = cls
                 changed.append(op)
                 break
     return changed
 
 
-def _can_overwrite(graph: Any, schedule: List[Any], storages: _Storages, writers: Dict[int, Set[int]],
-                   outputs: Set[int], op: Any, index: int) -> bool:
+def _can_overwrite(storages: _Storages, readers: Dict[int, List[Any]], position: Dict[int, int],
+                   schedule: List[Any], outputs: Set[int], op: Any, index: int) -> bool:
     t = op.inputs[index]
     if t.nelms != op.outputs[0].nelms:
         return False
     key = storages.find(t)
     if any(storages.find(u) == key for i, u in enumerate(op.inputs) if i != index):
         return False
-    group = [u for u in graph.tensors if storages.find(u) == key]
+    group = storages.members.get(key, [])
     if any(isinstance(u, (Variable, Constant)) or id(u) in outputs for u in group):
         return False
-    if writers.get(key, set()) - {id(op)}:
+    if storages.writers.get(key, set()) - {id(op)}:
         return False
-    members = {id(u) for u in group}
-    after = _downstream(op, schedule)
-    for other in schedule:
-        if other is op or not any(id(u) in members for u in other.inputs):
+    for other in {id(r): r for u in group for r in readers.get(id(u), ())}.values():
+        if other is op:
             continue
-        if id(other) in after:  # it reads what op makes: it cannot run first
+        if _depends_on(op, other, position, schedule):  # it reads what op makes: it cannot run first
             return False
-        if any(id(o) in outputs for o in other.outputs):
+        if any(id(o) in outputs for o in other.outputs):  # PopART puts no constraint on such an op
             return False
     return True
