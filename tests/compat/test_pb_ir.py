@@ -383,6 +383,9 @@ def test_inplace_pattern_leaves_what_popart_cannot_overwrite():
         sq = z * z  # both operands are one tensor
         row = ops.host_load(popxl.h2d_stream((3,), popxl.float32, "row"))
         b = sq * row  # the row has fewer elements than the product: only the left operand can be overwritten
+        u = ops.host_load(popxl.h2d_stream((3,), popxl.float32, "u"))
+        m = u * row  # u is written by another op (add_ below): only row, read by b too, can be overwritten
+        ops.add_(u, row)
 
         def sub(a, c):
             return a * c, a  # a is a graph output: only c may be overwritten
@@ -391,8 +394,8 @@ def test_inplace_pattern_leaves_what_popart_cannot_overwrite():
     pb_ir = ir._pb_ir
     pb_ir.applyInplacePattern(ir.main_graph._pb_graph)
     pb_ir.applyInplacePattern(g._pb_graph)
-    kinds = [type(view).__name__ for view in (pb_ir.getMainGraph().getOp(t.producer.id) for t in (y, sq, b))]
-    assert kinds == ["MulOp", "MulOp", "MulLhsInplaceOp"]
+    kinds = [type(view).__name__ for view in (pb_ir.getMainGraph().getOp(t.producer.id) for t in (y, sq, b, m))]
+    assert kinds == ["MulOp", "MulOp", "MulLhsInplaceOp", "MulRhsInplaceOp"]
     assert _kinds(g) == [("MulRhsInplaceOp", "MulRhsInplace")]
 
 
