@@ -137,11 +137,10 @@ class PatternsLevel(Enum):
 # PopART's pattern names, and the lowest level that enables each.
 _PATTERNS: Dict[str, PatternsLevel] = {
     **{n: PatternsLevel.Minimal for n in (
-        "InitAccumulatePattern", "PreUniRepl", "PostNRepl", "OpToIdentity", "ViewSimplifyPattern",
-        "ContiguateIpuCopyIndices", "UpsampleToResize", "RandomNormalLikeOpPattern", "RandomUniformLikeOpPattern",
-        "ZerosLikeOpPattern", "ExpandCast")},
+        "InitAccumulatePattern", "ViewSimplifyPattern", "ContiguateIpuCopyIndices", "RandomNormalLikeOpPattern",
+        "RandomUniformLikeOpPattern", "ZerosLikeOpPattern")},
     **{n: PatternsLevel.Default for n in (
-        "InPlace", "SoftMaxGradDirect", "NLLLWithSoftMaxGradDirect", "SplitGradOp", "SubtractArg1GradOp",
+        "PreUniRepl", "PostNRepl", "OpToIdentity", "UpsampleToResize", "ExpandCast", "InPlace", "SoftMaxGradDirect", "NLLLWithSoftMaxGradDirect", "SplitGradOp", "SubtractArg1GradOp",
         "MulArgGradOp", "ReciprocalGradOp", "DivArg0GradOp", "DivArg1GradOp", "PowArg0GradOp", "PowArg1GradOp",
         "SinGradOp", "CosGradOp", "ConvDataGrad", "SqrtGradOp", "ExpGradOp", "Log1pGradOp", "LogGradOp",
         "GemmDecomposition", "NegativeOneScale", "MatMulOp", "MatMulLhsGradOp", "MatMulRhsGradOp",

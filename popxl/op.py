@@ -70,6 +70,10 @@ class OpDef:
     # when they die at this op (every kernel reads such an input before writing the output over it).
     overwritable: Optional[Callable[..., Tuple[int, ...]]] = None
     expand: Optional[Callable[["Op"], Any]] = None
+    # attrs -> whether PopART's OpToIdentity pattern turns the op into an identity (its
+    # canBeReplacedByIdentity). popxl-addons' ops that say so cannot run otherwise: a Session
+    # refuses them until Ir.applyPreAliasPatterns (with OpToIdentity enabled) has replaced them.
+    identity_when: Optional[Callable[..., bool]] = None
 
     @property
     def pure(self) -> bool:

@@ -17,11 +17,12 @@ from popxl.graph import orphaned
 from popxl.host_transfers import HostTransfers
 from popxl.ir import Ir
 from popxl.logs import get_logger
+from popxl.ops.matmul import refuse_mixed_dtypes
 from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Tensor, Variable
-from popxl.transforms.expand import expand_ops
+from popxl.transforms.expand import expand_ops, refuse_unreplaced_identities
 from popxl.transforms.fragments import order_weight_fragments
 from popxl.transforms.fuse_attention import fuse_attention
 from popxl.transforms.fuse_decomposed import fuse_decomposed
@@ -154,6 +155,8 @@ class Session:
             raise popart_exception(f"Session: {ir!r} has no ops; there is nothing to run.")
         _check_no_erased_producers(ir)
         _check_sites(ir)
+        refuse_mixed_dtypes(ir)  # matmuls of two dtypes, which PopXL traces but cannot compile
+        refuse_unreplaced_identities(ir)  # popxl-addons' ops that need PopART's OpToIdentity pattern first
         self.ir_ = ir
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._lock = threading.RLock()

@@ -7,9 +7,18 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+import popart._internal.ir as _ir
 import popxl
 import popxl.ops as ops
 from popxl import transforms
+
+
+def apply_pre_alias_patterns(ir: popxl.Ir) -> None:
+    """PopART's default pre-alias patterns on every graph of ``ir``, through its internal IR."""
+    pb_ir = ir._pb_ir
+    pb_ir.setPatterns(_ir.patterns.Patterns(_ir.patterns.PatternsLevel.Default))
+    for g in pb_ir.getAllGraphs():
+        pb_ir.applyPreAliasPatterns(g)
 
 
 class GradProgram:
@@ -17,9 +26,12 @@ class GradProgram:
     ``sum(dy * y)`` with respect to the inputs listed in ``wrt``."""
 
     def __init__(self, build: Callable, inputs: Sequence[np.ndarray], wrt: Sequence[int],
-                 dtypes: Optional[Sequence[popxl.dtype]] = None, replication: int = 1) -> None:
+                 dtypes: Optional[Sequence[popxl.dtype]] = None, replication: int = 1,
+                 pre_alias_patterns: bool = False) -> None:
         """With ``replication`` > 1 each input holds every replica's value (a leading axis of
-        ``replication``), as do the seeds and the results."""
+        ``replication``), as do the seeds and the results. ``pre_alias_patterns`` applies PopART's
+        default pre-alias patterns to every graph before the Session is made (as popxl-addons'
+        programs do; its all-reduces with identical inputs need it)."""
         self.inputs = [np.asarray(x) for x in inputs]
         dts = list(dtypes) if dtypes else [popxl.dtypes.from_numpy(x.dtype) for x in self.inputs]
         shapes = [x.shape[1:] if replication > 1 else x.shape for x in self.inputs]
@@ -41,6 +53,8 @@ class GradProgram:
             for s, t in zip(self.y_streams + self.g_streams, list(ys) + list(grads)):
                 ops.host_store(s, t)
         self.in_streams, self.seed_streams = in_streams, seed_streams
+        if pre_alias_patterns:
+            apply_pre_alias_patterns(ir)
         self.session = popxl.Session(ir, "ipu_model")
         self.session.__enter__()
 

@@ -9,8 +9,8 @@ import numpy as np
 
 from popxl import dtypes
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
-from popxl.ops.fp8 import check_fp8_operands, check_log2_scale, scale_value
-from popxl.ops.utils import broadcast_shapes, same_dtype, spec
+from popxl.ops.fp8 import FP8, check_fp8_operands, check_log2_scale, scale_value
+from popxl.ops.utils import broadcast_shapes, spec
 from popxl.tensor import Tensor
 
 __all__ = ["matmul", "matmul_pow2scaled"]
@@ -33,10 +33,40 @@ def _matmul_shape(a, b) -> Tuple[int, ...]:
 
 
 def _matmul_infer(specs, output_type, partials_type):
-    dt = same_dtype(specs)
-    if not (dt.is_floating_point or dt.is_int):
-        raise TypeError(f"matmul needs numeric operands, got {dt.name}")
-    return [spec(_matmul_shape(*specs), output_type or dt)]
+    a, b = specs
+    if a.dtype != b.dtype and (a.dtype in FP8 or b.dtype in FP8):
+        raise TypeError(f"a float8 operand needs a float8 partner (and matmul_pow2scaled), got "
+                        f"{a.dtype.name} @ {b.dtype.name}")
+    for s in specs:
+        if not (s.dtype.is_floating_point or s.dtype.is_int):
+            raise TypeError(f"matmul needs numeric operands, got {s.dtype.name}")
+    # As PopART's MatMulOp: the result takes the lhs's dtype and the rhs's is not checked here. A
+    # product of two dtypes cannot run; a Session refuses it (refuse_mixed_dtypes).
+    return [spec(_matmul_shape(*specs), output_type or a.dtype)]
+
+
+_PRODUCTS = ("matmul", "matmul_bias", "matmul_bias_add", "matmul_update_")  # operands 0 and 1 multiply
+
+
+def refuse_mixed_dtypes(ir) -> None:
+    """Refuse a program whose graphs (those the main graph runs) hold a matmul of two dtypes.
+    PopXL traces one (PopART takes the lhs's dtype for the result and checks no more), and the IPU
+    compiler refuses it when the Session compiles the program; so does this, at Session creation.
+
+    Raises:
+        popart_exception: Naming the op, its graph and both dtypes.
+    """
+    from popxl.analysis import reachable_graphs
+    from popxl.errors import popart_exception
+    for g in reachable_graphs(ir):
+        for op in g.schedule():
+            if op.type in _PRODUCTS and op.inputs[0].dtype != op.inputs[1].dtype:
+                a, b = op.inputs
+                where = "the main graph" if g is ir.main_graph else f"graph {g.id!r}"
+                raise popart_exception(
+                    f"Session: {op.type} {op.name!r} in {where} (at {op.location}) multiplies {a.dtype.name} "
+                    f"{a.id!r} by {b.dtype.name} {b.id!r}; both operands must have one dtype (the IPU's matmul takes "
+                    f"no mix). Cast one of them with ops.cast before the matmul.")
 
 
 def _matmul_kernel(a, b, output_type, partials_type):
@@ -102,7 +132,8 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float
 
     Args:
         lhs: The left operand.
-        rhs: The right operand, of ``lhs``'s dtype.
+        rhs: The right operand. Its dtype should be ``lhs``'s: as in PopXL, a product of two
+            dtypes is traced (the result takes ``lhs``'s dtype) but a Session refuses it.
         available_memory_proportion: An IPU memory hint, accepted and ignored on CPUs.
         output_type: The result's dtype; default the operands' dtype.
         partials_type: The accumulation type, float16 or float32 (a precision hint; CPUs accumulate
@@ -112,7 +143,7 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float
         A new tensor of the product's shape.
 
     Raises:
-        TypeError: If an operand is not a Tensor, or the dtypes differ.
+        TypeError: If an operand is not a Tensor or not numeric, or only one is float8.
         ValueError: If the inner dimensions differ, the batch dimensions do not broadcast,
             ``partials_type`` is not float16 or float32, or a tensor is not in the current graph.
     """
@@ -182,5 +213,8 @@ def _matmul_grad(ctx):
             d = create_op("sum", [d], {"axis": tuple(axes), "keepdims": True})[0]
         return d.reshape(ctx.op.inputs[i].shape) if d.shape != ctx.op.inputs[i].shape else d
 
+    # Operands of two dtypes (which a Session refuses): each gradient in its operand's dtype, as
+    # PopART's MatMulLhsGradOp / MatMulRhsGradOp.
+    b_type = b_t.dtype if b_t.dtype != a_t.dtype else None
     return [back(matmul(g2, last2_t(b2)), a2.shape, 0) if ctx.needs(0) else None,
-            back(matmul(last2_t(a2), g2), b2.shape, 1) if ctx.needs(1) else None]
+            back(matmul(last2_t(a2), g2, output_type=b_type), b2.shape, 1) if ctx.needs(1) else None]

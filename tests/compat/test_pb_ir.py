@@ -334,6 +334,71 @@ def test_patterns_leave_the_graphs_as_they_run(caplog):
                                                           "WeightsFromHostFragment", "WeightsToHostFragment"]
 
 
+def _kinds(graph):
+    return [(type(op).__name__, op.opType()) for op in graph._pb_graph.getOps()]
+
+
+def test_inplace_pattern_shows_which_multiplies_popart_makes_in_place():
+    # The gradient of x * s: dx = g * s and ds = g * x, both graph outputs. g is read by both, so
+    # neither may overwrite it (the other reader would have to run first, and it makes a graph
+    # output); each overwrites its other operand, a graph input read by no one else.
+    ir = popxl.Ir()
+    with ir.main_graph:
+        xs = popxl.h2d_stream((2, 2), popxl.float32, "x")
+        s = popxl.variable(np.full((2, 2), 3.0, np.float32), name="s")
+        fwd = ir.create_graph(lambda x, s: x * s, xs.spec, s)
+        info = autodiff(fwd)
+        site = ops.call_with_info(fwd, ops.host_load(xs), s)
+        grads = ops.call(info.graph, popxl.constant(np.ones((2, 2), np.float32)), inputs_dict=info.inputs_dict(site))
+        outs = [popxl.d2h_stream((2, 2), popxl.float32, f"d{i}") for i in range(2)]
+        for o, gr in zip(outs, grads):
+            ops.host_store(o, gr)
+    pb_ir = ir._pb_ir
+    assert _kinds(info.graph) == [("MulOp", "Mul")] * 2
+    pb_ir.setPatterns(_ir.patterns.Patterns(_ir.patterns.PatternsLevel.Default))
+    pb_ir.applyPreAliasPatterns(info.graph._pb_graph)
+    pb_ir.applyInplacePattern(info.graph._pb_graph)
+    assert _kinds(info.graph) == [("MulRhsInplaceOp", "MulRhsInplace")] * 2
+    ops_ = info.graph._pb_graph.getOps()
+    assert all(isinstance(op, _ir.op.MulRhsInplaceOp) and not isinstance(op, _ir.op.MulOp) for op in ops_)
+    assert [op.type for op in info.graph.ops] == ["mul", "mul"]  # popxl's ops are unchanged, and so are the values
+    pb_ir.applyInplacePattern(info.graph._pb_graph)  # a second time changes nothing
+    assert _kinds(info.graph) == [("MulRhsInplaceOp", "MulRhsInplace")] * 2
+    pb_ir.applyInplacePattern(fwd._pb_graph)  # x * s gives the graph's output: it may overwrite x
+    assert _kinds(fwd) == [("MulLhsInplaceOp", "MulLhsInplace")]
+    x = np.arange(4, dtype=np.float32).reshape(2, 2)
+    with popxl.Session(ir, "ipu_model") as session:
+        out = session.run({xs: x})
+    np.testing.assert_array_equal(out[outs[0]], np.full((2, 2), 3.0))
+    np.testing.assert_array_equal(out[outs[1]], x)
+
+
+def test_inplace_pattern_leaves_what_popart_cannot_overwrite():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.ones((2, 3), np.float32), name="v")
+        x = ops.host_load(popxl.h2d_stream((2, 3), popxl.float32, "x"))
+        y = x * v  # x is read again by an op that needs y; v is a variable: neither may be overwritten
+        z = y + x
+        sq = z * z  # both operands are one tensor
+        row = ops.host_load(popxl.h2d_stream((3,), popxl.float32, "row"))
+        b = sq * row  # the row has fewer elements than the product: only the left operand can be overwritten
+        u = ops.host_load(popxl.h2d_stream((3,), popxl.float32, "u"))
+        m = u * row  # u is written by another op (add_ below): only row, read by b too, can be overwritten
+        ops.add_(u, row)
+
+        def sub(a, c):
+            return a * c, a  # a is a graph output: only c may be overwritten
+
+        g = ir.create_graph(sub, x, x)
+    pb_ir = ir._pb_ir
+    pb_ir.applyInplacePattern(ir.main_graph._pb_graph)
+    pb_ir.applyInplacePattern(g._pb_graph)
+    kinds = [type(view).__name__ for view in (pb_ir.getMainGraph().getOp(t.producer.id) for t in (y, sq, b, m))]
+    assert kinds == ["MulOp", "MulOp", "MulLhsInplaceOp", "MulRhsInplaceOp"]
+    assert _kinds(g) == [("MulRhsInplaceOp", "MulRhsInplace")]
+
+
 def test_session_object_writes_and_reads_weights():
     ir = popxl.Ir()
     ir.num_host_transfers = 2

@@ -13,6 +13,7 @@ from popxl.context import get_current_context
 from popxl.transforms import autodiff
 
 from engine_harness import engine
+from grad_harness import apply_pre_alias_patterns
 
 BATCH, D_IN, HIDDEN, D_OUT, STEPS, LR = 4, 6, 8, 3, 5, 0.1
 
@@ -56,6 +57,7 @@ def train(w1, w2, xs, targets, shards, engine_name):
         ops.scaled_add_(v2, d2, b=-LR)
         loss_s = popxl.d2h_stream((), popxl.float32, "loss")
         ops.host_store(loss_s, site.outputs[0])
+    apply_pre_alias_patterns(ir)  # as the zoo's scripts: all-reduces with identical inputs become identities
     with engine(engine_name):
         session = popxl.Session(ir, "ipu_model")
     losses = []
@@ -123,6 +125,7 @@ def tied_embedding(w, ids, d, c, shards, engine_name):
         for name, t in (("loss", site.outputs[0]), ("e", site.outputs[1]), ("dw", dw)):
             outs[name] = popxl.d2h_stream(t.shape, t.dtype, name)
             ops.host_store(outs[name], t)
+    apply_pre_alias_patterns(ir)  # as the zoo's scripts: all-reduces with identical inputs become identities
     with engine(engine_name):
         session = popxl.Session(ir, "ipu_model")
     if shards > 1:

@@ -1,9 +1,12 @@
 """popxl-addons' thirteen custom ops (popxl/ops/addons/): values against NumPy formulas written
 here, gradients against the formulas (and finite differences where the op is smooth), on 1, 2
 and 4 replicas for the ops that span replicas, on both engines."""
+import re
+
 import numpy as np
 import pytest
 
+import popart._internal.ir as _ir
 import popxl
 import popxl.ops as ops
 from popxl.ops import addons
@@ -18,9 +21,10 @@ ENGINES = ["reference", "native"]
 
 def grads(build, inputs, wrt, replication, seeds=None, engine_name="native"):
     """(outputs, gradients) of ``build`` for the given seeds (random if None), every array with a
-    leading replica axis when ``replication`` > 1."""
+    leading replica axis when ``replication`` > 1. PopART's default pre-alias patterns run first
+    (the all-reduces with identical inputs need OpToIdentity)."""
     with engine(engine_name):
-        prog = GradProgram(build, inputs, wrt, replication=replication)
+        prog = GradProgram(build, inputs, wrt, replication=replication, pre_alias_patterns=True)
     try:
         if seeds is None:
             lead = (replication,) if replication > 1 else ()
@@ -156,6 +160,86 @@ def test_a_session_runs_them_as_popxl_collectives():
     assert [op.type for op in ir.main_graph.ops] == ["replicated_all_reduce", "identity", "replicated_all_gather"]
     assert [a.producer.type, b.producer.type, c.producer.type] == ["replicated_all_reduce", "identity",
                                                                     "replicated_all_gather"]
+
+
+def _run_replicas(ir, x_stream, y_stream, x):
+    with popxl.Session(ir, "ipu_model") as session:
+        return session.run({x_stream: x})[y_stream]
+
+
+@pytest.mark.parametrize("make", [
+    lambda t, **kw: addons.replicated_all_reduce_tp(t, **kw),
+    lambda t, **kw: addons.replicated_all_reduce_strided(t, "add", stride=1, group_size=4, **kw),
+], ids=["tp", "strided"])
+def test_identical_inputs_need_popart_op_to_identity_pattern(make):
+    # popxl-addons' all-reduces with identical_inputs run only as the identity PopART's OpToIdentity
+    # pattern makes of them (their lowering refuses them otherwise); a PopXL Session applies only
+    # the Minimal patterns, which leave them, so it refuses the program, naming the op.
+    def program():
+        ir = popxl.Ir(replication=4)
+        with ir.main_graph:
+            xs = popxl.h2d_stream((3,), popxl.float32, "x")
+            y = make(ops.host_load(xs), identical_inputs=True)
+            ys = popxl.d2h_stream(y.shape, y.dtype, "y")
+            ops.host_store(ys, y)
+        return ir, xs, ys
+
+    ir, xs, ys = program()
+    (reduce_op,) = [op for op in ir.main_graph._pb_graph.getOps() if op.canBeReplacedByIdentity()]
+    with pytest.raises(popxl.errors.popart_exception, match=r"has identical_inputs=True.*OpToIdentity") as e:
+        popxl.Session(ir, "ipu_model")
+    assert reduce_op.name() in str(e.value) and "main graph" in str(e.value)
+    # The Minimal patterns (what the Session itself applies) leave the op.
+    pb_ir = ir._pb_ir
+    pb_ir.setPatterns(_ir.patterns.Patterns(_ir.patterns.PatternsLevel.Minimal))
+    pb_ir.applyPreAliasPatterns(ir.main_graph._pb_graph)
+    with pytest.raises(popxl.errors.popart_exception, match="OpToIdentity"):
+        popxl.Session(ir, "ipu_model")
+    # The default ones replace it by an identity, which keeps the op's output tensor: each replica
+    # then gets its own values back (a sum would give every replica the total).
+    pb_ir.setPatterns(_ir.patterns.Patterns(_ir.patterns.PatternsLevel.Default))
+    pb_ir.applyPreAliasPatterns(ir.main_graph._pb_graph)
+    assert [op.type for op in ir.main_graph.ops] == ["host_load", "identity", "host_store"]
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_array_equal(_run_replicas(ir, xs, ys, x), x)
+    # Without identical_inputs the op stays an all-reduce through the patterns.
+    ir = popxl.Ir(replication=4)
+    with ir.main_graph:
+        xs = popxl.h2d_stream((3,), popxl.float32, "x")
+        y = make(ops.host_load(xs))
+        ys = popxl.d2h_stream(y.shape, y.dtype, "y")
+        ops.host_store(ys, y)
+    ir._pb_ir.applyPreAliasPatterns(ir.main_graph._pb_graph)
+    assert not any(op.canBeReplacedByIdentity() for op in ir.main_graph._pb_graph.getOps())
+    np.testing.assert_allclose(_run_replicas(ir, xs, ys, x), np.broadcast_to(x.sum(0), x.shape), rtol=1e-6)
+
+
+def test_the_gradient_of_identical_grad_inputs_needs_the_pattern_too():
+    # The gradient of an all-reduce with identical_grad_inputs is one with identical_inputs, in
+    # the gradient graph (which popxl-addons' autodiff patterns, popxl's does not): refused, named
+    # by its graph, until the pattern runs on that graph.
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        xs = popxl.h2d_stream((3,), popxl.float32, "x")
+        fwd = ir.create_graph(lambda t: addons.replicated_all_reduce_tp(t, identical_grad_inputs=True), xs.spec)
+        bwd = popxl.transforms.autodiff(fwd).graph
+        (dx,) = ops.call(bwd, ops.host_load(xs))
+        ys = popxl.d2h_stream(dx.shape, dx.dtype, "dx")
+        ops.host_store(ys, dx)
+    with pytest.raises(popxl.errors.popart_exception, match=f"in graph '{re.escape(bwd.id)}'.*OpToIdentity"):
+        popxl.Session(ir, "ipu_model")
+    ir._pb_ir.applyPreAliasPatterns(bwd._pb_graph)  # an Ir's patterns are the default ones until set
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(_run_replicas(ir, xs, ys, x), x)
+
+
+def test_pattern_levels_of_op_to_identity():
+    # OpToIdentity is on by default but not mandatory: the Minimal level leaves it out.
+    levels = _ir.patterns.PatternsLevel
+    assert not _ir.patterns.Patterns(levels.Minimal).isPatternEnabled("OpToIdentity")
+    assert _ir.patterns.Patterns(levels.Default).isPatternEnabled("OpToIdentity")
+    assert _ir.patterns.Patterns(levels.All).isPatternEnabled("OpToIdentity")
+    assert _ir.patterns.Patterns().isPatternEnabled("OpToIdentity")
 
 
 # ---- rotary position embeddings ------------------------------------------------------------------
@@ -484,6 +568,22 @@ def test_fp8_mse_scale(dtype, fmt):
     assert bias == fp8_expected(5, fmt[0], fmt[1])
     mixed = RNG.standard_normal(1000).astype(dtype) * 10.0 ** RNG.integers(-3, 3, 1000)
     compare_engines(build, [mixed.astype(dtype)], native_ops=["fp8_mse_scale"])
+
+
+@pytest.mark.parametrize("src_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("fp8", [popxl.float8_143, popxl.float8_152])
+@pytest.mark.parametrize("binade", [5, -6, 12])
+def test_fp8_mse_scale_agrees_with_the_host_estimate(src_dtype, fp8, binade):
+    # popxl-addons hands the op its format's lowest binade as a float32 exponent index (lowest
+    # exponent - 31 + 126), the number of binades the format spans, and a rounding error taken from
+    # float16's 10 mantissa bits; on values that share one binade the device's choice is PopXL's
+    # host_fp8_mse_scale (which takes the rounding error from the data's own type).
+    from popxl.fp8_utils import host_fp8_mse_scale
+    lowest, highest, mant = {"float8_143": (-10, 7, 3), "float8_152": (-17, 15, 2)}[fp8.name]
+    params = (lowest - 31 + 126, highest - lowest + 1, 2.0 ** (-2.0 * (10 - mant)))
+    x = -RNG.uniform(2.0 ** binade, 2.0 ** (binade + 1) * 0.999, 16).astype(src_dtype)
+    (bias,) = compare_engines(lambda t: addons.fp8_mse_scale(t, *params), [x], native_ops=["fp8_mse_scale"])
+    assert bias == host_fp8_mse_scale(x, fp8)[1] == fp8_expected(binade, params[0], params[1])
 
 
 def test_linear_layout_is_a_copy():

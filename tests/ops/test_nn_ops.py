@@ -434,6 +434,50 @@ def test_matmul_pow2scaled(fmt_a, fmt_b):
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=1e-3)
 
 
+def test_matmul_of_two_dtypes_traces_and_a_session_refuses_it():
+    # PopXL traces a float32 @ float16 product (PopART's MatMulOp takes the lhs's dtype and does
+    # not look at the rhs's); the IPU's matmul takes no mix, so compiling it fails: here the Session
+    # refuses it, naming the op and both dtypes.
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(rand(2, 3).astype(np.float32), name="x")
+        w = popxl.variable(rand(3, 4).astype(np.float16), name="w")
+        y = ops.matmul(x, w)
+        assert (y.dtype, y.shape) == (popxl.float32, (2, 4))
+        assert ops.matmul(w.T, x.T).dtype == popxl.float16
+        assert ops.matmul(x, w, output_type=popxl.float16).dtype == popxl.float16
+        # the gradients come in their operands' dtypes (PopART's MatMulLhsGradOp / RhsGradOp)
+        g = ir.create_graph(lambda a, b: a @ b, x, w)
+        assert [t.dtype for t in popxl.transforms.autodiff(g).graph.outputs] == [popxl.float32, popxl.float16]
+        ops.host_store(popxl.d2h_stream(y.shape, y.dtype), y)
+    with pytest.raises(popxl.errors.popart_exception) as e:
+        popxl.Session(ir, "ipu_model")
+    msg = str(e.value)
+    assert "matmul" in msg and "float32 'x' by float16 'w'" in msg and "main graph" in msg and "ops.cast" in msg
+    assert ir._frozen_by is None  # the refusal leaves the Ir free
+    # The product in a called graph is refused too, naming that graph.
+    ir2 = popxl.Ir()
+    with ir2.main_graph:
+        a = popxl.variable(rand(2, 2).astype(np.float16), name="a")
+        b = popxl.variable(rand(2, 2).astype(np.float32), name="b")
+        inner = ir2.create_graph(lambda p, q: p @ q, a, b)
+        (c,) = ops.call(inner, a, b)
+        ops.host_store(popxl.d2h_stream(c.shape, c.dtype), c)
+    with pytest.raises(popxl.errors.popart_exception, match=r"in graph '.*subgraph.* multiplies float16 .* by float32 "):
+        popxl.Session(ir2, "ipu_model")
+    # float8 keeps its own rule: both operands float8, through matmul_pow2scaled.
+    with ir2.main_graph:
+        q = popxl.variable(codes(fp8(rand(2, 2), E4)), popxl.float8_143)
+        with pytest.raises(TypeError, match="float8 operand needs a float8 partner"):
+            ops.matmul(a, q)
+
+
+def test_matmul_after_cast_runs():
+    xv, wv = rand(2, 3).astype(np.float32), rand(3, 4).astype(np.float16)
+    got = run(lambda x, w: ops.matmul(x, ops.cast(w, popxl.float32)), xv, wv)
+    np.testing.assert_allclose(got, xv @ wv.astype(np.float32), rtol=1e-6)
+
+
 def test_conv_pow2scaled_and_transpose():
     x, w = fp8(rand(1, 2, 5, 5), E4), fp8(rand(4, 1, 3, 3), E5)
     s = np.array(2, np.int32)

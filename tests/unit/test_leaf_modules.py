@@ -84,9 +84,9 @@ def test_fp8_round_trip_and_overflow():
     np.testing.assert_array_equal(fp8_utils.host_pow2scale_cast_from_fp8(sat), [240, -240])
     with pytest.raises(RuntimeError):
         fp8_utils.host_pow2scale_cast_to_fp8(x, popxl.float32)
-    data = np.random.default_rng(0).standard_normal(1000) * 1e-3
+    data = (np.random.default_rng(0).standard_normal(1000) * 1e-3).astype(np.float32)
     mse, scale = fp8_utils.host_fp8_mse_scale(data)
-    assert 8 <= scale <= 20 and mse < np.mean(data ** 2) * 1e-2
+    assert 8 <= scale <= 20 and mse < np.mean(data.astype(np.float64) ** 2) * 1e-2
     assert fp8_utils.host_fp8_mse_scale_pb(data) == scale
 
 
@@ -98,22 +98,63 @@ def test_fp8_infinities_are_nan_even_when_saturating():
     assert codes.view(np.uint8)[0] == 0x80  # the formats' one NaN code
 
 
-def test_fp8_mse_scale_centres_data_among_equally_good_scales():
+def _binade_model(x, dt):
+    """host_fp8_mse_scale written out for data whose magnitudes all lie in one binade
+    [2**(e-1), 2**e): that binade's bound m = 2**(e-1) sits at histogram position e + 126, and the
+    candidate with bias b (index i = b + 31) covers float32 binades start .. start + span - 1 with
+    start = max(0, lowest - 31 + 126) + i. Every candidate covering the data costs m**2 * q
+    (q = 2**(-2 * (source mantissa bits - float8 mantissa bits))) plus the constant 2**-254 PopXL
+    adds; the median bias among them wins."""
+    mant = {"float8_143": 3, "float8_152": 2}[dt.name]
+    lowest, highest = {"float8_143": (-10, 7), "float8_152": (-17, 15)}[dt.name]
+    span = highest - lowest + 1
+    e = int(np.frexp(np.float64(abs(x[0])))[1])
+    k = e - 1 + 126  # the binade's position among the bounds 2**-126 ...
+    first = lowest - 31 + 126
+    covering = [i - 31 for i in range(63) if first + i <= k < first + i + span]
+    q = 2.0 ** (-2.0 * ((23 if x.dtype == np.float32 else 10) - mant))
+    return 2.0 ** -254 + (2.0 ** (e - 1)) ** 2 * q, -covering[len(covering) // 2]
+
+
+@pytest.mark.parametrize("src_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dt", [popxl.float8_143, popxl.float8_152])
+@pytest.mark.parametrize("binade", [6, -5, 0])
+def test_fp8_mse_scale_follows_popxls_binade_model(src_dtype, dt, binade):
     rng = np.random.default_rng(1)
-    # Values in [2^5, 2^6): every scale from -12 to 1 keeps them normal and below 240 (float8_143),
-    # with identical errors; the middle of that run is chosen, so the scale is negative.
-    big = rng.uniform(2 ** 5, 2 ** 6, 500).astype(np.float32)
-    errs = {s: np.mean((fp8_utils.host_pow2scale_cast_from_fp8(
-        fp8_utils.host_pow2scale_cast_to_fp8(big, popxl.float8_143, s, False), popxl.float64, -s) - big) ** 2)
-        for s in (-12, 1, 2)}
-    assert errs[-12] == errs[1] < errs[2]
-    assert fp8_utils.host_fp8_mse_scale_pb(big, popxl.float8_143) == -5
-    small = rng.uniform(2 ** -6, 2 ** -5, 500).astype(np.float16)
-    assert fp8_utils.host_fp8_mse_scale_pb(small, popxl.float8_143) == 6  # run -1..12
-    # The full ranges need scale 0 exactly (one value at each end of the format).
+    x = (rng.uniform(2.0 ** (binade - 1), 2.0 ** binade * 0.999, 200) * rng.choice([-1, 1], 200)).astype(src_dtype)
+    error, scale = fp8_utils.host_fp8_mse_scale(x, dt)
+    assert (error, scale) == _binade_model(x, dt)
+    assert fp8_utils.host_fp8_mse_scale_pb(x, dt) == scale
+
+
+def test_fp8_mse_scale_examples():
+    # Data in [2**5, 2**6) is large for float8_143 (whose range is 2**-10 .. 2**7): the scale is
+    # negative (-7, the middle of the 18 scales whose range holds it); data in [2**-6, 2**-5) is
+    # small: the scale is positive.
+    big = np.random.default_rng(2).uniform(2 ** 5, 2 ** 6, 500).astype(np.float32)
+    assert fp8_utils.host_fp8_mse_scale(big, popxl.float8_143) == (2.0 ** -254 + 2.0 ** 10 * 2.0 ** -40, -7)
+    assert fp8_utils.host_fp8_mse_scale(big, popxl.float8_152)[1] == -6
+    small = np.random.default_rng(3).uniform(2 ** -6, 2 ** -5, 500).astype(np.float16)
+    assert fp8_utils.host_fp8_mse_scale(small, popxl.float8_143)[1] == 4
+    # Data spanning the format's whole range needs no scale.
     assert fp8_utils.host_fp8_mse_scale(np.array([0.00098, 240], np.float32), popxl.float8_143)[1] == 0
-    assert fp8_utils.host_fp8_mse_scale(np.array([2 ** -17, 57344], np.float32), popxl.float8_152)[1] == 0
-    assert fp8_utils.host_fp8_mse_scale(np.array([np.nan, 2 ** -17, 57344]), popxl.float8_152)[1] == 0
+    assert fp8_utils.host_fp8_mse_scale(np.array([2 ** -17, 57344], np.float16), popxl.float8_152)[1] == 0
+    # Two values 30 binades apart, more than float8_143's 18: the 18 biases whose range holds the
+    # large one (and flushes the small one to zero) cost (2**-20)**2 / 2 + (2**10)**2 / 2 * 2**-40
+    # each, far less than overflowing the large one; the middle of them is -12.
+    mixed = np.array([2.0 ** -20, 2.0 ** 10], np.float32)
+    assert fp8_utils.host_fp8_mse_scale(mixed, popxl.float8_143) == (2.0 ** -41 + 2.0 ** -21, -12)
+    # No data: every scale costs nothing and the middle one (0) is taken.
+    assert fp8_utils.host_fp8_mse_scale(np.zeros(0, np.float32)) == (0.0, 0)
+    # Zeros count below the smallest binade, infinities above the largest; PopXL counts a NaN as
+    # a value in [0.5, 1) (its frexp exponent is 0), so it weighs like 0.75.
+    with_specials = np.array([np.nan, 1.0, np.inf, 0.0], np.float32)
+    assert fp8_utils.host_fp8_mse_scale(with_specials)[1] == \
+        fp8_utils.host_fp8_mse_scale(np.array([0.75, 1.0, np.inf, 0.0], np.float32))[1]
+    with pytest.raises(RuntimeError, match="float16 or float32"):
+        fp8_utils.host_fp8_mse_scale(np.ones(3))
+    with pytest.raises(RuntimeError, match="host_fp8_mse_scale"):
+        fp8_utils.host_fp8_mse_scale(np.ones(3, np.float32), popxl.float16)
 
 
 def test_float8_host_dtypes_and_lookup_tables():

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any, List
 from popxl.errors import popart_exception
 from popxl.logs import get_logger
 from popxl.tensorlocation import ExecutionContext
+from popxl.transforms.expand import replace_by_identities
 
 from popart._internal.ir._views import View, popxl_object, view_of
 from popart._internal.ir.graph import GraphId
+from popart._internal.ir.inplace import apply_inplace_pattern
 from popart.options import Patterns, SessionOptions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -131,18 +133,25 @@ class Ir(View):
     # PopART's pre-alias patterns turn its gradient and compound ops into the ops it can lower, and
     # its inplace pattern makes ops write into their inputs. popxl's gradient rules already emit
     # the ops that run, and lowering places an elementwise result in the storage of an input that
-    # dies there: there is nothing left to rewrite, so both leave the graph as it is.
+    # dies there: of the pre-alias patterns only OpToIdentity has work here (popxl-addons' ops
+    # that are identities but cannot run as they are, OpDef.identity_when), and the inplace
+    # pattern only shows, in the views' classes, which ops PopART would make in-place.
     def applyPreAliasPatterns(self, graph: Any) -> None:
-        self._own_graph(graph, "applyPreAliasPatterns")
+        g = self._own_graph(graph, "applyPreAliasPatterns")
+        if self._patterns.isPatternEnabled("OpToIdentity"):
+            replace_by_identities(g)
 
     def applyInplacePattern(self, graph: Any) -> None:
-        self._own_graph(graph, "applyInplacePattern")
+        """The ops PopART would make in-place get their in-place view classes
+        (``popart._internal.ir.inplace``); popxl's ops are unchanged."""
+        apply_inplace_pattern(self._own_graph(graph, "applyInplacePattern"))
 
-    def _own_graph(self, graph: Any, where: str) -> None:
+    def _own_graph(self, graph: Any, where: str) -> Any:
         from popxl.graph import Graph as XlGraph
         g = popxl_object(graph, XlGraph)
         if g.ir is not self._popxl:
             raise popart_exception(f"Ir.{where}: graph {g.id!r} belongs to {g.ir!r}, not to {self._popxl!r}.")
+        return g
 
     def logIr(self) -> None:
         """Log the program's listing (popxl's typed listing of every graph) at info level."""

@@ -8,6 +8,11 @@ the sum, so the op passes its input through) and ``identical_grad_inputs`` (ever
 gradient is the same, so the gradient passes through); the gradient of either all-reduce is the
 same all-reduce with the two flags swapped. The strided all-gather and reduce-scatter have no
 gradient (popxl-addons' ops define none).
+
+As popxl-addons' ops, an all-reduce with ``identical_inputs`` runs only once PopART's
+OpToIdentity pattern has made it an identity: ``ir._pb_ir.applyPreAliasPatterns(graph)`` with
+patterns of level Default (popxl-addons' ``patterns.apply_pre_alias_patterns(ir)``; its
+``autodiff`` does it for the gradient graphs it makes). A Session refuses it before.
 """
 from __future__ import annotations
 
@@ -85,8 +90,16 @@ def _all_reduce_expand(op):
                      name="replicated_all_reduce")
 
 
+def _identical_inputs(**attrs: Any) -> bool:
+    return bool(attrs["identical_inputs"])
+
+
+# With identical_inputs the op is an identity, but only PopART's OpToIdentity pattern makes it one:
+# popxl-addons' op refuses to be lowered as it is, so a Session refuses it until the pattern ran
+# (Ir.applyPreAliasPatterns; popxl-addons' patterns.apply_pre_alias_patterns and autodiff run it).
 for _name in ("replicated_all_reduce_tp", "replicated_all_reduce_strided"):
-    register(OpDef(_name, _all_reduce_infer, expand=_all_reduce_expand, family=_FAMILY))
+    register(OpDef(_name, _all_reduce_infer, expand=_all_reduce_expand, identity_when=_identical_inputs,
+                   family=_FAMILY))
 
 
 @grad_rule("replicated_all_reduce_tp", "replicated_all_reduce_strided")
@@ -111,7 +124,9 @@ def replicated_all_reduce_tp(t: Tensor, op: object = "add", group=None, identica
     With ``identical_inputs`` the op is an identity (every member already holds the result). Its
     gradient is the same op with the two ``identical`` flags swapped, which gives the two halves
     of a tensor-parallel layer: an identity whose gradient is a sum, and a sum whose gradient (with
-    ``identical_grad_inputs``) is an identity.
+    ``identical_grad_inputs``) is an identity. As in popxl-addons, an op with ``identical_inputs``
+    must be replaced by PopART's OpToIdentity pattern (``ir._pb_ir.applyPreAliasPatterns``) before
+    a Session compiles the program; the Session refuses it otherwise.
 
     Args:
         t: The tensor summed.

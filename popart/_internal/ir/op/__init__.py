@@ -98,7 +98,11 @@ class Op(View):
     def _source(self) -> Any:
         return self._clone.source if self._clone is not None else self._popxl
 
+    _pb_type = ""  # the PopART type of a view class standing for one (the in-place variants)
+
     def opType(self) -> str:
+        if self._pb_type:
+            return self._pb_type
         t = self._source().type
         return _PB_TYPES.get(t, _camel(t))
 
@@ -122,6 +126,12 @@ class Op(View):
 
     def hasVirtualGraphId(self) -> bool:
         return True
+
+    def canBeReplacedByIdentity(self) -> bool:
+        """Whether PopART's OpToIdentity pattern turns the op into an identity (popxl-addons'
+        all-reduces with identical inputs)."""
+        src = self._source()
+        return src.opdef.identity_when is not None and bool(src.opdef.identity_when(**src.attrs))
 
     def getCalledGraphs(self) -> List["Graph"]:
         return [view_of(g) for g in op_called_graphs(self._source())]
@@ -501,11 +511,17 @@ class MulOp(Op):
 
 
 class MulLhsInplaceOp(Op):
-    """PopART's in-place multiply; popxl has none, so no op is one."""
+    """``ops.mul`` that PopART's inplace pattern writes over its left operand
+    (``Ir.applyInplacePattern``; popxl's op is unchanged)."""
+
+    _pb_type = "MulLhsInplace"
 
 
 class MulRhsInplaceOp(Op):
-    """PopART's in-place multiply; popxl has none, so no op is one."""
+    """``ops.mul`` that PopART's inplace pattern writes over its right operand
+    (``Ir.applyInplacePattern``; popxl's op is unchanged)."""
+
+    _pb_type = "MulRhsInplace"
 
 
 class AccumulateOp(Op):
