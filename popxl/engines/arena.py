@@ -14,6 +14,12 @@ from popxl.op import REGISTRY
 __all__ = ["ArenaViews"]
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 class ArenaViews:
     """NumPy views of ``exe``'s buffers on bound arenas, and its op instructions' NumPy kernels.
 
@@ -91,6 +97,12 @@ class ArenaViews:
         opdef, attrs = self._prepared[id(instr)]
         ins, outs = instr["inputs"], instr["outputs"]
         views = self.views
+        # A kernel gets its inputs read-only (a write into one would change a variable, say), but
+        # for a remote buffer's region (the last input of remote ops), which remote_store writes.
+        writable = len(ins) - 1 if "remote_buffer" in attrs else -1
+
+        def inputs(r: int) -> List[np.ndarray]:
+            return [views[r][i] if k == writable else _read_only(views[r][i]) for k, i in enumerate(ins)]
         if opdef.collective and self._gather is not None:
             offset = self.replica_offset
             everyone = self._gather({offset + r: [np.array(views[r][i]) for i in ins] for r in reps},
@@ -99,12 +111,16 @@ class ArenaViews:
             results = dict(zip(order, opdef.reference([everyone[g] for g in order], replicas=order, **attrs)))
             per_rep = ((r, results[offset + r]) for r in reps)
         elif opdef.collective:
-            results = opdef.reference([[views[r][i] for i in ins] for r in reps], replicas=list(reps), **attrs)
+            results = opdef.reference([inputs(r) for r in reps], replicas=list(reps), **attrs)
             per_rep = zip(reps, results)
         else:
-            per_rep = ((r, opdef.reference(*[views[r][i] for i in ins], **attrs)) for r in reps)
+            per_rep = ((r, opdef.reference(*inputs(r), **attrs)) for r in reps)
         for r, res in per_rep:
             res = res if isinstance(res, (tuple, list)) else (res,)
+            if len(res) != len(outs):
+                raise RuntimeError(
+                    f"NumPy kernel of {instr['type']!r} ({instr.get('name')}) returned {len(res)} value(s), "
+                    f"expected {len(outs)} (one per output of the op)")
             for o, val in zip(outs, res):
                 dst = views[r][o]
                 val = np.asarray(val)

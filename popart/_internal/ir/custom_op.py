@@ -178,6 +178,7 @@ class CustomOp(Op):
             raise popart_exception(f"{where}: the settings belong to graph {settings.graph._popxl.id!r}, "
                                    f"not {g.id!r}.")
         ins = cls._resolve_inputs(where, g, inputs)
+        out_ids = cls._output_ids(where, outputs)  # checked before anything is created
         try:
             attrs = cls.attributes(g, **bound)
         except (TypeError, ValueError) as e:
@@ -187,7 +188,11 @@ class CustomOp(Op):
         if settings.vgraphId.has_value():
             op.ipu = settings.vgraphId.value()
         op.tile_set = "io" if settings.tileSet == TileSet.IO else "compute"
-        cls._name_new_outputs(where, op, outputs)
+        try:
+            cls._name_new_outputs(where, op, out_ids)
+        except BaseException:
+            op.graph.remove_ops([op])  # the graph stays as it was
+            raise
         view = cls(op)
         view._arguments = bound
         op.__dict__["_pb_view"] = view
@@ -237,11 +242,22 @@ class CustomOp(Op):
         return out
 
     @staticmethod
-    def _name_new_outputs(where: str, op: Any, outputs: Mapping[int, str]) -> None:
-        for i, tid in sorted(dict(outputs).items()):
-            i = operator.index(i)
+    def _output_ids(where: str, outputs: Any) -> List[Tuple[int, str]]:
+        """``outputs`` as (index, tensor id) pairs, or a TypeError saying what they must be."""
+        try:
+            items = sorted((operator.index(i), t) for i, t in dict(outputs).items())
+        except (TypeError, ValueError):
+            raise TypeError(f"{where}: outputs must map output indices (ints) to tensor ids (str), "
+                            f"not {outputs!r}.") from None
+        for i, tid in items:
+            if not isinstance(tid, str) or not tid:
+                raise TypeError(f"{where}: output {i} must be named by a tensor id (a non-empty str), not {tid!r}.")
+        return items
+
+    @staticmethod
+    def _name_new_outputs(where: str, op: Any, outputs: List[Tuple[int, str]]) -> None:
+        for i, tid in outputs:
             if not 0 <= i < len(op.outputs):
-                op.graph.remove_ops([op])
                 raise popart_exception(f"{where}: output index {i} is out of range; a {op.type} op has "
                                        f"{len(op.outputs)} output(s).")
             _set_id(op.graph, op.outputs[i], tid)
