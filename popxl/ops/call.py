@@ -276,32 +276,60 @@ class CallSiteInfo:
         return f"CallSiteInfo[{self._op.type} of {self.called_graph.id!r}]"
 
 
+# Graphs called within graphs, counting the outermost: deeper programs are refused when traced
+# (the compiler, autodiff and the reference engine walk nested graphs recursively: autodiff takes
+# about six Python frames a level, of the interpreter's 1,000).
+MAX_CALL_DEPTH = 128
+
+
 def _check_not_recursive(callees: Sequence[Any], where: str) -> None:
-    """Refuse a call of a graph from itself, directly or through graphs it calls: a program's
-    memory is planned statically, so graphs cannot recurse (nor can they in PopXL)."""
+    """Refuse a call of a graph from itself, directly or through graphs it calls (a program's
+    memory is planned statically, so graphs cannot recurse, nor can they in PopXL), and a call
+    that would nest graphs deeper than ``MAX_CALL_DEPTH``."""
     caller = get_current_context().graph
     for callee in callees:
         if not isinstance(callee, Graph):
             continue  # _bind reports it
-        path = _call_path(callee, caller, set())
+        path, depth = _call_tree(callee, caller)
         if path is not None:
             cycle = " -> ".join(repr(g.id) for g in (caller, *path))
             raise ValueError(f"{where}: calling graph {callee.id!r} from graph {caller.id!r} would make the program "
                              f"recursive ({cycle}); graphs cannot call themselves, directly or through other graphs.")
+        if depth + 1 > MAX_CALL_DEPTH:
+            raise ValueError(f"{where}: calling graph {callee.id!r} from graph {caller.id!r} would nest {depth + 1} "
+                             f"graphs in one another (graph {callee.id!r} is {depth} deep); popxl takes at most "
+                             f"{MAX_CALL_DEPTH} (popxl.ops.call.MAX_CALL_DEPTH).")
 
 
-def _call_path(start: Graph, target: Graph, seen: set) -> Optional[List[Graph]]:
-    """Graphs from ``start`` down to ``target`` along calls (both ends included), or None."""
-    if start is target:
-        return [start]
-    if start.id in seen:
-        return None
-    seen.add(start.id)
-    for g in start.called_graphs:
-        rest = _call_path(g, target, seen)
-        if rest is not None:
-            return [start, *rest]
-    return None
+def _call_tree(start: Graph, target: Graph) -> Tuple[Optional[List[Graph]], int]:
+    """(the graphs from ``start`` down to ``target`` along calls, both ends included, or None;
+    the depth of ``start``'s call tree: 1 for a graph that calls none). Walked with a stack of its
+    own, not Python's, so deep programs reach the depth check."""
+    depth: Dict[str, int] = {}
+    parent: Dict[str, Optional[Graph]] = {start.id: None}
+    stack: List[Tuple[Graph, bool]] = [(start, False)]
+    found: Optional[Graph] = None
+    while stack:
+        g, done = stack.pop()
+        if done:
+            depth[g.id] = 1 + max((depth[c.id] for c in g.called_graphs), default=0)
+            continue
+        if g is target and found is None:
+            found = g
+        if g.id in depth:
+            continue
+        stack.append((g, True))
+        for c in g.called_graphs:
+            if c.id not in parent:
+                parent[c.id] = g
+            if c.id not in depth:
+                stack.append((c, False))
+    if found is None:
+        return None, depth[start.id]
+    path = [found]
+    while parent[path[-1].id] is not None:
+        path.append(parent[path[-1].id])
+    return path[::-1], depth.get(start.id, 0)
 
 
 def _site(optype: str, graph: Graph, inputs: Sequence[Any], inputs_dict, check_inputs: bool,

@@ -224,3 +224,47 @@ def test_empty_graph_and_graph_input_output():
         (y,) = ops.call(g, x)
     (out,) = _run(ir, y)
     np.testing.assert_array_equal(out, [3, 3])
+
+
+def _nested(depth: int):
+    """A chain of ``depth - 1`` graphs, each calling the next, under the main graph (``depth``
+    graphs in one another); the innermost computes a * a + 1."""
+    ir = popxl.Ir()
+    spec = popxl.TensorSpec((2,), popxl.float32)
+    with ir.main_graph:
+        g = ir.create_graph(lambda a: a * a + 1.0, spec)
+        for _ in range(depth - 2):
+            g = ir.create_graph(lambda a, inner=g: ops.call(inner, a)[0], spec)
+    return ir, g
+
+
+@pytest.mark.parametrize("engine_name", ["native", "reference"])
+def test_deep_nesting_works_up_to_the_documented_depth_and_autodiffs(engine_name):
+    from engine_harness import engine
+    from popxl.ops.call import MAX_CALL_DEPTH
+    ir, g = _nested(MAX_CALL_DEPTH)
+    with ir.main_graph:
+        x_s, y_s, d_s = (popxl.h2d_stream((2,), popxl.float32, "x"), popxl.d2h_stream((2,), popxl.float32, "y"),
+                         popxl.d2h_stream((2,), popxl.float32, "dx"))
+        info = ops.call_with_info(g, ops.host_load(x_s))
+        grads = popxl.transforms.autodiff(g)
+        (dx,) = ops.call(grads.graph, popxl.constant(np.ones(2, np.float32)), inputs_dict=grads.inputs_dict(info))
+        ops.host_store(y_s, info.outputs[0])
+        ops.host_store(d_s, dx)
+    x = np.array([2.0, -3.0], np.float32)
+    with engine(engine_name):
+        session = popxl.Session(ir, "ipu_model")
+    with session as s:
+        out = s.run({x_s: x})
+    np.testing.assert_array_equal(out[y_s], x * x + 1)
+    np.testing.assert_array_equal(out[d_s], 2 * x)
+
+
+def test_nesting_deeper_than_the_limit_is_refused_naming_the_depth():
+    from popxl.ops.call import MAX_CALL_DEPTH
+    ir, g = _nested(MAX_CALL_DEPTH)
+    with ir.main_graph:
+        outer = ir.create_graph(lambda a: ops.call(g, a)[0], popxl.TensorSpec((2,), popxl.float32))
+        with pytest.raises(ValueError, match=rf"ops.call \(at .*\): calling graph .* would nest {MAX_CALL_DEPTH + 1} "
+                                             rf"graphs in one another .* popxl takes at most {MAX_CALL_DEPTH}"):
+            ops.call(outer, popxl.constant(np.zeros(2, np.float32)))
