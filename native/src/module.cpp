@@ -7,6 +7,8 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <omp.h>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -366,6 +368,11 @@ NB_MODULE(_native, m) {
         "collectives waiting for instances stop with InstanceError when one failed or when the one they wait "
         "for finished.");
   m.def("reset_peer_states", &reset_peer_states, "Forget every instance's state (all running).");
+  // libgomp's thread pool does not survive fork(): in a child of a process whose engine ran
+  // parallel regions, the next one would wait forever for the parent's threads. A child therefore
+  // runs every region on its one thread (nthreads 1 never touches the pool).
+  m.def("after_fork_in_child", []() { omp_set_num_threads(1); },
+        "Make this process's OpenMP regions single-threaded (called in a child after fork()).");
   m.def("abi_version", []() { return 2; },
         "Version of the executable contract this engine implements (popxl.compiler.executable.VERSION).");
   m.def("instruction_fields", []() { return instruction_fields(); },

@@ -57,6 +57,9 @@ def _import_native():
                 del os.environ[k]
             else:
                 os.environ[k] = v
+    # A forked child (multiprocessing's "fork", DataLoader workers) runs its engines single-threaded:
+    # the OpenMP thread pool of the parent does not exist there (a parallel region would hang).
+    os.register_at_fork(after_in_child=_native.after_fork_in_child)
     return _native
 
 
