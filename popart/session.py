@@ -24,7 +24,7 @@ from onnx import numpy_helper
 import popxl
 import popxl.ops as ops
 from popxl import dtypes
-from popxl.transforms import fuse_conv, hoist_invariants
+from popxl.transforms import pipeline
 from popart.dataflow import (AnchorReturnTypeId, DataFlow, InputShapeInfo, PyStepIO, PyStepIOCallback,
                              PyWeightsIO, TensorInfo)
 from popart.devices import DeviceInfo, DeviceType
@@ -232,13 +232,12 @@ class InferenceSession:
             self._check_anchors(set(self._importer.names()))
             for name in self.dataFlow.anchors():
                 self._sink_anchor(name, self._importer.tensor(name), main, thread, accumulators)
-        # Inference only (TrainingSession builds its own program): batch norms folded into the
-        # convolutions, computed on the device from the weights, and relu / residual adds fused in.
-        # The folding (any computation on the weights alone) leaves the loop; lowering makes it part
-        # of the static program, run only when the weights were written.
-        fuse_conv(body)
-        weights = {t: p for t, p in thread.bindings(body).items() if isinstance(p, popxl.Variable)}
-        hoist_invariants(body, main, weights, thread)
+        # Inference only (TrainingSession builds its own program): the Session's transform pipeline
+        # folds the batch norms into the convolutions (computed on the device from the weights) and
+        # fuses relu / residual adds in; the folding (any computation on the weights alone) leaves
+        # the loop, and lowering makes it part of the static program, run only when the weights
+        # were written.
+        pipeline.mark(body, pipeline.INFERENCE)
         self._finish_main(main, body, self._steps, thread, accumulators)
         self._ir = ir
 

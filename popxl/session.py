@@ -21,11 +21,7 @@ from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Tensor, Variable
-from popxl.transforms.expand import expand_ops
-from popxl.transforms.fragments import order_weight_fragments
-from popxl.transforms.fuse_attention import fuse_attention
-from popxl.transforms.fuse_decomposed import fuse_decomposed
-from popxl.transforms.fuse_matmul import fuse_matmul
+from popxl.transforms.pipeline import PIPELINE, PipelineRecord
 from popxl.utils import to_numpy
 
 __all__ = ["Session"]
@@ -137,11 +133,10 @@ class Session:
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._lock = threading.RLock()
         progress = Progress("popxl: compiling", 2 * len(list(ir._all_graphs())) + 1)
-        expand_ops(ir)  # ops that run as other ops (popxl-addons' replica-spanning custom ops)
-        order_weight_fragments(ir)  # weight-fragment ops at the start / end of the main program
-        # The Ir shows what runs: exported layer norms, GELUs and attention as single ops, x @ W + b
-        # as matmul_bias, SGD updates in their GEMMs.
-        fuse_matmul(fuse_attention(fuse_decomposed(ir)))
+        # The Ir shows what runs: ops that run as other ops expanded, exported layer norms, GELUs and
+        # attention as single ops, x @ W + b as matmul_bias, SGD updates in their GEMMs (the passes,
+        # in order, and their conditions: print(popxl.transforms.PIPELINE)).
+        self._transforms_applied = PIPELINE.apply(ir)
         self._exe = lower(ir, progress.step)
         self._transfers = HostTransfers(self._exe)  # logs streams transferred other than num_host_transfers times
         self._check_memory()
@@ -222,6 +217,12 @@ class Session:
     def ir(self) -> Ir:
         """The Ir the session runs."""
         return self.ir_
+
+    @property
+    def transforms_applied(self) -> PipelineRecord:
+        """What the transform pipeline (``popxl.transforms.PIPELINE``) did to the Ir before it was
+        compiled: per pass, whether it ran and the ops before and after, by type. ``print`` it."""
+        return self._transforms_applied
 
     @property
     def is_attached(self) -> bool:
