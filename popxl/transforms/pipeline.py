@@ -52,7 +52,15 @@ def mark(graph: Graph, name: str) -> Graph:
 
 
 def is_marked(graph: Graph, name: str) -> bool:
-    """Whether ``graph`` carries the mark ``name`` (see `mark`)."""
+    """Whether ``graph`` carries the mark ``name`` (see `mark`).
+
+    Args:
+        graph: A graph.
+        name: The mark.
+
+    Returns:
+        True if it carries it.
+    """
     return name in graph._marks
 
 
@@ -104,13 +112,26 @@ class Pass:
         self.scope = scope or ("every program" if mark is None else f"graphs marked {mark!r}")
 
     def targets(self, ir: Any) -> Optional[List[Graph]]:
-        """The marked graphs this pass rewrites in ``ir`` (None: it rewrites the whole program)."""
+        """The marked graphs this pass rewrites in ``ir``.
+
+        Args:
+            ir: The program.
+
+        Returns:
+            The graphs marked ``mark`` (empty: the pass is skipped), or None for a pass without a
+            mark, which rewrites the whole program.
+        """
         if self.mark is None:
             return None
         return [g for g in ir._all_graphs() if self.mark in g._marks]
 
     def apply(self, ir: Any, targets: Optional[List[Graph]] = None) -> None:
-        """Apply the pass to ``ir`` (to ``targets``, the marked graphs, when it has a mark)."""
+        """Apply the pass, in place.
+
+        Args:
+            ir: The program.
+            targets: The marked graphs it rewrites (``targets(ir)``), for a pass with a mark.
+        """
         self._run(ir, targets)
 
     def __repr__(self) -> str:
@@ -123,7 +144,16 @@ def _op_types(ir: Any) -> Counter:
 
 class PassRecord:
     """What one pass did to one program: whether it ran, the op count before and after, the
-    change per op type (``{"matmul_bias": +3, "matmul": -3, "add": -3}``) and its time."""
+    change per op type (``{"matmul_bias": +3, "matmul": -3, "add": -3}``) and its time.
+
+    Args:
+        name: The pass.
+        scope: Its condition, in words.
+        ran: Whether it ran (its condition held).
+        before: The program's ops by type before the pass.
+        after: The same after it.
+        seconds: How long it took.
+    """
 
     def __init__(self, name: str, scope: str, ran: bool, before: Counter, after: Counter, seconds: float) -> None:
         self.name, self.scope, self.ran, self.seconds = name, scope, ran, seconds
@@ -150,7 +180,12 @@ class PassRecord:
 
 
 class PipelineRecord(Sequence[PassRecord]):
-    """What the pipeline did to one program: one `PassRecord` per pass, in order; ``str()`` lists them."""
+    """What the pipeline did to one program: one `PassRecord` per pass, in order (also by name:
+    ``record["fuse_matmul"]``); ``str()`` lists them.
+
+    Args:
+        records: The records, in pipeline order.
+    """
 
     def __init__(self, records: List[PassRecord]) -> None:
         self._records = records
@@ -182,7 +217,11 @@ class PipelineRecord(Sequence[PassRecord]):
 
 
 class Pipeline(Sequence[Pass]):
-    """An ordered list of passes; ``apply(ir)`` runs each whose condition holds, in order."""
+    """An ordered list of passes; ``apply(ir)`` runs each whose condition holds, in order.
+
+    Args:
+        passes: The passes, in the order they run.
+    """
 
     def __init__(self, passes: Sequence[Pass]) -> None:
         self._passes = tuple(passes)
