@@ -3,8 +3,12 @@ the buffer shapes PopART's rules give (``[batchesPerStep, accumulationFactor, re
 *shape]``, factors of 1 dropped), the checks of ``PyStepIO`` / ``PyStepIOCallback``, and where
 each anchor's values go.
 
-Outputs are filled by the engine into the session's stream buffers and copied from there into
-the user's arrays.
+Outputs are copied once, from the device into the user's arrays: an anchor whose host buffer holds
+exactly its stream's slices (ALL; EVERYN every batch; any anchor when a run is one step) is
+written by the engine straight into the user's ``PyStepIO`` array, viewed in popxl's layout, when
+that array is C-contiguous, writable, of the anchor's dtype and shares no memory with the other
+buffers of the run. Other anchors (EVERYN N > 1, SUM / FINAL over several steps, callbacks, a
+buffer that does not qualify) go through the session's stream buffer and are copied from there.
 """
 from __future__ import annotations
 
@@ -40,6 +44,11 @@ class HostIO:
         self.inputs, self.streams, self.anchors = inputs, streams, anchors
         self.bps, self.af, self.rf = batches_per_step, accumulation_factor, replication_factor
         self.steps = batches_per_step * accumulation_factor
+        # Anchors whose host buffer is their stream's buffer reshaped: the engine can write the
+        # user's array. The others keep one value in N, or the first of the identical stores.
+        self._whole = {name for name, a in anchors.items()
+                       if a.kind is AnchorReturnTypeId.ALL or (a.kind is AnchorReturnTypeId.EVERYN and a.every == 1)
+                       or self.steps == 1}
         self._buffers: Dict[popxl.DeviceToHostStream, np.ndarray] = {}
 
     def connect(self, px: popxl.Session) -> None:
@@ -151,8 +160,20 @@ class HostIO:
 
     def stream_outputs(self, given: Optional[Mapping[str, np.ndarray]],
                        inputs: Iterable[np.ndarray]) -> Dict[popxl.DeviceToHostStream, np.ndarray]:
-        """The buffer the engine fills for each anchor's stream: the session's stream buffer."""
-        return {a.stream: self._buffers[a.stream] for a in self.anchors.values()}
+        """The buffer the engine fills for each anchor's stream: the user's array of ``given``
+        (checked PyStepIO outputs; None for callbacks) viewed in popxl's layout where it can be
+        (see the module's docstring), else the session's stream buffer."""
+        out: Dict[popxl.DeviceToHostStream, np.ndarray] = {}
+        taken: List[np.ndarray] = list(inputs)
+        for name, a in self.anchors.items():
+            arr = given[name] if given is not None and name in self._whole else None
+            if (arr is None or arr.dtype != a.dtype or not arr.flags.c_contiguous or not arr.flags.writeable
+                    or any(np.may_share_memory(arr, t) for t in taken)):
+                out[a.stream] = self._buffers[a.stream]
+                continue
+            out[a.stream] = arr.reshape(self._stream_shape(a.shape))
+            taken.append(arr)
+        return out
 
     def results(self, written: Mapping[popxl.DeviceToHostStream, np.ndarray],
                 given: Optional[Mapping[str, np.ndarray]]) -> Tuple[Dict[str, np.ndarray], List[str]]:
