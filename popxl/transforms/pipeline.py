@@ -17,6 +17,8 @@ from __future__ import annotations
 import textwrap
 import time
 from collections import Counter
+from itertools import chain
+from operator import attrgetter
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from popxl.graph import Graph, op_called_graphs
@@ -138,8 +140,11 @@ class Pass:
         return f"Pass({self.name!r}, {self.scope})"
 
 
+_TYPE = attrgetter("opdef.name")
+
+
 def _op_types(ir: Any) -> Counter:
-    return Counter(op.opdef.name for g in ir._all_graphs() for op in g._ops)
+    return Counter(map(_TYPE, chain.from_iterable(g._ops for g in ir._all_graphs())))
 
 
 class PassRecord:
