@@ -44,6 +44,12 @@ class HostIO:
         self.inputs, self.streams, self.anchors = inputs, streams, anchors
         self.bps, self.af, self.rf = batches_per_step, accumulation_factor, replication_factor
         self.steps = batches_per_step * accumulation_factor
+        # Shapes and dtypes, worked out once (run's hot path reads them).
+        self._lead = drop_ones(batches_per_step, accumulation_factor, replication_factor)
+        self._input_ids = [s.name for s in inputs]
+        self._in_layout = [(s, streams[s.name], self._lead + s.shape, self._stream_shape(s.shape), s.device_dtype,
+                            dtypes.from_numpy(s.device_dtype).as_numpy()) for s in inputs]
+        self._anchor_shapes = {name: self._anchor_shape(a) for name, a in anchors.items()}
         # Anchors whose host buffer is their stream's buffer reshaped: the engine can write the
         # user's array. The others keep one value in N, or the first of the identical stores.
         self._whole = {name for name, a in anchors.items()
@@ -57,7 +63,7 @@ class HostIO:
 
     # shapes ---------------------------------------------------------------------------------------------
     def lead(self) -> Tuple[int, ...]:
-        return drop_ones(self.bps, self.af, self.rf)
+        return self._lead
 
     def input(self, tensorId: str) -> InputSpec:
         for s in self.inputs:
@@ -66,7 +72,7 @@ class HostIO:
         raise popart_exception(f"{tensorId!r} is not an input of the model; inputs are {self.input_ids()}.")
 
     def input_ids(self) -> List[str]:
-        return [s.name for s in self.inputs]
+        return list(self._input_ids)
 
     def anchor(self, tensorId: str) -> Anchor:
         if tensorId not in self.anchors:
@@ -77,7 +83,10 @@ class HostIO:
         return self.lead() + self.input(tensorId).shape
 
     def anchor_shape(self, tensorId: str) -> Tuple[int, ...]:
-        a = self.anchor(tensorId)
+        shape = self._anchor_shapes.get(tensorId)
+        return shape if shape is not None else self._anchor_shape(self.anchor(tensorId))
+
+    def _anchor_shape(self, a: Anchor) -> Tuple[int, ...]:
         if a.kind is AnchorReturnTypeId.ALL:
             return self.lead() + a.shape
         if a.kind is AnchorReturnTypeId.EVERYN:
@@ -99,9 +108,9 @@ class HostIO:
     # inputs ---------------------------------------------------------------------------------------------
     def inputs_from_arrays(self, stepio: PyStepIO) -> Dict[popxl.HostToDeviceStream, np.ndarray]:
         given = stepio.inputs
-        expected = self.input_ids()
+        expected = self._input_ids
         missing = [k for k in expected if k not in given]
-        extra = [k for k in given if k not in expected]
+        extra = [k for k in given if k not in expected] if len(given) != len(expected) or missing else []
         if missing or extra:
             parts = []
             if missing:
@@ -111,23 +120,24 @@ class HostIO:
                 parts.append(f"unknown input(s) {extra} (the model's inputs are {expected})")
             raise StepIOError("PyStepIO: " + "; ".join(parts) + ".")
         out = {}
-        for s in self.inputs:
-            arr = np.asarray(given[s.name])
-            want = self.input_shape(s.name)
+        for s, stream, want, stream_shape, device, host in self._in_layout:
+            arr = given[s.name]
+            if type(arr) is not np.ndarray:
+                arr = np.asarray(arr)
             if arr.shape != want:
                 raise StepIOError(
                     f"PyStepIO: input {s.name!r} has shape {arr.shape}, expected {want} ({self.explain(s.shape)}).")
             # A user buffer [bps, af, rf, *shape] is popxl's [steps, rf, *shape]: a view when contiguous.
-            arr = self._to_device_dtype(s, arr)
-            out[self.streams[s.name]] = np.ascontiguousarray(arr).reshape(self._stream_shape(arr.shape[len(self.lead()):]))
+            if arr.dtype != device or host.names:
+                arr = self._to_device_dtype(s, arr, host)
+            out[stream] = np.ascontiguousarray(arr).reshape(stream_shape)
         return out
 
     @staticmethod
-    def _to_device_dtype(s: InputSpec, arr: np.ndarray) -> np.ndarray:
+    def _to_device_dtype(s: InputSpec, arr: np.ndarray, host: np.dtype) -> np.ndarray:
         if arr.dtype not in (s.dtype, s.device_dtype):
             raise StepIOError(f"PyStepIO: input {s.name!r} has dtype {arr.dtype}, expected {s.dtype}.")
         arr = arr.astype(s.device_dtype, copy=False)
-        host = dtypes.from_numpy(s.device_dtype).as_numpy()
         if host.names:  # popxl's float8 host form: the raw one-byte codes of the ml_dtypes values
             return np.ascontiguousarray(arr).view(np.uint8).view(host).reshape(arr.shape)
         return arr
@@ -136,14 +146,14 @@ class HostIO:
         fetches = self.steps * self.rf
         bufs = {s.name: np.empty((fetches,) + s.shape, s.device_dtype) for s in self.inputs}
         for k in range(fetches):
-            for s in self.inputs:
+            for s, _, _, _, _, host in self._in_layout:
                 arr = np.asarray(stepio.input_callback(s.name, False))
                 if arr.shape != s.shape:
                     raise StepIOError(f"PyStepIOCallback: input_callback({s.name!r}) returned shape {arr.shape}, "
                                       f"expected {s.shape} (one micro batch).")
-                bufs[s.name][k] = self._to_device_dtype(s, arr)
+                bufs[s.name][k] = self._to_device_dtype(s, arr, host)
                 stepio.input_complete_callback(s.name)
-        return {self.streams[s.name]: bufs[s.name].reshape(self._stream_shape(s.shape)) for s in self.inputs}
+        return {stream: bufs[s.name].reshape(stream_shape) for s, stream, _, stream_shape, _, _ in self._in_layout}
 
     # outputs --------------------------------------------------------------------------------------------
     def check_outputs(self, outputs: Mapping[str, np.ndarray]) -> None:
@@ -151,9 +161,8 @@ class HostIO:
         if missing:
             raise StepIOError("PyStepIO: no output buffer for anchor(s) " + ", ".join(
                 f"{k!r} (expected shape {self.anchor_shape(k)})" for k in missing) + "; use initAnchorArrays().")
-        for name in self.anchors:
+        for name, want in self._anchor_shapes.items():
             buf = outputs[name]
-            want = self.anchor_shape(name)
             if not isinstance(buf, np.ndarray) or buf.shape != want:
                 got = buf.shape if isinstance(buf, np.ndarray) else type(buf).__name__
                 raise StepIOError(f"PyStepIO: the output buffer of anchor {name!r} has shape {got}, expected {want}.")
@@ -167,12 +176,15 @@ class HostIO:
         taken: List[np.ndarray] = list(inputs)
         for name, a in self.anchors.items():
             arr = given[name] if given is not None and name in self._whole else None
-            if (arr is None or arr.dtype != a.dtype or not arr.flags.c_contiguous or not arr.flags.writeable
-                    or any(np.may_share_memory(arr, t) for t in taken)):
-                out[a.stream] = self._buffers[a.stream]
-                continue
-            out[a.stream] = arr.reshape(self._stream_shape(a.shape))
-            taken.append(arr)
+            if arr is not None and arr.dtype == a.dtype and arr.flags.c_contiguous and arr.flags.writeable:
+                for t in taken:
+                    if np.may_share_memory(arr, t):
+                        break
+                else:
+                    out[a.stream] = arr.reshape(self._buffers[a.stream].shape)
+                    taken.append(arr)
+                    continue
+            out[a.stream] = self._buffers[a.stream]
         return out
 
     def results(self, written: Mapping[popxl.DeviceToHostStream, np.ndarray],
