@@ -46,19 +46,19 @@ def profile(px_session, run: Callable[[], None], runs: int) -> Dict[str, Tuple[f
     """{op kind: (seconds per run, calls per run, flops per run)} over ``runs`` calls of ``run``
     (after one unprofiled call)."""
     run()
-    engine = px_session._engine
-    engine.profiling = True  # resets the timers
+    profiler = px_session.op_profiler
+    profiler.enabled = True  # resets the timers
     for _ in range(runs):
         run()
-    exe = px_session._exe
+    exe = px_session.executable
     kinds: Dict[str, list] = defaultdict(lambda: [0.0, 0, 0.0])
-    for (gi, k), (secs, calls) in engine.op_profile().items():
+    for (gi, k), (secs, calls) in profiler.op_times().items():
         instr = exe.graphs[gi]["program"][k]
         entry = kinds[op_kind(exe, instr)]
         entry[0] += float(secs.sum()) / runs
         entry[1] += int(calls.sum()) // runs
         entry[2] += matmul_flops(exe, instr) * int(calls.sum()) / runs
-    engine.profiling = False
+    profiler.enabled = False
     return {k: (s, c, f) for k, (s, c, f) in kinds.items()}
 
 
@@ -89,7 +89,10 @@ def main(argv=None) -> int:
     if args.unfused:
         import popxl.session
         from popxl import transforms
-        popxl.session.fuse_attention = popxl.session.fuse_decomposed = transforms.fuse_attention = lambda ir: ir
+        from popxl.transforms.pipeline import Pipeline
+        popxl.session.PIPELINE = Pipeline([p for p in transforms.PIPELINE
+                                           if p.name not in ("fuse_attention", "fuse_decomposed")])
+        transforms.fuse_attention = lambda ir: ir  # training's own call on the forward graph
 
     from benchmarks.workloads import bert
     if args.workload == "gpt_block":

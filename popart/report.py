@@ -10,14 +10,18 @@ evenly. Memory figures are exact: they come from the static memory plan of the c
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import logging
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+import popxl
 from popxl import dtypes
 from popxl.compiler.executable import Executable
 
-__all__ = ["Report", "OpProfile", "IpuMemory", "measurement_note"]
+__all__ = ["Report", "OpProfile", "IpuMemory", "measurement_note", "SessionProfile"]
+
+logger = logging.getLogger("popart.session")
 
 OpTimes = Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]  # what an engine's op_profile() returns
 
@@ -143,3 +147,68 @@ def build_report(exe: Executable, op_times: Optional[OpTimes], runSeconds: Seque
                                  r, int(calls[r]), float(secs[r]), in_b, out_b))
     return Report(memory, ops, runSeconds, measuredBy if op_times is not None else None,
                   execution_steps(exe) if showExecutionSteps else None)
+
+
+class SessionProfile:
+    """What a popart session measures for its reports: the wall-clock time of each run and, with
+    profiling enabled (``engineOptions`` ``autoReport.all`` or ``autoReport.outputExecutionProfile``
+    "true"), the per-op times of the popxl Session's ``op_profiler``.
+
+    Args:
+        options: The session's ``SessionOptions`` (read when asked: their engine options decide).
+    """
+
+    def __init__(self, options: Any) -> None:
+        self._options = options
+        self._px: Optional[popxl.Session] = None
+        self.run_seconds: List[float] = []
+
+    @property
+    def enabled(self) -> bool:
+        """Whether execution profiling is asked for."""
+        opts = self._options.engineOptions
+        return str(opts.get("autoReport.all", "false")).lower() == "true" or \
+            str(opts.get("autoReport.outputExecutionProfile", "false")).lower() == "true"
+
+    def connect(self, px: popxl.Session) -> None:
+        """The program is compiled into ``px``: time its ops if profiling is asked for."""
+        self._px = px
+        if self.enabled:
+            px.op_profiler.enabled = True
+            logger.info("profiling enabled: %s.", measurement_note(px.op_profiler.engine))
+
+    def record(self, seconds: float) -> None:
+        """One more run, of ``seconds``."""
+        self.run_seconds.append(seconds)
+
+    def op_times(self) -> Optional[OpTimes]:
+        """The op times since the last reset, or None when the ops are not timed."""
+        if self._px is None or not self._px.op_profiler.enabled:
+            return None
+        return self._px.op_profiler.op_times()
+
+    def reset(self) -> None:
+        self.run_seconds = []
+        if self._px is not None and self._px.op_profiler.enabled:
+            self._px.op_profiler.reset()
+
+    def report(self, showExecutionSteps: bool = False) -> Report:
+        """The report of the compiled program (``connect`` first) and of the runs since the last reset."""
+        assert self._px is not None
+        return build_report(self._px.executable, self.op_times(), self.run_seconds, self._px.op_profiler.engine,
+                            showExecutionSteps=showExecutionSteps)
+
+    def summary_lines(self, batches_per_step: int) -> List[str]:
+        """``getSummaryReport``'s lines about execution."""
+        if not self.enabled:
+            return ["Execution profiling not enabled."]
+        times = self.run_seconds
+        lines = [f"Execution: {len(times)} run(s)" + (
+            f", total {sum(times) * 1e3:.3f} ms, mean {np.mean(times) * 1e3:.3f} ms per run, "
+            f"{sum(times) * 1e3 / (len(times) * batches_per_step):.3f} ms per batch." if times else ".")]
+        op_times = self.op_times()
+        if op_times:
+            report = build_report(self._px.executable, op_times, times, self._px.op_profiler.engine)
+            lines.append(f"Per-op times ({report.header}); slowest ops:")
+            lines += [f"  {o!r}" for o in report.opsByTime()[:10]]
+        return lines

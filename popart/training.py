@@ -38,7 +38,8 @@ from popart.onnx.importer import ModelLike
 from popart.optimizers import Optimizer
 from popart.options import Patterns, SessionOptions
 from popart.rounding import StochasticRounder
-from popart.session import ByRef, InferenceSession, _Anchor, _safe
+from popart.program import Anchor, ByRef, safe_name
+from popart.session import InferenceSession
 
 __all__ = ["TrainingSession", "reservedGradientPrefix"]
 
@@ -133,11 +134,11 @@ class TrainingSession(InferenceSession):
 
         def weight(name: str, value: np.ndarray) -> popxl.Tensor:
             var = self._new_weight(main, name, value)
-            weight_inputs[name] = popxl.graph_input(var.shape, var.dtype, _safe(name))
+            weight_inputs[name] = popxl.graph_input(var.shape, var.dtype, safe_name(name))
             return weight_inputs[name]
 
         with fwd:
-            data_inputs = {s.name: popxl.graph_input(s.shape, dtypes.from_numpy(s.device_dtype), _safe(s.name))
+            data_inputs = {s.name: popxl.graph_input(s.shape, dtypes.from_numpy(s.device_dtype), safe_name(s.name))
                            for s in self._inputs}
             # With stochastic rounding the forward graph takes a fresh seed at each call.
             self._fwd_seed = popxl.graph_input((2,), dtypes.uint32, "random_seed") \
@@ -188,22 +189,22 @@ class TrainingSession(InferenceSession):
         af = self.accumulationFactor
         micro = ir.create_empty_graph("popart_micro_batch") if af > 1 else None
         thread = ByRef([step] + ([micro] if micro is not None else []))
-        accumulators: List[Tuple[_Anchor, popxl.Tensor]] = []
+        accumulators: List[Tuple[Anchor, popxl.Tensor]] = []
         grad_accs: Dict[str, popxl.Variable] = {}
         if micro is not None:
             with main:
                 for n in self._trainable:
                     v = self._variables[n]
-                    grad_accs[n] = popxl.variable(np.zeros(v.shape, v.dtype.as_numpy()), name=_safe(n) + "_grad_accl")
+                    grad_accs[n] = popxl.variable(np.zeros(v.shape, v.dtype.as_numpy()), name=safe_name(n) + "_grad_accl")
             with micro:
                 grads = self._micro_batch(fwd, grad, data_inputs, weight_inputs, fwd_anchors, main, thread,
                                           accumulators)
                 for n, g in grads.items():
-                    ops.var_updates.accumulate_(thread(grad_accs[n], _safe(n) + "_grad_accl"), g)
+                    ops.var_updates.accumulate_(thread(grad_accs[n], safe_name(n) + "_grad_accl"), g)
         with step:
             if micro is not None:
                 ops.repeat(micro, af, inputs_dict=thread.bindings(micro))
-                grads = {n: thread(acc, _safe(n) + "_grad_accl", depth=1) for n, acc in grad_accs.items()}
+                grads = {n: thread(acc, safe_name(n) + "_grad_accl", depth=1) for n, acc in grad_accs.items()}
             else:
                 grads = self._micro_batch(fwd, grad, data_inputs, weight_inputs, fwd_anchors, main, thread,
                                           accumulators)
@@ -240,12 +241,12 @@ class TrainingSession(InferenceSession):
             for name, weight in opt.hyper_keys():
                 v = opt.value(name, weight)
                 if not v.isConst():
-                    suffix = f"_{_safe(weight)}" if weight is not None else ""
+                    suffix = f"_{safe_name(weight)}" if weight is not None else ""
                     self._hyper_vars[(name, weight)] = popxl.variable(np.asarray(v.val(), np.float32),
                                                                       name=f"optimizer_{name}{suffix}")
             for n in self._trainable:
                 w = self._variables[n]
-                self._opt_state[n] = [popxl.variable(value, name=f"{_safe(n)}_{suffix}")
+                self._opt_state[n] = [popxl.variable(value, name=f"{safe_name(n)}_{suffix}")
                                       for suffix, value in opt.state(np.zeros(w.shape, w.dtype.as_numpy()), n)]
 
     def _hyper(self, thread: ByRef, depth: Optional[int],
@@ -263,12 +264,12 @@ class TrainingSession(InferenceSession):
 
     def _micro_batch(self, fwd: popxl.Graph, grad: transforms.GradGraphInfo, data_inputs: Dict[str, popxl.Tensor],
                      weight_inputs: Dict[str, popxl.Tensor], fwd_anchors: List[str], main: popxl.Graph,
-                     thread: ByRef, accumulators: List[Tuple[_Anchor, popxl.Tensor]]) -> Dict[str, popxl.Tensor]:
+                     thread: ByRef, accumulators: List[Tuple[Anchor, popxl.Tensor]]) -> Dict[str, popxl.Tensor]:
         """Forward and backward of one micro-batch in the current graph; the weights' gradients
         (of the loss times the loss scaling)."""
-        loaded = {name: ops.host_load(s, _safe(name)) for name, s in self._in_streams.items()}
+        loaded = {name: ops.host_load(s, safe_name(name)) for name, s in self._in_streams.items()}
         bound = {data_inputs[name]: t for name, t in loaded.items()}
-        local = {n: thread(self._variables[n], _safe(n)) for n in weight_inputs}
+        local = {n: thread(self._variables[n], safe_name(n)) for n in weight_inputs}
         bound.update({weight_inputs[n]: local[n] for n in weight_inputs})
         rounder = self._rounder(thread)
         if rounder is not None:
@@ -316,7 +317,7 @@ class TrainingSession(InferenceSession):
                 scale = factor / ls
             if scale != 1.0:
                 g = ops.mul(g, popxl.constant(np.asarray(scale, g.dtype.as_numpy())))
-            w = thread(self._variables[n], _safe(n), 1)
+            w = thread(self._variables[n], safe_name(n), 1)
             state = [thread(s, s.name, 1) for s in self._opt_state[n]]
             hyper = self._hyper(thread, 1, n)
             if w.dtype is dtypes.float32:
@@ -331,8 +332,8 @@ class TrainingSession(InferenceSession):
 
     # optimiser --------------------------------------------------------------------------------------
     def _write_hyper(self, optimizer: Optimizer) -> None:
-        self._set_host_weights({var: np.asarray(optimizer.value(*key).val(), np.float32)
-                                for key, var in self._hyper_vars.items()})
+        self._weights.set({var: np.asarray(optimizer.value(*key).val(), np.float32)
+                           for key, var in self._hyper_vars.items()})
 
     def updateOptimizerFromHost(self, optimizer: Optimizer) -> None:
         """Use ``optimizer``'s hyper-parameter values from now on (written to the device at once;

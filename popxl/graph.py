@@ -42,6 +42,7 @@ class Graph(OpCreatedHooks):
         g._by_ref_inputs: Set["Tensor"] = set()
         # False: autodiff of a graph calling this one needs its gradient in called_graphs_grad_info
         g._can_be_recursively_autodiffed = True
+        g._marks: Set[str] = set()  # what the transform pipeline does to it (popxl.transforms.pipeline.mark)
         g._init_hooks()
         return g
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
 from popxl import dtypes
 from popxl.compiler import lower
+from popxl.compiler.executable import Executable
 from popxl.distributed import Launch
 from popxl.engines import create_engine
 from popxl.errors import popart_exception
@@ -22,14 +23,11 @@ from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Tensor, Variable
-from popxl.transforms.expand import expand_ops, refuse_unreplaced_identities
-from popxl.transforms.fragments import order_weight_fragments
-from popxl.transforms.fuse_attention import fuse_attention
-from popxl.transforms.fuse_decomposed import fuse_decomposed
-from popxl.transforms.fuse_matmul import fuse_matmul
+from popxl.transforms.expand import refuse_unreplaced_identities
+from popxl.transforms.pipeline import PIPELINE, PipelineRecord
 from popxl.utils import to_numpy
 
-__all__ = ["Session"]
+__all__ = ["Session", "OpProfiler"]
 
 logger = get_logger("popxl")
 
@@ -123,6 +121,48 @@ def _serialised(method: _Method) -> _Method:
 
 
 
+class OpProfiler:
+    """Per-op timers of a Session's engine (``Session.op_profiler``), off until enabled. Each op
+    instruction is timed as it runs, once per replica: by the native engine in C++ around each
+    kernel, by the reference engine in Python. popart's ``getReport()`` is made from them.
+
+    Args:
+        session: The Session whose engine is timed.
+    """
+
+    def __init__(self, session: "Session") -> None:
+        self._session = session
+
+    @property
+    def engine(self) -> str:
+        """The name of the engine that measures: "native" or "reference" (``POPXL_ENGINE``)."""
+        return self._session._engine.name
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the ops are timed; setting it (on or off) resets the times."""
+        return bool(self._session._engine.profiling)
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        with self._session._lock:
+            self._session._engine.profiling = bool(on)
+
+    def op_times(self) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]:
+        """The ops that ran since the last reset: ``{(graph, instruction): (seconds per replica,
+        calls per replica)}``, positions in ``Session.executable`` (its ``graphs[graph]["program"]``)."""
+        with self._session._lock:
+            return self._session._engine.op_profile()
+
+    def reset(self) -> None:
+        """Start the times again from zero."""
+        with self._session._lock:
+            self._session._engine.reset_profile()
+
+    def __repr__(self) -> str:
+        return f"OpProfiler[{self.engine} engine, {'enabled' if self.enabled else 'disabled'}]"
+
+
 def _tensor_words(t: Any) -> str:
     """How an argument is named in errors that PopXL's own words begin ("Tensor x is not of type ...")."""
     return f"Tensor {t.id}" if isinstance(t, Tensor) else repr(t)
@@ -162,11 +202,10 @@ class Session:
         self._lock = threading.RLock()
         self._running = False  # a run is in progress (on the thread that holds the lock)
         progress = Progress("popxl: compiling", 2 * len(list(ir._all_graphs())) + 1)
-        expand_ops(ir)  # ops that run as other ops (popxl-addons' replica-spanning custom ops)
-        order_weight_fragments(ir)  # weight-fragment ops at the start / end of the main program
-        # The Ir shows what runs: exported layer norms, GELUs and attention as single ops, x @ W + b
-        # as matmul_bias, SGD updates in their GEMMs.
-        fuse_matmul(fuse_attention(fuse_decomposed(ir)))
+        # The Ir shows what runs: ops that run as other ops expanded, exported layer norms, GELUs and
+        # attention as single ops, x @ W + b as matmul_bias, SGD updates in their GEMMs (the passes,
+        # in order, and their conditions: print(popxl.transforms.PIPELINE)).
+        self._transforms_applied = PIPELINE.apply(ir)
         self._exe = lower(ir, progress.step)
         self._transfers = HostTransfers(self._exe)  # logs streams transferred other than num_host_transfers times
         self._check_memory()
@@ -177,6 +216,7 @@ class Session:
         self._launch = Launch(ir, self._exe, self._engine)
         self._engine_run = self._transfers.watch(self._launch.guard(self._engine.run), self._engine)
         self._run_progress = RunProgress()  # a bar for sessions whose runs take seconds
+        self._op_profiler = OpProfiler(self)
         progress.step("engine loaded")
         progress.close()
         var_by_id = {t.id: t for t in ir.main_graph.variables}
@@ -247,6 +287,24 @@ class Session:
     def ir(self) -> Ir:
         """The Ir the session runs."""
         return self.ir_
+
+    @property
+    def executable(self) -> Executable:
+        """The compiled program the engine runs (``popxl.compiler.Executable``: plain data, its
+        memory plan and one instruction list per graph). Read-only: the engine has loaded it."""
+        return self._exe
+
+    @property
+    def op_profiler(self) -> OpProfiler:
+        """The engine's per-op timers (`OpProfiler`): ``op_profiler.enabled = True``, run, then
+        ``op_profiler.op_times()``."""
+        return self._op_profiler
+
+    @property
+    def transforms_applied(self) -> PipelineRecord:
+        """What the transform pipeline (``popxl.transforms.PIPELINE``) did to the Ir before it was
+        compiled: per pass, whether it ran and the ops before and after, by type. ``print`` it."""
+        return self._transforms_applied
 
     @property
     def is_attached(self) -> bool:

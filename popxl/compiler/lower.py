@@ -21,7 +21,7 @@
 5. Program tree: one instruction list per graph; see executable.py for the instruction set.
 
 Lowering only plans: it creates and rewrites no ops, so what runs is what the IR shows. Rewrites
-are transforms (``popxl.transforms``; the Session applies ``fuse_matmul`` first), and the facts
+are transforms (``popxl.transforms``; the Session applies its transform pipeline first), and the facts
 both sides need (call sites, storage roots, written sets, static ops) are in ``popxl.analysis``.
 The one liberty taken is running a copying view op as a view (step 2 of ``_elide_copies``).
 """

@@ -17,7 +17,7 @@ or an output of a hoisted op. The values the body still reads become new body in
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Mapping
+from typing import Callable, Dict, List, Mapping, Optional
 
 from popxl.graph import Graph
 from popxl.op import Op, create_op
@@ -27,9 +27,9 @@ __all__ = ["hoist_invariants"]
 
 
 def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
-                     bind: Callable[[Tensor, str], Tensor]) -> List[Op]:
-    """Move the invariant ops of ``body`` into ``parent`` (appended to it now, so they must run
-    before the loop op, which the caller creates afterwards).
+                     bind: Callable[[Tensor, str], Tensor], before: Optional[Op] = None) -> List[Op]:
+    """Move the invariant ops of ``body`` into ``parent``: just before ``before`` (the loop op),
+    or, without it, appended to ``parent`` now (the caller then creates the loop op afterwards).
 
     ``bound`` maps body inputs to the ``parent`` tensors they are bound to; name only inputs that
     hold the same value in every iteration as far as the caller knows (not carried). ``bind(t,
@@ -41,6 +41,7 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
         parent: The graph the loop op is in.
         bound: Body input -> the parent tensor bound to it, for inputs invariant across iterations.
         bind: Makes a parent tensor a new input of ``body`` (given it and a name) and returns it.
+        before: The op of ``parent`` the hoisted ops run before; None appends them.
 
     Returns:
         The hoisted ops.
@@ -67,7 +68,8 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
 
     # Trace the hoisted ops again in the parent, in body order (a topological order).
     outer: Dict[int, Tensor] = {t.id: p for t, p in bound.items()}
-    with parent:
+
+    def trace() -> None:
         for op in hoisted:
             ins = []
             for t in op.inputs:
@@ -77,6 +79,7 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
             new = create_op(op.opdef.name, ins, dict(op.attrs), name=op.name)
             for old, t in zip(op.outputs, new):
                 outer[old.id] = t
+    parent.trace(trace, before=before)
 
     # What the body still reads of them becomes inputs; the hoisted ops and values leave it.
     gone = {id(op) for op in hoisted}

@@ -328,7 +328,7 @@ def test_mobilenet_block_runs_as_fused_convolutions():
     x = r.standard_normal((2, 8, 10, 10)).astype(np.float32) * 3
     model = make_model(nodes, {"x": x}, ["y"], w, opset=13)
     s = _session({"y": popart.AnchorReturnType("All")}, model=model)
-    exe = s._px._exe
+    exe = s._px.executable
     types = [i.get("type") for g in exe.graphs for i in g["program"]
              if i.get("type") in ("conv", "conv_fused", "clip", "add")]
     assert types == ["conv_fused"] * 3, types
@@ -366,7 +366,7 @@ def test_weight_writes_reach_the_batch_norm_folded_into_the_conv(engine, monkeyp
              N("Relu", ["b"], ["y"], name="relu")]
     model = make_model(nodes, {"x": np.zeros((2, 8, 6, 6), np.float32)}, ["y"], _conv_bn_relu_weights(1), opset=14)
     s = _session({"y": popart.AnchorReturnType("All")}, bps=2, model=model)
-    exe = s._px._exe
+    exe = s._px.executable
     assert "mul" in [i.get("type") for i in exe.graphs[exe.static_graph]["program"]]
     (conv,) = [i for g in exe.graphs for i in g["program"] if i.get("type") == "conv_fused"]
     assert conv["static_inputs"] == [1, 2]  # folded weights and bias, read by the loop body in place

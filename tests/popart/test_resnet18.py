@@ -88,7 +88,7 @@ def test_resnet18_matches_onnxruntime_after_writing_weights(model, session):
 def test_resnet18_with_folded_batch_norms_fuses_and_matches_onnxruntime():
     model = resnet18_onnx(batch=BATCH, image=IMAGE, folded=True)
     s = _session(model)
-    exe = s._px._exe
+    exe = s._px.executable
     ops = [i for g in exe.graphs for i in g["program"] if i.get("type") in ("conv", "conv_fused", "add", "relu")]
     types = [i["type"] for i in ops]
     # 20 convolutions, each with its bias (and relu / residual add) fused; nothing else left on activations

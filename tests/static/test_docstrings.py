@@ -25,7 +25,8 @@ import popxl.ops
 # Modules whose ``__all__`` is public API (API.md section 1), besides everything under popxl.ops.
 PUBLIC_MODULES = ["popxl", "popxl.context", "popxl.dtypes", "popxl.tensor", "popxl.streams", "popxl.remote_buffer",
                   "popxl.replica_grouping", "popxl.tensorlocation", "popxl.errors", "popxl.utils", "popxl.fp8_utils",
-                  "popxl.random_seed", "popxl.testing", "popxl.transforms", "popxl.transforms.autodiff",
+                  "popxl.random_seed", "popxl.testing", "popxl.transforms", "popxl.transforms.autodiff", "popxl.transforms.pipeline",
+                  "popxl.session",
                   "popxl.onnx_export"]
 # Public names missing from their module's ``__all__`` (as in PopXL).
 EXTRA_NAMES = [("popxl", "replica_sharded_buffer"), ("popxl", "export_onnx"), ("popxl.ops", "floor"),
