@@ -207,15 +207,14 @@ class Supervisor:
 
     def _closed(self, conn: _Connection) -> None:
         index = conn.index
+        if index is not None:  # the record first: whoever sees the connection close sees it updated
+            record = self.records[index]
+            if record.state in ("running", "starting"):
+                if self.trouble_since is not None:  # most likely ended by the launcher's clean-up
+                    record.state = "ended"
+                else:
+                    self._set(record, "died", "its process ended without a word: killed by a signal, or crashed")
         self._drop(conn)
-        if index is None:
-            return
-        record = self.records[index]
-        if record.state in ("running", "starting"):
-            if self.trouble_since is not None:  # most likely ended by the launcher's clean-up
-                record.state = "ended"
-                return
-            self._set(record, "died", "its process ended without a word: killed by a signal, or crashed")
 
     def _drop(self, conn: _Connection) -> None:
         if self._connections.pop(conn.sock, None) is None:
