@@ -91,6 +91,7 @@ class InferenceSession(ProgramBuilder):
             self._model, {k: (v.shape(), v.numpy_dtype()) for k, v in shape_info.items()})
         self._inputs: List[InputSpec] = self._importer.inputs
         self._weights = HostWeights()
+        self._running = False  # inside run (its callbacks included): a nested run would reuse its buffers
         self._variables: Dict[str, popxl.Variable] = self._weights.variables  # the model's weights by name
         self._anchors: Dict[str, Anchor] = {}
         self._build()
@@ -227,6 +228,17 @@ class InferenceSession(ProgramBuilder):
         """Run ``batchesPerStep`` batches, reading inputs from and writing anchors to ``stepio``."""
         logger.log(TRACE, "Session::run %s", debugName)
         px = self._attached("run")
+        if self._running:
+            raise popart_exception("Session.run: called while a run of this session is in progress (from a "
+                                   "PyStepIOCallback's callback?): the outer run's inputs and anchors would be "
+                                   "overwritten. Run again after it returns.")
+        self._running = True
+        try:
+            self._run(px, stepio)
+        finally:
+            self._running = False
+
+    def _run(self, px: popxl.Session, stepio: Union[PyStepIO, PyStepIOCallback]) -> None:
         if isinstance(stepio, PyStepIO):
             inputs = self._io.inputs_from_arrays(stepio)
             self._io.check_outputs(stepio.outputs)

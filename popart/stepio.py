@@ -18,6 +18,7 @@ import numpy as np
 
 import popxl
 from popxl import dtypes
+from popxl.utils import check_int_range
 from popart.dataflow import AnchorReturnTypeId, PyStepIO, PyStepIOCallback
 from popart.errors import StepIOError, popart_exception
 from popart.onnx.importer import InputSpec
@@ -137,6 +138,10 @@ class HostIO:
     def _to_device_dtype(s: InputSpec, arr: np.ndarray, host: np.dtype) -> np.ndarray:
         if arr.dtype not in (s.dtype, s.device_dtype):
             raise StepIOError(f"PyStepIO: input {s.name!r} has dtype {arr.dtype}, expected {s.dtype}.")
+        try:
+            check_int_range(arr, s.device_dtype, f"PyStepIO: input {s.name!r}")  # 64-bit data held in 32 bits
+        except ValueError as e:
+            raise StepIOError(str(e)) from None
         arr = arr.astype(s.device_dtype, copy=False)
         if host.names:  # popxl's float8 host form: the raw one-byte codes of the ml_dtypes values
             return np.ascontiguousarray(arr).view(np.uint8).view(host).reshape(arr.shape)
@@ -166,6 +171,9 @@ class HostIO:
             if not isinstance(buf, np.ndarray) or buf.shape != want:
                 got = buf.shape if isinstance(buf, np.ndarray) else type(buf).__name__
                 raise StepIOError(f"PyStepIO: the output buffer of anchor {name!r} has shape {got}, expected {want}.")
+            if buf.dtype != self.anchors[name].dtype:  # a cast into it would wrap or round silently
+                raise StepIOError(f"PyStepIO: the output buffer of anchor {name!r} has dtype {buf.dtype}, expected "
+                                  f"{self.anchors[name].dtype}; use initAnchorArrays().")
 
     def stream_outputs(self, given: Optional[Mapping[str, np.ndarray]],
                        inputs: Iterable[np.ndarray]) -> Dict[popxl.DeviceToHostStream, np.ndarray]:
@@ -226,10 +234,10 @@ class HostIO:
             values = results[name].reshape((self._fetches(a),) + a.shape)
             for v in values:
                 buf = stepio.output_callback(name)
-                if not isinstance(buf, np.ndarray) or buf.shape != a.shape:
-                    got = buf.shape if isinstance(buf, np.ndarray) else type(buf).__name__
-                    raise StepIOError(f"PyStepIOCallback: output_callback({name!r}) returned a buffer of shape {got}, "
-                                      f"expected {a.shape}.")
+                if not isinstance(buf, np.ndarray) or buf.shape != a.shape or buf.dtype != a.dtype:
+                    got = f"{buf.shape} {buf.dtype}" if isinstance(buf, np.ndarray) else type(buf).__name__
+                    raise StepIOError(f"PyStepIOCallback: output_callback({name!r}) returned a buffer of {got}, "
+                                      f"expected {a.shape} {a.dtype}.")
                 buf[...] = v
                 stepio.output_complete_callback(name)
 

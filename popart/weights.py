@@ -4,6 +4,7 @@ before the program is compiled and after, then through the popxl Session's publi
 the host, the device and ONNX models."""
 from __future__ import annotations
 
+import os
 from typing import Dict, Mapping, Optional
 
 import numpy as np
@@ -13,9 +14,13 @@ from onnx import numpy_helper
 import popxl
 from popart.dataflow import PyWeightsIO
 from popart.errors import popart_exception
-from popart.onnx.importer import ModelLike, device_array, load_model
+from popart.onnx.importer import ModelLike, device_array, device_dtype, load_model
 
 __all__ = ["HostWeights"]
+
+
+# Initializers beyond this many bytes go to an external data file (protobuf's limit is 2 GiB).
+EXTERNAL_DATA_BYTES = 1 << 30
 
 
 class HostWeights:
@@ -90,15 +95,24 @@ class HostWeights:
                   for k, v in weightsIo.weights.items()})
 
     def save_model(self, user_model: onnx.ModelProto, fn: str) -> None:
-        """Write ``user_model``, with the host weights as its initializers, to the file ``fn``."""
+        """Write ``user_model``, with the host weights as its initializers, to the file ``fn``; a
+        model of more than ``EXTERNAL_DATA_BYTES`` of initializers keeps them in ``<fn>.data`` beside
+        it (ONNX's external data: one protobuf message cannot exceed 2 GB), which ``onnx.load(fn)``
+        and popart read back."""
         values = self.values()
         model = onnx.ModelProto()
         model.CopyFrom(user_model)
+        total = 0
         for init in model.graph.initializer:
             if init.name in values:
                 original = numpy_helper.to_array(init)
                 init.CopyFrom(numpy_helper.from_array(values[init.name].astype(original.dtype), init.name))
-        onnx.save(model, fn)
+            total += init.ByteSize()
+        if total > EXTERNAL_DATA_BYTES:
+            onnx.save_model(model, fn, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=os.path.basename(fn) + ".data", size_threshold=0)
+        else:
+            onnx.save(model, fn)
 
     def reset_from(self, modelProtoOrFilename: ModelLike, folded: Mapping[str, np.ndarray], ignore_unknown: bool) -> None:
         """Take the host weights from the initializers of another model; ``folded`` are the
@@ -113,10 +127,33 @@ class HostWeights:
                     continue
                 raise popart_exception(f"resetHostWeights: the model has weight {init.name!r}, which this session "
                                        f"does not have.")
-            var = self.variables[init.name]
-            value = device_array(numpy_helper.to_array(init))
-            if value.shape != var.shape:
-                raise popart_exception(f"resetHostWeights: weight {init.name!r} has shape {value.shape}, the session "
-                                       f"expects {var.shape}.")
-            updates[var] = value.astype(var.dtype.as_numpy())
-        self.set(updates)
+            updates[self.variables[init.name]] = self._replacement(init)
+        self.set(updates)  # only once every weight was checked: an error leaves the weights as they were
+
+    def _replacement(self, init: onnx.TensorProto) -> np.ndarray:
+        """The host value an initializer of another model gives its weight: of the weight's element
+        type (as its device holds it) and shape, and representable there, or an error naming it."""
+        var = self.variables[init.name]
+        where = f"resetHostWeights: weight {init.name!r}"
+        want = var.dtype.as_numpy()
+        try:
+            given = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
+        except (KeyError, TypeError, ValueError):
+            given = None
+        if given is None or given.kind not in "biuf" or device_dtype(given) != want:
+            kind = onnx.TensorProto.DataType.Name(init.data_type) if init.data_type in \
+                onnx.TensorProto.DataType.values() else str(init.data_type)
+            raise popart_exception(f"{where} has element type {kind}, but the session's weight holds {want} (the "
+                                   f"model's type of that weight): no conversion is made.")
+        try:
+            raw = numpy_helper.to_array(init)
+        except Exception as e:  # data of another size than its dims say, say
+            raise popart_exception(f"{where}: its data cannot be read as a {list(init.dims)} tensor ({e}).") from None
+        if raw.shape != var.shape:
+            raise popart_exception(f"{where} has shape {raw.shape}, the session expects {var.shape}.")
+        with np.errstate(over="ignore"):
+            value = device_array(raw)
+        if raw.dtype.kind == "f" and not np.array_equal(np.isfinite(raw), np.isfinite(value)):
+            bad = raw[np.isfinite(raw) & ~np.isfinite(value)].reshape(-1)[0]
+            raise popart_exception(f"{where} holds {bad}, beyond the range of {want} (it would become inf).")
+        return value

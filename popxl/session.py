@@ -25,7 +25,7 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, HostScalarTensor, Tensor, Variable
 from popxl.transforms.expand import refuse_unreplaced_identities
 from popxl.transforms.pipeline import PIPELINE, PipelineRecord
-from popxl.utils import to_numpy
+from popxl.utils import check_int_range, downcast_np_dtypes, to_numpy
 
 __all__ = ["Session", "OpProfiler"]
 
@@ -611,10 +611,9 @@ class Session:
         A wrong dtype is reported as the user gave it, not as its downcast."""
         arr = to_numpy(data, downcast=False, copy=False)
         want = s.dtype.as_numpy()
-        if arr.dtype != want and downcast and want.itemsize < 8:
-            narrowed = to_numpy(arr, copy=False)
-            if narrowed.dtype == want:
-                return narrowed
+        if arr.dtype != want and downcast and downcast_np_dtypes.get(arr.dtype) == want:
+            check_int_range(arr, want, f"Session.run: the input of stream {s.tensor_id!r}")
+            return to_numpy(arr, copy=False)
         return arr
 
     def _device_view(self, s, arr: np.ndarray, is_input: bool) -> np.ndarray:

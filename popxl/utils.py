@@ -8,7 +8,7 @@ import numpy as np
 from popxl import dtypes
 from popxl.fp8_utils import host_pow2scale_cast_from_fp8, host_pow2scale_cast_to_fp8  # noqa: F401 (PopXL's utils has them too)
 
-__all__ = ["to_numpy", "table_to_string", "downcast_np_dtypes"]
+__all__ = ["check_int_range", "to_numpy", "table_to_string", "downcast_np_dtypes"]
 
 # 64-bit host data and the 32-bit dtype it becomes when a call downcasts (PopXL's public name).
 downcast_np_dtypes = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
@@ -63,8 +63,32 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     else:
         target = arr.dtype
     if arr.dtype != target:
+        check_int_range(arr, target)
         arr = arr.astype(target)
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+def check_int_range(arr: np.ndarray, target: Any, what: str = "the data") -> None:
+    """Refuse integer data that ``target`` (an integer dtype) cannot hold: casting would wrap it
+    silently (2**40 as int32 is 0).
+
+    Args:
+        arr: The data.
+        target: The integer dtype it is about to be cast to.
+        what: How the data is named in the error.
+
+    Raises:
+        ValueError: If a value of ``arr`` is outside ``target``'s range.
+    """
+    target = np.dtype(target)
+    if arr.dtype.kind not in "iub" or target.kind not in "iu" or not arr.size:
+        return
+    info = np.iinfo(target)
+    low, high = arr.min(), arr.max()
+    if low < info.min or high > info.max:
+        bad = low if low < info.min else high
+        raise ValueError(f"{what} ({arr.dtype}) holds {bad}, which {target} cannot hold (from {info.min} to "
+                         f"{info.max}); casting would wrap it.")
 
 
 def _check_memmap_in_place(x: np.memmap, dtype: Optional[dtypes.dtype], downcast: bool) -> None:

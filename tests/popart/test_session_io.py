@@ -1,7 +1,7 @@
 """An InferenceSession's anchors are copied once, from the device into the user's PyStepIO arrays:
 where an anchor's host buffer holds exactly its stream's slices (ALL, EveryN 1, any anchor of a
 one-step run) the engine writes the user's array itself; other anchors, and user arrays that are
-strided, read-only, of another dtype or overlap another buffer, go through the session's stream
+strided, read-only or overlap another buffer, go through the session's stream
 buffer, with the same values. Also: popart reaches popxl's Session through its public API only."""
 from __future__ import annotations
 
@@ -98,13 +98,25 @@ def test_user_arrays_the_engine_cannot_write_are_filled_by_a_copy(engine_buffers
                   "h": popart.AnchorReturnType("ALL")}, bps=4)
     x = X4.copy()
     strided = np.zeros((4, 3, 2), np.float32).transpose(0, 2, 1)  # not C-contiguous
-    arrays = {"y": strided, "x": x,  # the input array itself: the engine must not write it while reading it
-              "h": np.zeros((4, 2, 3), np.float64)}  # another dtype: cast while copying
+    h = np.zeros((8, 2, 3), np.float32)[::2]  # strided too
+    arrays = {"y": strided, "x": x, "h": h}  # x: the input array itself, which the engine must not write while reading it
     s.run(popart.PyStepIO({"x": x}, arrays))
     assert not any(_written(s, engine_buffers[0], arrays, k) for k in arrays)
     np.testing.assert_allclose(strided, X4 * W + 1, rtol=1e-6)
     np.testing.assert_array_equal(x, X4)
-    np.testing.assert_allclose(arrays["h"], X4 * W, rtol=1e-6)
+    np.testing.assert_allclose(h, X4 * W, rtol=1e-6)
+    s.detach()
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.float64, np.float16])
+def test_anchor_arrays_of_another_dtype_are_refused(dtype):
+    # A cast into them would wrap or round silently (PopART copies raw bytes: the dtype must match).
+    s = _session({"y": popart.AnchorReturnType("ALL")}, bps=4)
+    arrays = {"y": np.full((4, 2, 3), 7, dtype)}
+    with pytest.raises(popart.StepIOError, match=rf"the output buffer of anchor 'y' has dtype {np.dtype(dtype)}, "
+                                                 r"expected float32"):
+        s.run(popart.PyStepIO({"x": X4}, arrays))
+    assert (arrays["y"] == 7).all()  # untouched
     s.detach()
 
 
