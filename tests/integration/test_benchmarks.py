@@ -46,3 +46,25 @@ def test_quick_bert_workloads_run_and_agree() -> None:
     assert "| bert_train | 2 layers, hidden 256, batch 4 x seq 64 (4 steps/run) | steps/s |" in out
     assert out.count("ONNX Runtime: ok vs popxl") == 2
     assert "popxl 1 step/run: ok vs popxl" in out and "MISMATCH" not in out
+
+
+def test_ab_reads_run_tables_and_reports_ratios_of_ratios() -> None:
+    """benchmarks/ab.py's arithmetic on two sides' tables (building revisions is not tested here)."""
+    sys.path.insert(0, str(RUN.parents[1]))
+    from benchmarks import ab
+
+    def table(popxl_steps: float, torch_steps: float, overhead_us: float) -> str:
+        return ("| workload | case | unit | popxl | PyTorch | popxl/PyTorch |\n|---|---|---|---|---|---|\n"
+                f"| mlp_small | batch 8 | steps/s | {popxl_steps:,.0f} ±3% | {torch_steps:,.0f} ±2% | 2.00x |\n"
+                f"| overhead | 4 floats | µs/run | {overhead_us} ±5% | 4.0 ±1% | 0.50x |\n")
+    base = [ab.parse_table(table(1000, 500, 8.0))[0], ab.parse_table(table(1100, 550, 8.0))[0]]
+    parsed, lower = ab.parse_table(table(2000, 500, 4.0))
+    assert parsed[("mlp_small", "batch 8", "popxl")] == 2000.0 and parsed[("overhead", "4 floats", "PyTorch")] == 4.0
+    assert lower == {("mlp_small", "batch 8"): False, ("overhead", "4 floats"): True}
+    new = [parsed, ab.parse_table(table(2200, 550, 4.0))[0]]
+    text = ab.report(base, new, lower)
+    mlp = next(line for line in text.splitlines() if line.startswith("| mlp_small"))
+    over = next(line for line in text.splitlines() if line.startswith("| overhead"))
+    # NEW is twice as fast in both rows (fewer µs is faster), and so is its ratio against the same peer
+    assert mlp.split(" | ")[4] == "2.000x" and mlp.split(" | ")[5].strip(" |") == "2.000x"
+    assert over.split(" | ")[4] == "2.000x" and over.split(" | ")[5].strip(" |") == "2.000x"
