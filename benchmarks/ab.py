@@ -4,8 +4,9 @@
 
 BASE and NEW are git revisions of this repository (NEW defaults to the checkout this script is run
 from, uncommitted changes included, with the interpreter running it). Each other revision is built
-once: a git worktree and a virtual environment with the project installed (its ``bench`` extra), kept
-in ``$POPXL_AB_CACHE`` (default ``~/.cache/popxl-ab``) under the commit's hash for later runs.
+once: a git worktree and a virtual environment with the project installed, kept in
+``$POPXL_AB_CACHE`` (default ``~/.cache/popxl-ab``) under the commit's hash for later runs. Its
+third-party packages (NumPy, the peers) are the running interpreter's: install ``.[bench]`` there.
 
 The rounds alternate which side goes first; each round runs ``benchmarks/run.py`` of each side in a
 process of its own. The table gives, per row, the median over the rounds of each side's value, how
@@ -22,6 +23,7 @@ import re
 import statistics
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -48,7 +50,14 @@ def prepare(rev: str) -> Tuple[str, Path]:
     if not (env / ".built").exists():
         print(f"[ab] building {rev} ({sha[:12]}) into {env}: once, a few minutes", file=sys.stderr, flush=True)
         venv.create(env, with_pip=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"{tree}[bench]"], check=True)
+        # Only the project is built: NumPy, the peers (torch, jax, onnxruntime) and the rest come
+        # from this interpreter's site-packages (a .pth line puts them after the venv's own), so both
+        # sides measure against the same peer builds and nothing gigabytes-large is downloaded again.
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(tree)], check=True)
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+        Path(site, "_popxl_ab_peers.pth").write_text("".join(f"{p}\n" for p in sorted(ours)))
         (env / ".built").write_text(sha)
     return str(python), tree
 

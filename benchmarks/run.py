@@ -1,5 +1,6 @@
-"""Run the workloads of shared/BENCHMARKS.md in popxl, PyTorch eager, JAX jit (and ONNX Runtime for
-cnn_infer) side by side in one invocation, and print a markdown table with popxl/peer ratios.
+"""Run the benchmark workloads (benchmarks/workloads/, described in benchmarks/README.md) in popxl,
+PyTorch eager, JAX jit (and ONNX Runtime for cnn_infer) side by side in one invocation, and print a
+markdown table with popxl/peer ratios.
 
     python benchmarks/run.py                              # everything, 5 repeats
     python benchmarks/run.py --only gemm,mlp_small --repeats 7

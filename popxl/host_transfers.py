@@ -100,8 +100,10 @@ class HostTransfers:
                 self.after_run(engine)
         return watched
 
-    def zeroed_outputs(self, layout: List[tuple]) -> Dict[Any, np.ndarray]:
-        """Host output arrays for ``layout`` entries ``(stream, dtype, host shape, engine shape)``: zeros
-        where a run may leave slices unwritten, else uninitialised (every slice is written)."""
-        return {s: (np.zeros if unwritten else np.empty)(shape, dtype)
-                for (s, dtype, shape, _), unwritten in zip(layout, self.may_leave_unwritten)}
+    def output_allocator(self, layout: List[tuple]) -> Callable[[], Dict[Any, np.ndarray]]:
+        """A function making host output arrays for ``layout`` entries ``(stream, dtype, host shape,
+        engine shape)``: zeros where a run may leave slices unwritten, else uninitialised (every slice
+        is written). Decided once: it is called on every ``Session.run``."""
+        plan = [(s, np.zeros if unwritten else np.empty, shape, dtype)
+                for (s, dtype, shape, _), unwritten in zip(layout, self.may_leave_unwritten)]
+        return lambda: {s: make(shape, dtype) for s, make, shape, dtype in plan}

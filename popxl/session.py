@@ -245,6 +245,7 @@ class Session:
         self._in_layout = [self._layout(s) for s in self._h2d]
         self._out_layout = [self._layout(s) for s in self._d2h]
         self._exact_ok = not any(d.names for _, d, _, _ in (*self._in_layout, *self._out_layout))
+        self._new_outputs = self._transfers.output_allocator(self._out_layout)
 
     def _write_final_dot_checkpoint(self) -> None:
         """PopART's "FINAL" DOT checkpoint (the program as compiled), when POPART_DOT_CHECKS or the
@@ -586,7 +587,7 @@ class Session:
         """Empty host buffers for every device-to-host stream, shaped ``(d, r) + shape`` with the
         size-1 entries of (num_host_transfers, instance_replication_factor) dropped. A stream that a
         run may store fewer than num_host_transfers times gets zeros (its unwritten slices stay 0)."""
-        return self._transfers.zeroed_outputs(self._out_layout)
+        return self._new_outputs()
 
     def _check_keys(self, given: Mapping, expected: List, what: str) -> None:
         for s in given:
@@ -669,12 +670,13 @@ class Session:
                 raise self._reentry_error("run")
             self._running = True
             try:
-                exact = self._exact_buffers(inputs, outputs)
-                if exact is not None and self._run_progress.fast and self.is_attached:
+                ins = self._exact_arrays(inputs, self._in_layout, False)
+                outs = self._exact_arrays(outputs, self._out_layout, True) if ins is not None else None
+                if outs is not None and self._run_progress.fast and self._engine.attached:
                     self._host_stale = True
-                    self._engine_run(*exact)
+                    self._engine_run(ins, outs)
                     return
-                self._run_checked(inputs, outputs, downcast_inputs, exact)
+                self._run_checked(inputs, outputs, downcast_inputs, None if outs is None else (ins, outs))
             finally:
                 self._running = False
 
@@ -707,6 +709,9 @@ class Session:
             arr = outputs[s]
             if not isinstance(arr, np.ndarray):
                 raise TypeError(f"Session.run: the output for stream {s.tensor_id!r} must be a NumPy array.")
+            if not arr.flags.writeable:
+                raise ValueError(f"Session.run: the output array for stream {s.tensor_id!r} is read-only; the run "
+                                 f"writes into it (give a writable array, e.g. from create_host_outputs()).")
             out_bufs.append(self._device_view(s, arr, False))
         self._host_stale = True
         self._run_engine(in_views, out_bufs)
@@ -720,27 +725,26 @@ class Session:
         else:
             self._run_progress.run(self._engine_run, inputs, outputs)
 
-    def _exact_buffers(self, inputs, outputs):
-        """(input views, output views) for the engine when every host buffer already is exactly what
-        it needs (the right keys, NumPy arrays of the stream's dtype and host shape, C-contiguous,
-        outputs writable), else None: run's fast path, which skips conversions and error messages."""
-        if (not self._exact_ok or len(inputs or ()) != len(self._h2d) or len(outputs or ()) != len(self._d2h)
-                or not isinstance(inputs or {}, dict) or not isinstance(outputs or {}, dict)):
+    def _exact_arrays(self, given: Any, layout: List[tuple], writable: bool) -> Optional[List[np.ndarray]]:
+        """The arrays of ``given``, in the engine's stream order, when each already is exactly what the
+        engine takes (a NumPy array of the stream's dtype and host shape, C-contiguous, writable for
+        outputs), else None: run's fast path, which skips conversions and error messages. Arrays keyed
+        in the engine's order are matched by identity, without hashing the streams."""
+        if not self._exact_ok:
             return None
-        ins = self._exact_views(inputs, self._in_layout, writable=False)
-        outs = self._exact_views(outputs, self._out_layout, writable=True) if ins is not None else None
-        return None if outs is None else (ins, outs)
-
-    @staticmethod
-    def _exact_views(given: Mapping, layout: List[tuple], writable: bool) -> Optional[List[np.ndarray]]:
-        views = []
-        for s, dtype, shape, engine_shape in layout:
-            a = given.get(s)
-            if (type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous
+        if type(given) is not dict:
+            return [] if given is None and not layout else None
+        if len(given) != len(layout):
+            return None
+        arrays = []
+        for (s, dtype, shape, _), (key, a) in zip(layout, given.items()):
+            if key is not s:
+                a = given.get(s)
+            if (type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous
                     or (writable and not a.flags.writeable)):
                 return None
-            views.append(a.reshape(engine_shape))
-        return views
+            arrays.append(a)
+        return arrays
 
     def run(self, inputs: Optional[h2dStreamBufferMaps] = None,
             downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
@@ -757,9 +761,21 @@ class Session:
             ValueError: If the session is not attached, a stream is missing or unexpected, or a shape
                 does not match.
         """
-        self._require_attached("run")
-        outputs = self.create_host_outputs()
-        self.run_with_outputs(inputs, outputs, downcast_inputs)
+        with self._lock:  # run_with_outputs's fast path, without checking the outputs it makes itself
+            if self._running:
+                raise self._reentry_error("run")
+            self._require_attached("run")
+            self._running = True
+            try:
+                outputs = self._new_outputs()
+                ins = self._exact_arrays(inputs, self._in_layout, False)
+                if ins is not None and self._run_progress.fast:
+                    self._host_stale = True
+                    self._engine_run(ins, list(outputs.values()))
+                else:
+                    self._run_checked(inputs, outputs, downcast_inputs, None)
+            finally:
+                self._running = False
         return outputs
 
     def __repr__(self) -> str:

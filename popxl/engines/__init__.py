@@ -25,8 +25,9 @@ class Engine(Protocol):
     - ``write_variable`` / ``read_variable`` (a copy) / ``variable_view`` (read-only, no copy), by
       index into ``executable.variables`` and replica.
     - ``run(inputs, outputs)``: run the main program once. ``inputs[i]`` / ``outputs[i]`` are the
-      host buffers of ``executable.h2d[i]`` / ``d2h[i]``, shaped ``(num_host_transfers, replicas,
-      *shape)``. When the executable has a static program (``static_graph``), ``run`` first runs it,
+      host buffers of ``executable.h2d[i]`` / ``d2h[i]``: C-contiguous arrays of the stream's dtype
+      holding ``(num_host_transfers, replicas, *shape)`` elements, in any shape of that size (the
+      user's own arrays, unreshaped). When the executable has a static program (``static_graph``), ``run`` first runs it,
       for all replicas, whenever variables may have changed since it last ran: after ``attach`` and
       after any ``write_variable``. Device variables are written only through ``write_variable``;
       an engine may rely on that to keep values derived from static storage between runs. A run in

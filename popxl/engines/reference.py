@@ -67,7 +67,10 @@ class ReferenceEngine:
 
     # execution ------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        self._inputs, self._outputs = inputs, outputs
+        # Host buffers come in any shape of the right size: viewed as (transfers, replicas, *shape).
+        lead = (self.exe.num_host_transfers, self.replicas)
+        self._inputs = [a.reshape(lead + tuple(s["shape"])) for a, s in zip(inputs, self.exe.h2d)]
+        self._outputs = [a.reshape(lead + tuple(s["shape"])) for a, s in zip(outputs, self.exe.d2h)]
         self._loads = np.zeros((len(inputs), self.replicas), np.int64)
         self._stores = np.zeros((len(outputs), self.replicas), np.int64)
         reps = list(range(self.replicas))

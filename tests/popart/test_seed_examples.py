@@ -1,5 +1,5 @@
-"""The inference code of the user's PopART documents (shared/seeds 000, 001, 002, 004), run as
-written except that the AlexNet exported with torch is replaced by a small CNN, or by the
+"""The inference code of the user's PopART documents (PopART's session documentation), run as written
+except that the AlexNet exported with torch is replaced by a small CNN, or by the
 benchmark's ResNet-18 at a small image size, saved under the same file name."""
 from __future__ import annotations
 

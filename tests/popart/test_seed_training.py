@@ -1,4 +1,4 @@
-"""The training code of the user's PopART documents (shared/seeds 000, 001, 004), run as written
+"""The training code of the user's PopART documents (PopART's session documentation), run as written
 except that the AlexNet exported with torch is replaced by a small CNN (with a softmax output
 named "output" and 8x8 images) saved under the same file name."""
 from __future__ import annotations

@@ -346,3 +346,44 @@ def test_ipu_hw_by_keyword_with_replicas_runs_on_the_cpu(monkeypatch):
         out = s.run({x_s: x})
     np.testing.assert_array_equal(out[y_s], np.cumsum(x, axis=0))  # v accumulates the two transfers
     np.testing.assert_array_equal(s.get_tensor_data(v), x.sum(0)[0])  # replica 0's value
+
+
+@pytest.mark.parametrize("engine_name", ["native", "reference"])
+def test_run_fast_path_takes_user_arrays_as_given(engine_name):
+    """Exact arrays go to the engine unreshaped, matched to their streams whatever the dict's order;
+    anything else (a transposed, read-only or reshaped-in-place array) takes the checked path: converted,
+    refused or copied back, never written past or misread."""
+    from engine_harness import engine
+    ir = popxl.Ir(replication=2)
+    ir.num_host_transfers = 3
+    with ir.main_graph:
+        a_s = popxl.h2d_stream((2,), popxl.float32, "a")
+        b_s = popxl.h2d_stream((2,), popxl.float32, "b")
+        y_s = popxl.d2h_stream((2,), popxl.float32, "y")
+        g = ir.create_graph(lambda: ops.host_store(y_s, ops.host_load(a_s) - ops.host_load(b_s)))
+        ops.repeat(g, 3)
+    with engine(engine_name):
+        session = popxl.Session(ir, "ipu_model")
+    a = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+    b = np.full((3, 2, 2), 0.5, np.float32)
+    with session:
+        for inputs in ({a_s: a, b_s: b}, {b_s: b, a_s: a}):  # engine order, then reversed
+            np.testing.assert_array_equal(session.run(inputs)[y_s], a - b)
+            out = session.create_host_outputs()
+            session.run_with_outputs(inputs, out)
+            np.testing.assert_array_equal(out[y_s], a - b)
+        # a non-contiguous output is written through a copy, its neighbours untouched
+        wide = np.full((3, 2, 4), -7, np.float32)
+        session.run_with_outputs({a_s: a, b_s: b}, {y_s: wide[..., ::2]})
+        np.testing.assert_array_equal(wide[..., ::2], a - b)
+        np.testing.assert_array_equal(wide[..., 1::2], -7)
+        # a read-only output is refused, an array reshaped in place after a run is checked again
+        frozen = session.create_host_outputs()[y_s]
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="output array for stream .y. is read-only"):
+            session.run_with_outputs({a_s: a, b_s: b}, {y_s: frozen})
+        reused = a.copy()
+        session.run({a_s: reused, b_s: b})
+        reused.shape = (2, 3, 2)
+        with pytest.raises(ValueError, match="stream 'a' needs a host input of shape \\(3, 2, 2\\)"):
+            session.run({a_s: reused, b_s: b})
