@@ -390,3 +390,26 @@ def test_axis_and_index_errors_name_the_users_line():
             ops.concat([a, a], axis=3)
         with pytest.raises(ValueError, match=r"ops.split: axis: axis 3 is out of range.*" + here):
             ops.split(a, 2, axis=3)
+
+
+def test_call_outputs_in_a_name_scope_carry_the_scope_once():
+    """A graph traced and called in ``name_scope("layer0")``: its call's output is ``layer0/gelu``
+    (the listing showed ``layer0/layer0/gelu``); a call from another scope keeps the graph's name."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones((3, 4), np.float32), name="x")
+        with popxl.name_scope("layer0"):
+            graph = ir.create_graph(lambda t: ops.gelu(t), x.spec)
+            (y,) = ops.call(graph, x)
+        with popxl.name_scope("layer1"):
+            (z,) = ops.call(graph, x)
+        (u,) = ops.call(graph, x)
+    assert [t.name for t in graph.outputs] == ["layer0/gelu"]
+    assert (y.id, z.id, u.id) == ("layer0/gelu", "layer1/layer0/gelu", "layer0/gelu__t1")
+    assert "layer0/layer0" not in str(ir)
+
+
+def test_popart_version_string():
+    import popart
+    assert popart.versionString() == popart.__version__ == popxl.__version__
+    assert popart.versionNumber() == tuple(int(p) for p in popart.__version__.split("."))
