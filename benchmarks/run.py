@@ -1,4 +1,4 @@
-"""Run the workloads of shared/BENCHMARKS.md in popxl, PyTorch eager, JAX jit (and ONNX Runtime for
+"""Run the benchmark workloads (benchmarks/README.md) in popxl, PyTorch eager, JAX jit (and ONNX Runtime for
 cnn_infer) side by side in one invocation, and print a markdown table with popxl/peer ratios.
 
     python benchmarks/run.py                              # everything, 5 repeats
