@@ -90,3 +90,12 @@ def test_exploring_graphs_writes_into_a_temp_dir_or_out(tmp_path):
         shutil.rmtree(written)
     run([sys.executable, script, "--out", "pictures"], tmp_path)
     assert sorted(p.name for p in (tmp_path / "pictures").iterdir()) == ["mlp.onnx", "mlp.svg"]
+
+
+def test_the_main_job_without_scikit_learn_says_which_extra_to_install(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "tutorials"))
+    import digits_mlp
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    with pytest.raises(ImportError, match=r"scikit-learn, which is not installed: pip install -e '\.\[tutorials\]'"):
+        digits_mlp.load_digits_split()
