@@ -24,6 +24,25 @@ from popart.training import TrainingSession, reservedGradientPrefix
 
 __version__ = "0.1.0"
 
+
+def versionString() -> str:
+    """This package's version, as PopART's ``popart.versionString()`` gives its own.
+
+    Returns:
+        The version, ``"MAJOR.MINOR.PATCH"`` (the same as ``popart.__version__``).
+    """
+    return __version__
+
+
+def versionNumber() -> tuple:
+    """This package's version as numbers, as PopART's ``popart.versionNumber()``.
+
+    Returns:
+        ``(major, minor, patch)``, ints.
+    """
+    major, minor, patch = (int(p) for p in __version__.split(".")[:3])
+    return (major, minor, patch)
+
 __all__ = [
     "AnchorReturnType", "AnchorReturnTypeId", "DataFlow", "InputShapeInfo", "PyStepIO", "PyStepIOCallback",
     "PyWeightsIO", "TensorInfo", "DeviceConnectionType", "DeviceInfo", "DeviceManager", "DeviceSelectionCriterion",
@@ -35,5 +54,5 @@ __all__ = [
     "Patterns", "PatternsLevel", "RecomputationType", "SessionOptions", "SyntheticDataMode", "VirtualGraphMode",
     "InferenceSession", "TrainingSession", "reservedGradientPrefix", "Builder", "AiOnnx", "AiGraphcore",
     "ReductionType", "NllLoss", "L1Loss", "IdentityLoss", "Optimizer", "OptimizerValue", "ConstSGD", "SGD", "Adam",
-    "AdamMode", "WeightDecayMode",
+    "AdamMode", "WeightDecayMode", "versionString", "versionNumber",
 ]

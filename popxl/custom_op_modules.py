@@ -11,7 +11,7 @@ later), decides those imports first:
   are the popxl ops of ``popxl.ops.addons``;
 - another module whose source is a PopART C++ custom op (a ``<name>.cpp`` that opts in to
   cppimport and includes PopART headers) resolves to a Python module of that name beside it if
-  there is one (a CPU port of the op: the README's "Custom ops" section); else, if its folder's
+  there is one (a CPU port of the op: the user guide's docs/guide/custom_ops.md); else, if its folder's
   C++ sources are those of an op that one of Graphcore's applications ships (recognised by their
   fingerprint), to popxl-cpu's module for it (``popart._internal.ir.application_bindings``); and
   otherwise fails with an ``ImportError`` naming the module and its source;
@@ -61,7 +61,7 @@ class CustomOpModuleFinder(importlib.abc.MetaPathFinder):
             f"{fullname}: {source} is a PopART C++ custom op, and PopART C++ custom ops cannot be built "
             f"here (popxl-cpu has no PopART or Poplar to compile them against). Give the op a CPU "
             f"implementation instead: a popxl op and a Python module {fullname.rpartition('.')[2]}.py beside "
-            f"the C++ file (see popxl-cpu's README, \"Custom ops\").", name=fullname, path=source)
+            f"the C++ file (see popxl-cpu's user guide, docs/guide/custom_ops.md).", name=fullname, path=source)
 
 
 class _BindingLoader(importlib.abc.Loader):

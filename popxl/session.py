@@ -596,14 +596,31 @@ class Session:
                                  f"this Session's {self.ir!r}.")
         given_set = set(given)
         missing = [s.tensor_id for s in expected if s not in given_set]
-        unexpected = [getattr(s, "tensor_id", repr(s)) for s in given if s not in set(expected)]
-        if missing or unexpected:
+        unexpected = [getattr(s, "tensor_id", repr(s)) for s in given
+                      if isinstance(s, (HostToDeviceStream, DeviceToHostStream)) and s not in set(expected)]
+        # keys that are not streams at all (a stream's name, a tensor): say what the key should be
+        not_streams = [s for s in given if not isinstance(s, (HostToDeviceStream, DeviceToHostStream))]
+        if missing or unexpected or not_streams:
             parts = []
             if missing:
                 parts.append(f"missing {what} for streams {missing}")
             if unexpected:
                 parts.append(f"unexpected {what} for {unexpected} (no host_{'load' if what == 'inputs' else 'store'} "
                              f"in the program reads/writes them)")
+            by_name = {}
+            for s in expected:
+                by_name.setdefault(s.tensor_id, s)
+                by_name.setdefault(getattr(s, "name", s.tensor_id), s)
+            for key in not_streams:
+                factory = "popxl.h2d_stream" if what == "inputs" else "popxl.d2h_stream"
+                hint = f"key {key!r} is a {type(key).__name__}, not a stream: {what} are keyed by the stream " \
+                       f"objects that {factory} returns"
+                match = by_name.get(key) if isinstance(key, str) else None
+                if match is None and isinstance(key, Tensor):
+                    match = by_name.get(key.id)
+                if match is not None:
+                    hint += f" (here the stream {match.tensor_id!r}: pass the stream itself, not its name)"
+                parts.append(hint)
             raise ValueError("Session.run: " + "; ".join(parts) + ".")
 
     @staticmethod

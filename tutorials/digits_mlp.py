@@ -28,7 +28,11 @@ FEATURES, CLASSES = 64, 10
 
 def load_digits_split(seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Train/test split (80/20) of the 8x8 digits, pixels scaled to [0, 1]."""
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError("the tutorials' data (the 8x8 digits) comes with scikit-learn, which is not installed: "
+                          "pip install -e '.[tutorials]' (or '.[dev]') from popxl-cpu's root") from None
 
     pixels, labels = load_digits(return_X_y=True)
     x = (pixels / 16.0).astype(np.float32)

@@ -11,7 +11,7 @@ Ir evaluates the trained weights on held-out digits.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, Tuple
+from typing import Any, Dict
 
 import numpy as np
 
@@ -19,16 +19,10 @@ import popxl
 import popxl.ops as ops
 
 
-def load_digits_split(seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
-
-    pixels, labels = load_digits(return_X_y=True)
-    x = (pixels / 16.0).astype(np.float32)  # pixels in [0, 1]
-    y = labels.astype(np.int32)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    n_test = len(x) // 5
-    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+try:  # the data: the same split as the MLP tutorial's
+    from digits_mlp import load_digits_split
+except ImportError:  # imported as tutorials.digits_softmax_regression
+    from tutorials.digits_mlp import load_digits_split  # type: ignore[no-redef]
 
 
 def build_training_ir(batch: int, steps_per_run: int, lr: float, features: int = 64, classes: int = 10):

@@ -6,12 +6,15 @@ called bodies nested), a ``Graph`` or ``Ir`` shows as a picture in Jupyter (or
 ``popxl.visualize.to_svg``), ``transforms.autodiff`` makes a gradient graph you can look at the
 same way, and ``popxl.export_onnx`` writes the program for Netron or ONNX Runtime.
 
-    python tutorials/exploring_graphs.py      # prints the listing, writes mlp.svg and mlp.onnx
-    python tutorials/exploring_graphs.py --picture docs/linear_and_gradient.svg   # the README's picture
+    python tutorials/exploring_graphs.py      # prints the listing, writes mlp.svg and mlp.onnx to a new temp dir
+    python tutorials/exploring_graphs.py --out pictures    # ... into ./pictures instead
+    python tutorials/exploring_graphs.py --picture docs/linear_and_gradient.svg   # the guide's picture
 """
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from typing import Tuple
 
 import numpy as np
@@ -64,6 +67,7 @@ def layer_with_gradient(batch: int = 4, n_in: int = 8, n_out: int = 16):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--picture", help="only write the picture of a layer and its gradient graph (SVG) here")
+    parser.add_argument("--out", help="the directory to write mlp.svg and mlp.onnx into (default: a new temp dir)")
     args = parser.parse_args()
     if args.picture:
         ir, _, _ = layer_with_gradient()
@@ -74,10 +78,12 @@ def main() -> None:
     print(ir)
     _, graph, grads = layer_with_gradient()
     print(grads.graph)
-    with open("mlp.svg", "w") as f:
+    out = args.out or tempfile.mkdtemp(prefix="exploring_graphs_")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "mlp.svg"), "w") as f:
         f.write(popxl.visualize.to_svg(ir))
-    popxl.export_onnx(ir, "mlp.onnx")
-    print("wrote mlp.svg and mlp.onnx")
+    popxl.export_onnx(ir, os.path.join(out, "mlp.onnx"))
+    print(f"wrote mlp.svg and mlp.onnx in {out}")
 
 
 if __name__ == "__main__":

@@ -340,8 +340,16 @@ def _site(optype: str, graph: Graph, inputs: Sequence[Any], inputs_dict, check_i
     modified = tuple(i for i in bound if graph.is_input_by_ref(graph.inputs[i]))
     attrs = {"graph": graph, "input_index": tuple(bound), "modified": modified, **(extra or {})}
     op = create_op(optype, list(bound.values()), attrs, name=graph.id,
-                   output_names=[t.name for t in graph.outputs], return_op=True)
+                   output_names=_site_output_names(graph), return_op=True)
     return CallSiteInfo(op)
+
+
+def _site_output_names(graph: Graph) -> List[str]:
+    """Names for a call site's outputs: its graph's output names, less the name scope the site is
+    made in when they already start with it (a graph traced and called in ``name_scope("layer0")``
+    gives ``layer0/gelu``, not ``layer0/layer0/gelu``)."""
+    scope = get_current_context().scope_prefix
+    return [t.name[len(scope):] if scope and t.name.startswith(scope) else t.name for t in graph.outputs]
 
 
 def bind_site_input(site: Op, graph_input: Tensor, parent: Tensor) -> None:

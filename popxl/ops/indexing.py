@@ -9,7 +9,7 @@ from typing import Any, Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 from popxl import dtypes
-from popxl.op import Grad, OpDef, create_op, grad_rule, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.shape import _axis_of, reshape
 from popxl.ops.utils import normalize_axes, spec
 from popxl.tensor import Tensor, constant
@@ -222,6 +222,15 @@ def _grouped_gather_grad(ctx):
 def getitem(t: Tensor, key: Any) -> Tensor:
     """``t[key]``: ints, slices, ``...`` and ``None`` as NumPy (negative indices count from the end);
     an integer tensor/array gathers on axis 0; a bool tensor/array zeroes the unselected elements."""
+    try:
+        return _getitem(t, key)
+    except (TypeError, IndexError) as e:
+        if "(at " in str(e):  # raised by an op it made, which named the line already
+            raise
+        raise type(e)(f"{e} (at {user_location()})") from None
+
+
+def _getitem(t: Tensor, key: Any) -> Tensor:
     from popxl.ops.elementwise import where
 
     if isinstance(key, (Tensor, np.ndarray, list)):
@@ -586,7 +595,7 @@ def _dynamic_attrs(opname: str, t: Tensor, axes: Iterable[int], sizes: Iterable[
     try:
         ax = normalize_axes(t.rank, list(axes))
     except (ValueError, TypeError) as e:
-        raise type(e)(f"ops.{opname}: {e} (tensor {t.id!r} of shape {t.shape})") from None
+        raise type(e)(f"ops.{opname}: {e} (tensor {t.id!r} of shape {t.shape}) (at {user_location()})") from None
     return {"axes": ax, "sizes": tuple(int(n) for n in sizes), "no_overlap": builtins.bool(no_overlap)}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from popxl.op import Grad, OpDef, create_op, grad_rule, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.fp8 import FP8
 from popxl.ops.utils import normalize_axes, op_error, spec, wide_dtype
 from popxl.tensor import Tensor
@@ -50,7 +50,7 @@ def softmax(t: Tensor, axis: int) -> Tensor:
     try:
         ax = normalize_axes(t.rank, axis)[0]
     except (ValueError, TypeError) as e:
-        raise type(e)(f"ops.softmax: {e} (tensor {t.id!r} of shape {t.shape})") from None
+        raise type(e)(f"ops.softmax: {e} (tensor {t.id!r} of shape {t.shape}) (at {user_location()})") from None
     return create_op("softmax", [t], {"axis": ax})[0]
 
 

@@ -8,7 +8,7 @@ from typing import Callable, Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 from popxl import dtypes
-from popxl.op import Grad, OpDef, create_op, grad_rule, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor
 
@@ -56,7 +56,7 @@ def _reduce(opname: str, t: Tensor, axis: Optional[Union[int, Iterable[int]]], k
     try:
         axes = normalize_axes(t.rank, axis) if t.rank else ()
     except (ValueError, TypeError) as e:
-        raise type(e)(f"ops.{opname}: {e} (tensor {t.id!r} of shape {t.shape})") from None
+        raise type(e)(f"ops.{opname}: {e} (tensor {t.id!r} of shape {t.shape}) (at {user_location()})") from None
     return create_op(opname, [t], {"axis": axes, "keepdims": builtins.bool(keepdims)})[0]
 
 
@@ -435,7 +435,7 @@ def _one_axis(opname: str, t: Tensor, dim: Optional[int]) -> Optional[int]:
     try:
         return normalize_axes(t.rank, int(dim) if isinstance(dim, (int, np.integer)) else dim)[0]
     except (ValueError, TypeError) as e:
-        raise type(e)(f"ops.{opname}: {e} (tensor {t.id!r} of shape {t.shape})") from None
+        raise type(e)(f"ops.{opname}: {e} (tensor {t.id!r} of shape {t.shape}) (at {user_location()})") from None
 
 
 # argmax / argmin ------------------------------------------------------------------------------------

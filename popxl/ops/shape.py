@@ -10,7 +10,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from popxl.op import Grad, OpDef, create_op, grad_rule, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.utils import normalize_axes, spec
 from popxl.tensor import Tensor, shape_tuple
 
@@ -150,7 +150,7 @@ def squeeze(t: Tensor, axes: Optional[List[int]] = None) -> Tensor:
         try:
             ax = normalize_axes(t.rank, axes)
         except (ValueError, TypeError) as e:
-            raise type(e)(f"ops.squeeze: {e} (tensor {t.id!r} of shape {t.shape})") from None
+            raise type(e)(f"ops.squeeze: {e} (tensor {t.id!r} of shape {t.shape}) (at {user_location()})") from None
         bad = [a for a in ax if t.shape[a] != 1]
         if bad:
             raise ValueError(f"ops.squeeze: axes {bad} of {t.id!r} {t.shape} do not have size 1")
@@ -490,7 +490,7 @@ def _axis_of(opname: str, rank: int, axis: int, what: str = "axis") -> int:
     try:
         return normalize_axes(rank, axis)[0]
     except (ValueError, TypeError) as e:
-        raise type(e)(f"ops.{opname}: {what}: {e}") from None
+        raise type(e)(f"ops.{opname}: {what}: {e} (at {user_location()})") from None
 
 
 def _split_infer(specs, axis, splits):

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from popxl.op import Grad, OpDef, create_op, register
+from popxl.op import Grad, OpDef, create_op, register, user_location
 from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor, TensorSpec, constant
 
@@ -365,7 +365,7 @@ def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0, f: 
     try:
         ax = normalize_axes(len(t.shape), axis)[0] if isinstance(t, Tensor) and t.shape else axis
     except (TypeError, ValueError) as e:
-        raise type(e)(f"ops.var_updates.sparse_accumulate_: {e}") from None
+        raise type(e)(f"ops.var_updates.sparse_accumulate_: {e} (at {user_location()})") from None
     tensors, attrs = _scalar_args("sparse_accumulate_", f=1.0 if f is None else f)
     return create_op("sparse_accumulate_", [t, X, indices] + tensors, {"axis": ax, **attrs})[0]
 

@@ -193,8 +193,21 @@ def _op_types(ops: Sequence["Op"]) -> str:
 def _op_tooltip(op: "Op") -> str:
     ins = ", ".join(typed(t) for t in op.inputs)
     outs = ", ".join(typed(t) for t in op.outputs)
-    text = f"{outs} = {op.type}({ins})  at {op.location}"
+    text = f"{outs} = {op.type}({ins})  at {_short_location(op.location)}"
     return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _short_location(location: str) -> str:
+    """``file:line`` with the file relative to the current directory when it is below it, so that a
+    picture drawn in a checkout does not carry the machine's absolute paths."""
+    path, sep, line = location.rpartition(":")
+    if not sep or not os.path.isabs(path):
+        return location
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return location
+    return location if rel.startswith("..") else f"{rel}:{line}"
 
 
 def _call_label(op: "Op", graph: "Graph") -> str:

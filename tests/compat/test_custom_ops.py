@@ -276,18 +276,18 @@ def test_the_applications_rotary_op_rotates_halves():
     assert _CLASSES["rotary_pos_embed"] is bindings.RotaryPosEmbedOp
 
 
-# ---- the README's guide: a PopXL custom op of one's own, ported (the user guide's leaky ReLU) -------
-def _readme_port() -> str:
-    """The README's guide ships the port as a code block (its first line names the file): the test
-    runs exactly that block, so the guide stays true."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for block in re.findall(r"```python\n(.*?)```", readme, flags=re.S):
+# ---- the guide's recipe: a PopXL custom op of one's own, ported (PopXL's user guide's leaky ReLU) ----
+def _guide_port() -> str:
+    """docs/guide/custom_ops.md ships the port as a code block (its first line names the file): the
+    test runs exactly that block, so the guide stays true."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "custom_ops.md").read_text()
+    for block in re.findall(r"```python\n(.*?)```", page, flags=re.S):
         if block.startswith("# leaky_relu_op_impl.py"):
             return block
-    raise AssertionError("README.md: the custom-op guide's leaky_relu_op_impl.py block is missing")
+    raise AssertionError("docs/guide/custom_ops.md: the leaky_relu_op_impl.py block is missing")
 
 
-LEAKY_RELU_PORT = _readme_port()
+LEAKY_RELU_PORT = _guide_port()
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ class Case:
     # float comparisons between engines: relative and absolute tolerances (None: by dtype)
     rtol: Optional[float] = None
     atol: Optional[float] = None
-    # Deliberate differences (README, Limitations) where the reference gives NaN: "zero", oneDNN's
+    # Deliberate differences (docs/guide/limitations.md) where the reference gives NaN: "zero", oneDNN's
     # relu / clip post-op of conv_fused turns a NaN into 0; "skipped", oneDNN's max pooling skips a
     # NaN in a window (the maximum of the rest)
     native_nan: Optional[str] = None

@@ -1,6 +1,6 @@
 """Integer division and remainder on both engines, against Python's integer arithmetic.
 
-The semantics (README, "Integer division"): ``ops.div`` floor-divides, ``ops.fmod`` is C's
+The semantics (docs/guide/numerics.md, "Integer division"): ``ops.div`` floor-divides, ``ops.fmod`` is C's
 remainder (the sign of the dividend); a divisor of 0 gives 0; the most negative value divided by -1
 wraps to itself (two's complement) with remainder 0. Every pair of INT_MIN, INT_MIN + 1, -7, -1, 0,
 1, 7, INT_MAX - 1, INT_MAX (unsigned: 0, 1, 7, the middle, UINT_MAX - 1, UINT_MAX) for every

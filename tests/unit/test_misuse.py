@@ -352,3 +352,64 @@ def test_pickling_an_ir_says_what_cannot_be_pickled():
         with pytest.raises(TypeError, match=r"Ir\[id=\d+\] \(a popxl.Ir, or a graph or tensor of it\) cannot be "
                                             r"pickled"):
             pickle.dumps(obj)
+
+
+def test_a_stream_name_as_key_says_to_pass_the_stream():
+    """``session.run({"x": ...})``: the message names the stream called "x" and says to key by it."""
+    ir, x_s, i_s, y_s = _io_ir()
+    with popxl.Session(ir) as s:
+        with pytest.raises(ValueError, match=r"key 'x' is a str, not a stream: inputs are keyed by the stream "
+                                             r"objects that popxl.h2d_stream returns \(here the stream 'x': pass "
+                                             r"the stream itself, not its name\)"):
+            s.run({"x": np.zeros(2, np.float32), i_s: np.zeros(2, np.int32)})
+        with pytest.raises(ValueError, match=r"key 'y' is a str.*popxl.d2h_stream returns \(here the stream 'y'"):
+            s.run_with_outputs({x_s: np.zeros(2, np.float32), i_s: np.zeros(2, np.int32)},
+                               {"y": np.zeros(2, np.float32)})
+        with pytest.raises(ValueError, match=r"key 'z' is a str, not a stream: inputs are keyed by the stream "
+                                             r"objects that popxl.h2d_stream returns\."):
+            s.run({x_s: np.zeros(2, np.float32), i_s: np.zeros(2, np.int32), "z": 0})
+
+
+def test_axis_and_index_errors_name_the_users_line():
+    """Out-of-range axes and indices give the "(at file:line)" that the other op errors give."""
+    here = r"\(at .*test_misuse.py:\d+\)"
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones((2, 3), np.float32), name="a")
+        with pytest.raises(ValueError, match=r"ops.softmax: axis 5 is out of range .*" + here):
+            ops.softmax(a, axis=5)
+        with pytest.raises(IndexError, match=r"index 7 is out of bounds for axis 0 of 'a' with size 2 " + here):
+            a[7]
+        with pytest.raises(TypeError, match=r"Cannot index 'a' with 'k'.*" + here):
+            a["k"]
+        with pytest.raises(ValueError, match=r"ops.sum: axis 2 is out of range.*" + here):
+            ops.sum(a, axis=2)
+        with pytest.raises(ValueError, match=r"ops.squeeze: axis 4 is out of range.*" + here):
+            ops.squeeze(a, [4])
+        with pytest.raises(ValueError, match=r"ops.concat: axis 3 is out of range.*" + here):
+            ops.concat([a, a], axis=3)
+        with pytest.raises(ValueError, match=r"ops.split: axis: axis 3 is out of range.*" + here):
+            ops.split(a, 2, axis=3)
+
+
+def test_call_outputs_in_a_name_scope_carry_the_scope_once():
+    """A graph traced and called in ``name_scope("layer0")``: its call's output is ``layer0/gelu``
+    (the listing showed ``layer0/layer0/gelu``); a call from another scope keeps the graph's name."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones((3, 4), np.float32), name="x")
+        with popxl.name_scope("layer0"):
+            graph = ir.create_graph(lambda t: ops.gelu(t), x.spec)
+            (y,) = ops.call(graph, x)
+        with popxl.name_scope("layer1"):
+            (z,) = ops.call(graph, x)
+        (u,) = ops.call(graph, x)
+    assert [t.name for t in graph.outputs] == ["layer0/gelu"]
+    assert (y.id, z.id, u.id) == ("layer0/gelu", "layer1/layer0/gelu", "layer0/gelu__t1")
+    assert "layer0/layer0" not in str(ir)
+
+
+def test_popart_version_string():
+    import popart
+    assert popart.versionString() == popart.__version__ == popxl.__version__
+    assert popart.versionNumber() == tuple(int(p) for p in popart.__version__.split("."))

@@ -193,3 +193,19 @@ def test_checkpoint_names_cannot_leave_the_save_dir(tmp_path, check):
     with pytest.raises(ValueError, match="dot_checkpoint: check .* names a file in the save directory"):
         ir.dot_checkpoint(check, tmp_path / "dots")
     assert not any(tmp_path.rglob("*.dot"))
+
+
+def test_tooltips_name_the_line_relative_to_the_current_directory(monkeypatch, tmp_path):
+    """An op's tooltip says where it was made: below the current directory as a relative path (a
+    picture drawn in a checkout carries no absolute path of the machine), elsewhere as it is."""
+    from pathlib import Path
+    here = Path(__file__).resolve()
+    ir = popxl.Ir()
+    with ir.main_graph:
+        ops.gelu(popxl.variable(np.ones(3, np.float32), name="x"))
+    line = [op for op in ir.main_graph.ops if op.type == "gelu"][0].location.rpartition(":")[2]
+    monkeypatch.chdir(here.parents[2])
+    svg = to_svg(ir)
+    assert f"at tests/visualize/test_pictures.py:{line}" in svg and str(here) not in svg
+    monkeypatch.chdir(tmp_path)
+    assert f"at {here}:{line}" in to_svg(ir)

@@ -7,7 +7,7 @@ popxl's own IR (there is one IR, not two).
 ``popxl.Graph._from_pb`` / ``popxl.Tensor._from_pb_tensor`` give back the popxl object. Views
 read the IR and change it only through popxl's graph edit API (popxl/graph.py) and the call-site
 helpers of popxl/ops/call.py. A PopART call that popxl's IR cannot honour raises an error naming
-the call and why; the README's compatibility section lists them.
+the call and why; docs/guide/internals.md lists them.
 """
 from popart._internal.ir import op, patterns, view
 from popart._internal.ir._views import popxl_object, view_of

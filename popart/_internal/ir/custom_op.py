@@ -13,7 +13,7 @@ its gradient rule and both engines run it.
 
 To give a PopXL custom op of one's own a CPU implementation, register a popxl op for it
 (``popxl.op.register(OpDef(...))``) and write its binding module in Python with a ``CustomOp``
-subclass (the README's "Custom ops" section ports the user guide's leaky ReLU).
+subclass (docs/guide/custom_ops.md ports the user guide's leaky ReLU).
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ class IrSessionOptions(SessionOptions):
     ``instance_replication_factor`` (setting it sets ``replication_factor``; in a launch of several
     instances the distributed options describe the launch); ``dotChecks`` and ``logDir`` choose which ``dot_checkpoint``
     files are written and where (``Ir.dot_checkpoint``). The others tune IPU compilation and have
-    no effect here (the README lists them)."""
+    no effect here (docs/guide/internals.md lists them)."""
 
     def __init__(self, ir: Any) -> None:
         super().__init__()

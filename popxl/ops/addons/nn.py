@@ -192,7 +192,7 @@ def layer_norm_distributed(t: Tensor, w: Tensor, b: Tensor, epsilon: float = 1e-
     """popxl-addons' ``LayerNormDistributed``: layer norm over a hidden axis split over replicas.
 
     The mean and variance are summed over the replicas of ``group``; the gradient is the true
-    layer-norm gradient (scale included; see the README's deliberate differences).
+    layer-norm gradient (scale included; see docs/guide/compatibility.md, deliberate differences).
 
     Args:
         t: (samples, hidden shard), float16 or float32.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, List, Literal, Optional, Sequence
 import numpy as np
 
 from popxl.context import get_current_context
-from popxl.op import Grad, OpDef, create_op, grad_rule, register
+from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor
 
@@ -297,7 +297,7 @@ def replicated_slice(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] 
     try:
         ax = normalize_axes(t.rank, axis)[0]
     except (ValueError, TypeError) as e:
-        raise type(e)(f"ops.collectives.replicated_slice: {e} (tensor {t.id!r} of shape {t.shape})") from None
+        raise type(e)(f"ops.collectives.replicated_slice: {e} (tensor {t.id!r} of shape {t.shape}) (at {user_location()})") from None
     return create_op("replicated_slice", [t], {"axis": ax, "groups": _assignment(group)})[0]
 
 
