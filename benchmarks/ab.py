@@ -53,7 +53,9 @@ def prepare(rev: str) -> Tuple[str, Path]:
         # Only the project is built: NumPy, the peers (torch, jax, onnxruntime) and the rest come
         # from this interpreter's site-packages (a .pth line puts them after the venv's own), so both
         # sides measure against the same peer builds and nothing gigabytes-large is downloaded again.
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(tree)], check=True)
+        # Editable, as this checkout is installed: run.py puts the revision's tree first on sys.path,
+        # and the editable install maps the native extension built for that tree.
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(tree)], check=True)
         site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               check=True, capture_output=True, text=True).stdout.strip()
         ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
@@ -113,7 +115,10 @@ def report(base: List[Values], new: List[Values], lower: Dict[Tuple[str, str], b
         pk = (w, c, "popxl")
         b = [run[pk] for run in base if pk in run]
         n = [run[pk] for run in new if pk in run]
-        if not b or not n:
+        if not b or not n:  # a side that measured nothing (its run.py printed why in its table)
+            lines.append("| " + " | ".join([w, c, "n/a" if not b else f"{statistics.median(b):.4g}",
+                                            "n/a" if not n else f"{statistics.median(n):.4g}", "", *[""] * len(peers)])
+                         + " |")
             continue
         (bm, bs), (nm, ns) = _median_spread(b), _median_spread(n)
         speed = bm / nm if lower.get((w, c)) else nm / bm
