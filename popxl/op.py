@@ -32,11 +32,14 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, 
 
 import attrs
 
-from popxl.context import get_current_context
+from popxl import _pb
+from popxl.context import Context, get_current_context
+from popxl.tensor import Tensor
+from popxl.tensorlocation import ExecutionContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
-    from popxl.tensor import Tensor, TensorSpec
+    from popxl.tensor import TensorSpec
 
 __all__ = ["OpDef", "Op", "REGISTRY", "register", "grad_rule", "create_op", "user_location"]
 
@@ -168,9 +171,8 @@ class Op:
         # this op's view in popart._internal.ir.
         if name.startswith("_"):
             raise AttributeError(f"'Op' object has no attribute {name!r}")
-        from popart._internal.ir import view_of
         try:
-            return getattr(view_of(self), name)
+            return getattr(_pb.view_of(self), name)
         except AttributeError:
             raise AttributeError(f"'Op' object has no attribute {name!r}") from None
 
@@ -180,9 +182,11 @@ class Op:
         return f"Op[{self.type} {self.name!r} ({ins}) -> ({outs})]"
 
 
+Context._op_class = Op  # the ops the tracing context's op-created hooks take (see Context._op_created)
+
+
 def _fragment_of(context: Any, graph: "Graph", name: str, location: str) -> Any:
     """The weight fragment (an ExecutionContext) an op made under ``context`` belongs to, or None."""
-    from popxl.tensorlocation import ExecutionContext
     if context not in (ExecutionContext.WeightsFromHostFragment, ExecutionContext.WeightsToHostFragment):
         return None
     if graph is not graph.ir.main_graph:
@@ -197,7 +201,6 @@ def _describe(specs: Sequence["TensorSpec"]) -> str:
 
 def check_tensor(graph: "Graph", t: Any, what: str, opname: str) -> "Tensor":
     """Check ``t`` is a Tensor of ``graph``; the error explains how subgraphs receive values."""
-    from popxl.tensor import Tensor
 
     if not isinstance(t, Tensor):
         raise TypeError(f"{opname}: {what} must be a popxl.Tensor, not {type(t).__name__} ({t!r}).")
@@ -235,7 +238,6 @@ def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str
     Returns the output tensors (or the Op itself with ``return_op``). The op-created hooks run
     unless ``notify`` is False (PopART's ``createOpInGraph``: its caller runs them, through
     ``ctx._op_created(op)``)."""
-    from popxl.tensor import Tensor
 
     opdef = REGISTRY[opname]
     g = graph if graph is not None else get_current_context().graph

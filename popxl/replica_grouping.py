@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
+from popxl import _pb
+
 __all__ = ["ReplicaGrouping"]
 
 
@@ -94,8 +96,7 @@ class ReplicaGrouping:
     @property
     def _pb_replica_grouping(self) -> Any:
         """This grouping as PopART's internal IR shows it (what custom ops' bindings take)."""
-        from popart._internal.ir.custom_op import ReplicaGrouping as PbReplicaGrouping
-        return PbReplicaGrouping(self)
+        return _pb.replica_grouping_view(self)
 
     @property
     def is_const(self) -> bool:

@@ -12,6 +12,8 @@ from typing import Dict, Protocol, Sequence, Tuple
 import numpy as np
 
 from popxl.compiler.executable import Executable
+from popxl.engines.native import NativeEngine
+from popxl.engines.reference import ReferenceEngine
 
 ENV_VAR = "POPXL_ENGINE"
 
@@ -76,9 +78,7 @@ def create_engine(exe: Executable, name: str = None) -> Engine:
     """The engine named by ``name``, else by the ``POPXL_ENGINE`` environment variable, else ``native``."""
     name = name or os.environ.get(ENV_VAR, "native")
     if name == "native":
-        from popxl.engines.native import NativeEngine
         return NativeEngine(exe)
     if name == "reference":
-        from popxl.engines.reference import ReferenceEngine
         return ReferenceEngine(exe)
     raise ValueError(f"Unknown engine {name!r} (from {ENV_VAR}); available: 'native', 'reference'.")

