@@ -66,11 +66,11 @@ def _timeout(env: Dict[str, str]) -> float:
 def _start_mpi() -> Tuple[Any, bool]:
     """(mpi4py's MPI module, whether we finalise it ourselves)."""
     owns_finalize = "mpi4py.MPI" not in sys.modules
-    import mpi4py
+    import mpi4py  # noqa: PLC0415  (optional: only a launch over MPI needs it)
     if owns_finalize:
         mpi4py.rc.finalize = False  # see _at_exit
         mpi4py.rc.thread_level = "multiple"
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415  (after mpi4py.rc is set: importing MPI starts it)
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         raise RuntimeError("popdist: MPI was started without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level); the "
                            "native engine calls MPI from its own thread.")

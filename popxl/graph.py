@@ -27,6 +27,17 @@ class Graph(OpCreatedHooks):
         TypeError: If constructed directly.
     """
 
+    _ir: "Ir"
+    _id: str
+    _name: str
+    _ops: List["Op"]
+    _tensors: Dict[str, "Tensor"]
+    _inputs: List["Tensor"]
+    _outputs: List["Tensor"]
+    _by_ref_inputs: Set["Tensor"]
+    _can_be_recursively_autodiffed: bool
+    _marks: Set[str]
+
     def __init__(self) -> None:
         raise TypeError("popxl.Graph cannot be constructed directly: use ir.create_graph(fn, ...) "
                         "or ir.create_empty_graph(name).")
@@ -37,14 +48,14 @@ class Graph(OpCreatedHooks):
         g._ir = ir
         g._id = graph_id
         g._name = name
-        g._ops: List["Op"] = []
-        g._tensors: Dict[str, "Tensor"] = {}
-        g._inputs: List["Tensor"] = []
-        g._outputs: List["Tensor"] = []
-        g._by_ref_inputs: Set["Tensor"] = set()
+        g._ops = []
+        g._tensors = {}
+        g._inputs = []
+        g._outputs = []
+        g._by_ref_inputs = set()
         # False: autodiff of a graph calling this one needs its gradient in called_graphs_grad_info
         g._can_be_recursively_autodiffed = True
-        g._marks: Set[str] = set()  # what the transform pipeline does to it (popxl.transforms.pipeline.mark)
+        g._marks = set()  # what the transform pipeline does to it (popxl.transforms.pipeline.mark)
         g._init_hooks()
         return g
 

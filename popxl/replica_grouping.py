@@ -29,6 +29,11 @@ class ReplicaGrouping:
 
     __hash__ = None  # type: ignore[assignment]  # unhashable, as in PopXL
 
+    _ir: Any
+    _assignment: List[int]
+    _stride: Optional[int]
+    _group_size: int
+
     def __init__(self) -> None:
         raise RuntimeError("ReplicaGrouping cannot be constructed directly: use ir.replica_grouping(...).")
 

@@ -5,7 +5,7 @@ import builtins
 import operator
 import collections.abc
 from collections.abc import Mapping
-from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Literal, Optional, Sequence,
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, Literal, Optional, Sequence,
                     Tuple, Union)
 
 import numpy as np
@@ -35,7 +35,7 @@ def _lazy_attribute(name: str) -> Any:
     if name == "host_tensor_types":
         types: Tuple[type, ...] = (np.ndarray, collections.abc.Iterable)
         try:
-            import torch
+            import torch  # noqa: PLC0415  (optional, and seconds to import)
         except ImportError:
             pass
         else:
@@ -171,6 +171,10 @@ class Tensor:
     # (RemoteBuffer, offset, shards): set on a remote variable (its value lives in that slot, not
     # on chip) and on a replica-sharded variable's shard tensor (kept on chip, synced with the slot).
     _remote_slot: Optional[Tuple[Any, int, int]] = None
+    _graph: "Graph"
+    _spec: TensorSpec
+    _producer: Optional["Op"]
+    _id: str
 
     def __init__(self) -> None:
         raise RuntimeError(

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 import popxl
 import popxl.ops
@@ -373,7 +372,8 @@ class GraphImporter:
             except Exception as e:
                 raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {_reason(e)}") from e
             return [None if v is None else np.asarray(v) for v in outs]
-        from onnx.reference import ReferenceEvaluator
+        # onnx.reference loads NumPy implementations of every ONNX op: only for a model that needs it
+        from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
         feeds = {x: self.static(x) for x in node.input if x}
         # Evaluated as a one-node graph: a bare NodeProto is always run by the latest opset's
         # implementation (ReferenceEvaluator ignores ``opsets`` for it), wrong for attribute forms

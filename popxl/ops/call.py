@@ -15,12 +15,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from popxl import dtypes
 from popxl.context import get_current_context
 from popxl.graph import Graph, op_called_graphs
-from popxl.op import Op, OpDef, create_op, grad_rule, register, user_location
-from popxl.ops.utils import cast_if_needed, spec
-from popxl.tensor import INT64_MAX, Tensor, TensorLike, constant, graph_input, graph_output
+from popxl.op import Op, OpDef, create_op, register, user_location
+from popxl.ops.utils import spec
+from popxl.tensor import INT64_MAX, Tensor, TensorLike, constant
 
 __all__ = ["call", "call_with_info", "repeat", "repeat_with_info", "conditional", "conditional_with_info",
            "CallSiteInfo", "ConditionalSiteInfo"]

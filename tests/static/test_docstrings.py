@@ -17,7 +17,6 @@ import pkgutil
 import re
 from typing import Any, Callable, Dict, Iterator, List, Set, Tuple
 
-import pytest
 
 import popxl
 import popxl.ops
