@@ -50,7 +50,7 @@ getitem: Callable[[Any, Any], Any] = _Unset("Tensor indexing (t[key])", "popxl.o
 graph_listing: Callable[[Any], str] = _Unset("Graph listings (str(graph))", "popxl.visualize")
 ir_listing: Callable[[Any], str] = _Unset("Ir listings (str(ir))", "popxl.visualize")
 repr_svg: Callable[[Any], Optional[str]] = _Unset("Pictures of graphs (_repr_svg_)", "popxl.visualize")
-dot_checkpoint: Callable[[Any, str, Any], None] = _Unset("DOT checkpoints (Ir.dot_checkpoint)", "popxl.visualize")
+dot_checkpoint: Callable[[Any, str, Any], Any] = _Unset("DOT checkpoints (Ir.dot_checkpoint)", "popxl.visualize")
 
 # popxl.distributed: (this instance's replicas, its index, the instance count) of the launch
 popdist_launch: Callable[[], Tuple[int, int, int]] = _Unset("Launches of several instances (Ir(replication='popdist'))",

@@ -16,6 +16,7 @@ the views' base class ``View``, ``view_of`` (the one view of a popxl object) and
 """
 from __future__ import annotations
 
+import builtins
 from enum import Enum
 from typing import Any, Callable, Dict, Iterable, List, Optional, Type, TypeVar
 
@@ -126,15 +127,15 @@ class GraphId:
             value = value._id
         if not isinstance(value, str):
             raise TypeError(f"GraphId: expected a str, not {type(value).__name__} ({value!r}).")
-        self._id = value
+        self._id: builtins.str = value
 
-    def str(self) -> str:
+    def str(self) -> builtins.str:  # PopART's name (a method named str: hence builtins.str here)
         return self._id
 
-    def __str__(self) -> str:
+    def __str__(self) -> builtins.str:
         return self._id
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> builtins.str:
         return f"GraphId({self._id!r})"
 
     def __eq__(self, other: Any) -> bool:

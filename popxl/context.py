@@ -308,7 +308,7 @@ def _execution_context(execution_context: "ExecutionContext") -> Iterator["Execu
     before any op is placed wrongly. ``execution_context`` is a ``popxl.ExecutionContext`` or an
     enum with the same member names (PopART's binding)."""
     name = getattr(execution_context, "name", None)
-    if name not in ExecutionContext.__members__:
+    if not isinstance(name, str) or name not in ExecutionContext.__members__:
         raise TypeError(f"_execution_context: expected a popxl.ExecutionContext, not {execution_context!r}.")
     mode = ExecutionContext[name]
     if mode in (ExecutionContext.AccumulateOuterFragment, ExecutionContext.OptimizerFromHostFragment):

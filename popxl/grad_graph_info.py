@@ -40,6 +40,9 @@ class ExpectedConnection:
         TypeError: If constructed directly.
     """
 
+    _fwd_tensor: Tensor
+    _connection_type: ExpectedConnectionType
+
     def __init__(self) -> None:
         raise TypeError("ExpectedConnection is made by autodiff, not constructed directly.")
 
@@ -91,6 +94,11 @@ class GradGraphInfo:
     Raises:
         TypeError: If constructed directly.
     """
+
+    _graph: Graph
+    _forward_graph: Graph
+    _expected_inputs: Tuple[ExpectedConnection, ...]
+    _expected_outputs: Tuple[ExpectedConnection, ...]
 
     def __init__(self) -> None:
         raise TypeError("GradGraphInfo is returned by popxl.transforms.autodiff, not constructed directly.")

@@ -619,12 +619,12 @@ def orphaned(t: "Tensor") -> bool:
 
 def storage_root(t: "Tensor") -> "Tensor":
     """The tensor whose storage ``t`` is a view of (through view and in-place ops)."""
-    while t.producer is not None:
-        d = t.producer.opdef
-        if d.view is not None and not d.copy and t is t.producer.outputs[0]:
-            t = t.producer.inputs[0]
-        elif d.inplace is not None and t is t.producer.outputs[0]:
-            t = t.producer.inputs[d.inplace]
+    while (p := t.producer) is not None:
+        d = p.opdef
+        if d.view is not None and not d.copy and t is p.outputs[0]:
+            t = p.inputs[0]
+        elif d.inplace is not None and t is p.outputs[0]:
+            t = p.inputs[d.inplace]
         else:
             break
     return t

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import attrs
@@ -126,7 +127,7 @@ def _is_internal(filename: str) -> bool:
 
 def user_location() -> str:
     """``file:line`` of the innermost frame outside popxl/popart: the user's line that made the op."""
-    f = sys._getframe(1)
+    f: Optional[FrameType] = sys._getframe(1)
     skip = get_current_context().debug_frame_offset
     while f is not None:
         if not _is_internal(f.f_code.co_filename):
@@ -153,7 +154,7 @@ class Op:
         self.name = name
         self.location = location
         self.ipu: int = ctx.ipu_id
-        self.tile_set: str = "io" if ctx.io_tile_set else "compute"
+        self.tile_set: Literal["compute", "io"] = "io" if ctx.io_tile_set else "compute"
         self.in_sequence = ctx.in_sequence
         # the program part it runs in (None: the normal program); fragments are main-graph only
         self.execution_context = _fragment_of(ctx.execution_context, graph, name, location)
@@ -259,7 +260,7 @@ def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str
     names = list(output_names or [])
     outs = []
     for i, spec in enumerate(specs):
-        nm = names[i] if i < len(names) and names[i] else (name or opname)
+        nm = (names[i] if i < len(names) else None) or name or opname
         outs.append(Tensor._create(g, nm, spec, producer=op))
     op.outputs = tuple(outs)
     g._ops.append(op)

@@ -6,7 +6,7 @@ import operator
 import collections.abc
 from collections.abc import Mapping
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, Literal, Optional, Sequence,
-                    Tuple, Union)
+                    Tuple, Type, TypeVar, Union)
 
 import numpy as np
 
@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # a module __getattr__ would make every unknown name Any to t
 else:
     __getattr__ = _lazy_attribute
 TensorLike = Union["Tensor", HostScalarTensor]
+_T = TypeVar("_T", bound="Tensor")
 
 
 INT64_MAX = 2 ** 63 - 1  # the native engine counts elements, bytes and loop iterations in int64
@@ -87,7 +88,7 @@ class TensorSpec(Mapping):
 
     __slots__ = ("_shape", "_dtype", "_meta_shape")
 
-    def __init__(self, shape: Tuple[int, ...], dtype: dtypes.dtype, meta_shape: Optional[Tuple[int, ...]] = ()):
+    def __init__(self, shape: Iterable[int], dtype: dtypes.dtype, meta_shape: Optional[Iterable[int]] = ()):
         self._shape = shape_tuple(shape)
         self._dtype = dtype
         self._meta_shape = shape_tuple(() if meta_shape is None else meta_shape, "meta_shape")  # None: none
@@ -166,8 +167,8 @@ class Tensor:
 
     # NumPy must defer to our reflected operators (ndarray + Tensor -> Tensor.__radd__).
     __array_ufunc__ = None
-    __iter__ = None  # type: ignore[assignment]
-    __contains__ = None  # type: ignore[assignment]
+    __iter__ = None
+    __contains__ = None
     # (RemoteBuffer, offset, shards): set on a remote variable (its value lives in that slot, not
     # on chip) and on a replica-sharded variable's shard tensor (kept on chip, synced with the slot).
     _remote_slot: Optional[Tuple[Any, int, int]] = None
@@ -182,8 +183,8 @@ class Tensor:
             "popxl.variable, popxl.constant or popxl.graph_input.")
 
     @classmethod
-    def _create(cls, graph: "Graph", name: str, spec: TensorSpec, producer: Optional["Op"] = None,
-                **extra: Any) -> "Tensor":
+    def _create(cls: Type[_T], graph: "Graph", name: str, spec: TensorSpec, producer: Optional["Op"] = None,
+                **extra: Any) -> _T:
         t = object.__new__(cls)
         t._graph = graph
         t._spec = spec
@@ -520,6 +521,10 @@ class Variable(Tensor):
     Made by `popxl.variable` and the remote / replica-sharded factories.
     """
 
+    _host_data_value: np.ndarray
+    _replica_grouping: "ReplicaGrouping"
+    _retrieval_mode: Literal["one_per_group", "all_replicas"]
+
     @property
     def replica_grouping(self) -> "ReplicaGrouping":
         """How replicas share the variable's value (one value per group)."""
@@ -562,6 +567,8 @@ class Variable(Tensor):
 
 class Constant(Tensor):
     """A tensor whose value is fixed when the program is traced. Made by `popxl.constant`."""
+
+    _host_data_value: np.ndarray
 
     def copy_to_ipu(self, dst: int, src: int) -> Tensor:  # type: ignore[override]
         """A copy of the constant on another (virtual) IPU.

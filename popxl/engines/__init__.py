@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from typing import Dict, Protocol, Sequence, Tuple
+from typing import Dict, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -48,8 +48,10 @@ class Engine(Protocol):
 
     name: str
     replicas: int
-    op_positions: Sequence[Tuple[int, int]]
     profiling: bool
+
+    @property
+    def op_positions(self) -> Sequence[Tuple[int, int]]: ...
 
     @property
     def attached(self) -> bool: ...
@@ -74,7 +76,7 @@ class Engine(Protocol):
     def op_profile(self) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]: ...
 
 
-def create_engine(exe: Executable, name: str = None) -> Engine:
+def create_engine(exe: Executable, name: Optional[str] = None) -> Engine:
     """The engine named by ``name``, else by the ``POPXL_ENGINE`` environment variable, else ``native``."""
     name = name or os.environ.get(ENV_VAR, "native")
     if name == "native":

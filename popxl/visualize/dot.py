@@ -361,7 +361,7 @@ def to_dot(subject: Union["Graph", "Ir"], options: Optional[DrawOptions] = None,
     frontier = list(roots)
     level = 0
     while frontier:
-        nxt = []
+        nxt: List[Any] = []
         for g in frontier:
             if g.id in levels or g.id in writer.same_as:
                 continue

@@ -8,7 +8,7 @@ variables, constants and the host streams its ops move data through.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set
 
 import numpy as np
 from popxl.graph import Graph, op_called_graphs
@@ -68,7 +68,8 @@ def format_attr(value: Any) -> str:
     elif isinstance(value, (str, int, bool)) or value is None:
         text = str(value)
     else:
-        text = getattr(value, "name", None) if isinstance(getattr(value, "name", None), str) else repr(value)
+        name = getattr(value, "name", None)
+        text = name if isinstance(name, str) else repr(value)
     return text if len(text) <= MAX_ATTR_CHARS else text[:MAX_ATTR_CHARS - 3] + "..."
 
 
@@ -92,7 +93,7 @@ def _op_line(op: "Op") -> str:
 
 def graph_streams(graph: "Graph") -> List[Any]:
     """The streams the ops of ``graph`` load from or store to, in op order, each once."""
-    seen = {}
+    seen: Dict[str, Any] = {}
     for op in graph.ops:
         stream = op.attrs.get("stream")
         if stream is not None and hasattr(stream, "tensor_id"):
