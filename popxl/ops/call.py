@@ -326,8 +326,8 @@ def _call_tree(start: Graph, target: Graph) -> Tuple[Optional[List[Graph]], int]
     if found is None:
         return None, depth[start.id]
     path = [found]
-    while parent[path[-1].id] is not None:
-        path.append(parent[path[-1].id])
+    while (up := parent[path[-1].id]) is not None:
+        path.append(up)
     return path[::-1], depth.get(start.id, 0)
 
 

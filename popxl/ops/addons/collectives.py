@@ -35,7 +35,7 @@ _FAMILY = "addons"
 def reduction(op: object, allowed: Tuple[str, ...], what: str) -> str:
     """A collective reduction given as popxl's name (``"add"``) or PopART's enum
     (``CollectiveOperator.Add``), checked against the ones ``what`` implements."""
-    name = getattr(op, "name", op)
+    name: Any = getattr(op, "name", op)
     name = {"Add": "add", "Mean": "mean", "Mul": "mul", "Min": "min", "Max": "max", "LogicalAnd": "and",
             "LogicalOr": "or", "SquareAdd": "square_add"}.get(name, name)
     if name not in allowed:

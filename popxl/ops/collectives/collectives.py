@@ -7,7 +7,7 @@ replica -> group assignment. With one replica every collective is a copy.
 from __future__ import annotations
 
 import enum
-from typing import List, Literal, Optional, Sequence
+from typing import Dict, List, Literal, Optional, Sequence
 
 import numpy as np
 
@@ -95,7 +95,7 @@ def _assignment(group) -> tuple:
 
 def _groups(replicas: Sequence[int], assignment: Sequence[int]):
     """Yield lists of positions (into ``replicas``) of the members of each group, in replica order."""
-    by_group = {}
+    by_group: Dict[int, List[int]] = {}
     for pos, r in enumerate(replicas):
         by_group.setdefault(assignment[r], []).append(pos)
     for g, members in by_group.items():
@@ -401,7 +401,7 @@ def _all_reduce_ipus(*xs, op, identity, backward):
 register(OpDef("all_reduce", _all_reduce_ipus_infer, _all_reduce_ipus, family="collectives"))
 
 
-def _ipu_all_reduce(ts: List[Tensor], ipus: Optional[List[int]], op: str, identity: bool,
+def _ipu_all_reduce(ts: List[Tensor], ipus: Optional[List[int]], op: CollectiveOps, identity: bool,
                     backward: str = "all_reduce") -> List[Tensor]:
     if ipus is not None and len(ipus) != len(ts):
         raise ValueError(f"ops.collectives.all_reduce: {len(ts)} tensors but {len(ipus)} ipus")
