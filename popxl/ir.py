@@ -35,6 +35,9 @@ class Ir:
             environment is malformed or is not the MPI launch it describes.
     """
 
+    # popxl.remote_buffer's list of the Ir's remote buffers, made when the first one is
+    _remote_buffers: List[Any]
+
     def __init__(self, replication: Union[int, Literal["popdist"]] = 1) -> None:
         self._id = next(_IR_IDS)
         self._graphs: Dict[str, Graph] = {}
