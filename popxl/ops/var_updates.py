@@ -48,7 +48,8 @@ class _Scalars:
 
 def _scalar_args(opname: str, **scalars: Any) -> Tuple[List[Tensor], Dict[str, Optional[float]]]:
     """Split scalar arguments into extra tensor inputs and float attributes (None = tensor)."""
-    tensors, attrs = [], {}
+    tensors: List[Tensor] = []
+    attrs: Dict[str, Optional[float]] = {}
     for name, value in scalars.items():
         if isinstance(value, Tensor):
             tensors.append(value)

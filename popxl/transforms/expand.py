@@ -40,8 +40,12 @@ def expand_ops(ir: Any) -> Any:
 
 
 def _expand(graph: Any, op: Op) -> None:
+    expand = op.opdef.expand
+    if expand is None:  # (only ops declared with one come here)
+        return
+
     def build() -> Any:
-        outs = op.opdef.expand(op)
+        outs = expand(op)
         return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
     _replace(graph, op, build, "expanding")

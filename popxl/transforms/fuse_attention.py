@@ -49,7 +49,7 @@ def _match(r: _Readers, mm: Op):
     scale = 1.0
     nxt, s = _next(r, s, chain)
     if nxt is not None and nxt.type in ("mul", "div"):
-        c = _scalar(_other(nxt, s)) if _other(nxt, s) is not None else None
+        c = _scalar(other) if (other := _other(nxt, s)) is not None else None
         if c is None or (nxt.type == "div" and (nxt.inputs[0] is not s or c == 0)):
             return None
         scale = c if nxt.type == "mul" else 1.0 / c
