@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
 from popxl.graph import Graph, op_called_graphs
 from popxl.ir import Ir
 from popxl.visualize.listing import format_attr
 
 if TYPE_CHECKING:  # pragma: no cover
-    from popxl.graph import Graph
-    from popxl.ir import Ir
     from popxl.op import Op
 
 __all__ = ["export_onnx", "GRAPHCORE_DOMAIN", "GRAPHS_DOMAIN", "OPSET"]
@@ -187,7 +186,7 @@ class _Exporter:
     def function(self, graph: "Graph") -> str:
         name = _function_name(graph)
         if name not in self.functions:
-            self.functions[name] = None  # type: ignore[assignment]  (a graph that calls itself stops here)
+            self.functions[name] = None  # type: ignore[assignment]  # (a graph that calls itself stops here)
             body = _Body(self, is_function=True)
             for c in graph.constants:
                 body.add_const(c._host_data_value, self.name(c))
