@@ -25,6 +25,7 @@ from onnx import helper, numpy_helper, shape_inference
 from popart.dataflow import TensorInfo
 from popart.errors import popart_exception
 from popart.losses import GRAPHCORE_DOMAIN, ReductionType, loss_node, reduction_of
+from popart.onnx import supported_ops
 from popart.onnx.importer import ModelLike, load_model
 
 __all__ = ["Builder", "AiOnnx", "AiGraphcore"]
@@ -102,7 +103,6 @@ class AiOnnx:
     """The ``ai.onnx`` ops of a Builder: one method per op type the importer can lower."""
 
     def __init__(self, builder: "Builder") -> None:
-        from popart.onnx import supported_ops
         self._builder = builder
         self._names = {t.lower(): t for t in supported_ops() if "." not in t}
 

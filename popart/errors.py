@@ -13,7 +13,7 @@ from popxl.errors import (RecoveryAction, popart_exception, popart_internal_exce
                           poplar_application_runtime_error, poplar_exception, poplar_recoverable_runtime_error,
                           poplar_runtime_error, poplar_system_runtime_error, poplar_unknown_runtime_error,
                           poplar_unrecoverable_runtime_error, poplibs_exception)
-from popxl.logs import LEVELS, ROOT, TRACE, get_logger
+from popxl.logs import LEVELS, ROOT, TRACE, get_logger  # noqa: F401  (TRACE: the level popart's modules log at)
 
 __all__ = ["popart_exception", "popart_internal_exception", "popart_runtime_error", "poplibs_exception",
            "poplar_exception", "poplar_runtime_error", "poplar_application_runtime_error",

@@ -23,11 +23,14 @@ import onnx
 import popxl
 import popxl.ops as ops
 from popxl import dtypes
+from popxl.distributed import launch_environment
 from popxl.transforms import pipeline
+
 from popart.dataflow import AnchorReturnTypeId, InputShapeInfo
 from popart.errors import popart_exception
 from popart.losses import GRAPHCORE_DOMAIN
-from popart.onnx.importer import all_nodes, device_array
+from popart.onnx.ops import RANDOM_OPS
+from popart.onnx.protos import all_nodes, device_array
 from popart.options import SessionOptions
 from popart.rounding import StochasticRounder, seed_value
 
@@ -133,8 +136,7 @@ class ProgramBuilder:
         launch environment; else this instance's."""
         if not options.enableDistributedReplicatedGraphs:
             return self.replicationFactor
-        import popdist
-        launch = popdist.launch_environment()
+        launch = launch_environment()
         asked = (options.globalReplicationFactor, options.globalReplicaOffset, self.replicationFactor)
         actual = (launch.num_total_replicas, launch.replica_index_offset, launch.num_local_replicas)
         if asked != actual:
@@ -189,7 +191,6 @@ class ProgramBuilder:
     def _needs_random(self) -> bool:
         """Whether the program draws random numbers (stochastic rounding, random ops; dropout when
         training)."""
-        from popart.onnx.ops import RANDOM_OPS
         return bool(self.options.enableStochasticRounding) or any(
             n.op_type in RANDOM_OPS for n in all_nodes(self._importer.graph))
 

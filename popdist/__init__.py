@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from popdist.backend import InstanceError
+from popdist import backend
 
 __all__ = ["InstanceError", "LaunchEnvironment", "launch_environment", "isPopdistEnvSet", "getInstanceIndex", "getNumInstances",
            "getNumTotalReplicas", "getNumLocalReplicas", "getReplicaIndexOffset", "getNumIpusPerReplica",
@@ -164,7 +165,6 @@ def init() -> None:
     global _backend_initialized
     launch = launch_environment()  # malformed variables are reported here, at the start
     if launch.num_instances > 1:
-        from popdist import backend
         backend.get(launch.instance_index, launch.num_instances)
     _backend_initialized = True
 

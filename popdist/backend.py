@@ -26,6 +26,10 @@ import time
 import traceback
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+import numpy as np
+
+from popdist.supervisor import SupervisorClient
+
 __all__ = ["InstanceError", "Backend", "get", "TIMEOUT_VAR", "DEFAULT_TIMEOUT"]
 
 TIMEOUT_VAR = "POPDIST_TIMEOUT"
@@ -62,11 +66,11 @@ def _timeout(env: Dict[str, str]) -> float:
 def _start_mpi() -> Tuple[Any, bool]:
     """(mpi4py's MPI module, whether we finalise it ourselves)."""
     owns_finalize = "mpi4py.MPI" not in sys.modules
-    import mpi4py
+    import mpi4py  # noqa: PLC0415  (optional: only a launch over MPI needs it)
     if owns_finalize:
         mpi4py.rc.finalize = False  # see _at_exit
         mpi4py.rc.thread_level = "multiple"
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415  (after mpi4py.rc is set: importing MPI starts it)
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         raise RuntimeError("popdist: MPI was started without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level); the "
                            "native engine calls MPI from its own thread.")
@@ -113,7 +117,6 @@ class Backend:
         self._client = None
         address = env.get("POPRUN_SUPERVISOR")
         if address:
-            from popdist.supervisor import SupervisorClient
             self._client = SupervisorClient(address, env.get("POPRUN_TOKEN", ""), instance_index, self._notice)
         self._grace = float(env.get(GRACE_VAR, "5") or 5)
         self._previous_hook = sys.excepthook
@@ -215,7 +218,6 @@ class Backend:
     def exchange(self, comm: Any, sends: Dict[int, Any], sources: Iterable[int], what: str,
                  tag: int = 0) -> Dict[int, Any]:
         """Send each ``sends[dest]`` (any picklable object) and receive one object from each source."""
-        import numpy as np
         MPI = self.MPI
         sources = sorted(set(sources))
         payloads = {dest: pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) for dest, obj in sends.items()}

@@ -1,8 +1,10 @@
-"""popdist.popart: the launch's replicas as PopART session options and a device."""
+"""popdist.popart: the launch's replicas as PopART session options and a device. The one module of
+popdist that imports popart (and so popxl): the rest of popdist imports neither."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
+import popart
 import popdist
 
 __all__ = ["configureSessionOptions", "getDevice"]
@@ -25,7 +27,6 @@ def getDevice(ipus_per_replica: Optional[int] = None, connectionType: Any = None
     """The device for this instance's replicas (``ipus_per_replica`` defaults to the launcher's
     count): acquired as PopART acquires IPU hardware, so it needs ``POPXL_IPU_HW=cpu`` here, where
     the IPUs run on the CPU engine."""
-    import popart
     per_replica = popdist.getNumIpusPerReplica() if ipus_per_replica is None else int(ipus_per_replica)
     if connectionType is None:
         connectionType = popart.DeviceConnectionType.Always

@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+from popdist.supervisor import Supervisor
 
 __all__ = ["main", "build_command", "find_mpiexec"]
 
@@ -190,7 +191,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.command:
         _parser().error("the program to run is missing (e.g. poprun --num-instances 2 python prog.py)")
     lay = _layout(args)
-    from popdist.supervisor import Supervisor
     one_host = lay["hosts"] == ["localhost"]
     supervisor = Supervisor(lay["instances"], bind_host="127.0.0.1" if one_host else "0.0.0.0", grace=args.grace)
     advertised = args.supervisor_host or ("127.0.0.1" if one_host else socket.gethostname())

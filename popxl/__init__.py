@@ -5,6 +5,9 @@ the program in a ``popxl.Session``.
 """
 __version__ = "0.1.0"
 
+# This package's __init__ is the one module above every layer (docs/architecture.md, .importlinter):
+# it imports them all, so that after ``import popxl`` every hook of the core is set (popxl._hooks).
+
 from popxl import dtypes, tensor
 from popxl.context import (gcg, get_current_graph, get_ir, get_main_graph, gir, gmg, in_sequence, io_tiles, ipu,
                            name_scope)
@@ -26,8 +29,19 @@ from popxl import errors, fp8_utils, random_seed, testing, utils  # noqa: E402
 from popxl.session import Session
 from popxl import visualize  # noqa: E402  (listings, pictures, .dot files)
 from popxl.onnx_export import export_onnx  # noqa: E402
-from popxl import custom_op_modules as _custom_op_modules  # noqa: E402
+from popxl import _pb, custom_op_modules as _custom_op_modules  # noqa: E402
 
+
+def _load_compatibility_layer() -> None:
+    """Import ``popart._internal.ir``, PopART's IR as a view of popxl's (the top layer, which registers
+    its views with popxl's core, ``popxl._pb``, and its C++ custom ops' binding modules with
+    ``popxl.custom_op_modules``): the first time a program reaches it, through a view
+    (``graph._pb_graph`` ...) or a binding module. On first use only: importing popart adds a third
+    to ``import popxl``'s time, and most programs never need it."""
+    import popart._internal.ir  # noqa: F401, PLC0415  (on first use: see the docstring)
+
+
+_pb.set_loader(_load_compatibility_layer)
 # C++ custom ops' binding modules (popxl-addons') resolve to popxl-cpu's, ahead of cppimport
 _custom_op_modules.install()
 

@@ -110,7 +110,7 @@ class ProgramFacts:
         written: Set[Tensor] = set()
         for g in self.graphs:
             written |= self.written(g)
-        roots = {t for g in self.graphs for t in g.tensors
+        roots: Set[Tensor] = {t for g in self.graphs for t in g.tensors
                  if (isinstance(t, Constant) or (isinstance(t, Variable) and t._remote_slot is None))
                  and t not in written}
         main = self.ir.main_graph

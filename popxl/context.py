@@ -10,11 +10,13 @@ import functools
 import itertools
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Literal, Optional, TypeVar, Union, cast, overload
 
+from popxl import _pb
+from popxl.tensorlocation import ExecutionContext
+
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
     from popxl.ir import Ir
     from popxl.op import Op
-    from popxl.tensorlocation import ExecutionContext
 
 __all__ = [
     "Context", "get_current_context", "get_current_graph", "get_main_graph", "get_ir", "gcg", "gmg",
@@ -73,6 +75,10 @@ class OpCreatedHooks:
 
 class Context(OpCreatedHooks):
     """The tracing state: graph stack, placement, name scopes, in-sequence mode, op hooks."""
+
+    # popxl.op.Op, set by popxl.op (which imports this module) when it defines the class: the ops
+    # ``_op_created`` takes, besides PopART's views of them.
+    _op_class: type = type(None)
 
     def __init__(self) -> None:
         self._graphs: List["Graph"] = []
@@ -134,18 +140,15 @@ class Context(OpCreatedHooks):
     def _op_created(self, op: "Op") -> None:
         """Run the hooks for a new op: the context's, then its graph's. ``op`` may be PopART's view
         of the op (custom ops' Python wrappers call this with what ``createOpInGraph`` returned)."""
-        from popxl.op import Op
-        if not isinstance(op, Op):
-            from popart._internal.ir import popxl_object
-            op = popxl_object(op, Op)
+        if not isinstance(op, self._op_class):
+            op = _pb.popxl_object(op, self._op_class)
         super()._op_created(op)
         op.graph._op_created(op)
 
     def _get_op_settings(self, name: str) -> Any:
         """PopART's settings for an op made by ``createOpInGraph`` in the current graph: its name
         (under the current name scopes), IPU, tile set and execution context."""
-        from popart._internal.ir.custom_op import Settings
-        return Settings._from_context(self, name)
+        return _pb.op_settings(self, name)
 
     @property
     def in_sequence(self) -> Optional[Union[bool, str]]:
@@ -304,9 +307,8 @@ def _execution_context(execution_context: "ExecutionContext") -> Iterator["Execu
     the outer accumulation loop are not supported: NotImplementedError names the part at once,
     before any op is placed wrongly. ``execution_context`` is a ``popxl.ExecutionContext`` or an
     enum with the same member names (PopART's binding)."""
-    from popxl.tensorlocation import ExecutionContext
     name = getattr(execution_context, "name", None)
-    if name not in ExecutionContext.__members__:
+    if not isinstance(name, str) or name not in ExecutionContext.__members__:
         raise TypeError(f"_execution_context: expected a popxl.ExecutionContext, not {execution_context!r}.")
     mode = ExecutionContext[name]
     if mode in (ExecutionContext.AccumulateOuterFragment, ExecutionContext.OptimizerFromHostFragment):

@@ -27,9 +27,11 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
-__all__ = ["CustomOpModuleFinder", "install", "ADDONS_PACKAGE"]
+from popxl import _pb
+
+__all__ = ["CustomOpModuleFinder", "install", "register", "ADDONS_PACKAGE"]
 
 ADDONS_PACKAGE = "popxl_addons.ops."
 _CPP_EXTENSIONS = (".cpp", ".c")  # what cppimport looks for
@@ -44,9 +46,9 @@ class CustomOpModuleFinder(importlib.abc.MetaPathFinder):
             return _keeping_first(self, fullname, path)
         if fullname.startswith(ADDONS_PACKAGE) and fullname.count(".") == 3:
             key = fullname[len(ADDONS_PACKAGE):]
-            from popart._internal.ir.addons_bindings import MODULES
-            if key in MODULES:
-                return importlib.machinery.ModuleSpec(fullname, _BindingLoader(MODULES[key]),
+            modules = _tables()[0]
+            if key in modules:
+                return importlib.machinery.ModuleSpec(fullname, _BindingLoader(modules[key]),
                                                       origin="popart._internal.ir.addons_bindings")
         source = _popart_cpp_source(fullname, path)
         if source is None:
@@ -106,7 +108,7 @@ def _keeping_first(finder: CustomOpModuleFinder, fullname: str, path: Optional[S
 def _application_op(fullname: str, folder: str, cpp: bool) -> Any:
     """The spec of popxl-cpu's module for one of Graphcore's applications' C++ custom ops, if the
     C++ (or with ``cpp`` False, the Python) files of ``folder`` are that op's, else None."""
-    from popart._internal.ir import application_bindings as apps
+    apps = _tables()[1]
     key = (apps.fingerprint(folder, apps.CPP_SOURCES if cpp else apps.PYTHON_SOURCES), fullname.rpartition(".")[2])
     if key not in apps.MODULES:
         return None
@@ -157,6 +159,29 @@ def _put_first(finder: CustomOpModuleFinder) -> None:
     while finder in sys.meta_path:
         sys.meta_path.remove(finder)
     sys.meta_path.insert(0, finder)
+
+
+# (popxl-addons' binding modules by name, the module of Graphcore's applications' ops): popxl-cpu's
+# binding modules live in popart._internal.ir (the top layer), which registers them here when it is
+# imported (``register``); ``_tables`` has it imported (popxl._pb's loader) the first time they are needed.
+_TABLES: Optional[Tuple[Dict[str, Dict[str, Any]], Any]] = None
+
+
+def register(addons_modules: Dict[str, Dict[str, Any]], application_bindings: Any) -> None:
+    """Called by ``popart._internal.ir`` when it is imported: the contents of popxl-addons' binding
+    modules by name (``<dir>.<module>``), and its module of Graphcore's applications' ops
+    (``fingerprint``, ``CPP_SOURCES``, ``PYTHON_SOURCES``, ``MODULES``)."""
+    global _TABLES
+    _TABLES = (addons_modules, application_bindings)
+
+
+def _tables() -> Tuple[Dict[str, Dict[str, Any]], Any]:
+    if _TABLES is None:
+        _pb.load()
+    if _TABLES is None:
+        raise ImportError("popxl-cpu's binding modules of C++ custom ops come from popart._internal.ir, which has not "
+                          "registered them: import it (import popxl loads it when a binding module is imported).")
+    return _TABLES
 
 
 _FINDER: Optional[CustomOpModuleFinder] = None

@@ -17,6 +17,10 @@ is what the Session needs on top of its engine for that:
   only when some instance needs a value it does not hold.
 
 With one instance everything here is a no-op.
+
+This module is popxl's one door to popdist (a leaf beside popxl's layers that imports none of
+them): ``Ir(replication="popdist")`` reaches the launch through ``popdist_launch`` (a hook of the
+core, ``popxl._hooks``, set here), and popart reads ``launch_environment`` from here.
 """
 from __future__ import annotations
 
@@ -26,9 +30,31 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+import popdist
+import popdist.backend
+from popdist import LaunchEnvironment
+from popdist.backend import InstanceError, failure_text
+from popxl import _hooks
 from popxl.errors import popart_exception
 
-__all__ = ["Launch"]
+__all__ = ["Launch", "popdist_launch", "launch_environment", "LaunchEnvironment"]
+
+def popdist_launch() -> Tuple[int, int, int]:
+    """(this instance's replicas, its index, the instance count) of ``Ir(replication="popdist")``,
+    as the launcher describes them (popdist); with several instances, popdist's communication
+    backend starts here (MPI, poprun's supervisor)."""
+    launch = popdist.launch_environment()
+    if launch.num_instances > 1:
+        popdist.init()
+    return launch.num_local_replicas, launch.instance_index, launch.num_instances
+
+
+_hooks.popdist_launch = popdist_launch
+
+
+def launch_environment() -> LaunchEnvironment:
+    """The launch this process is part of, as poprun describes it (``popdist.launch_environment``)."""
+    return popdist.launch_environment()
 
 # An entry of device state: what `read(entry, local replica)` reads (the Session decides).
 Entry = Hashable
@@ -46,7 +72,6 @@ class Launch:
         self._comms: List[Any] = []
         if self.count == 1:
             return
-        import popdist.backend
         self.backend = popdist.backend.get(self.index, self.count)
         engine.set_layout(self.index, self.count, self.local, self.global_replicas)
         layout = f"{self.count} instances x {self.local} replicas".encode()
@@ -105,7 +130,6 @@ class Launch:
         failed run leaves them out of step, so the others must stop too."""
         if not self.several:
             return run
-        from popdist.backend import InstanceError, failure_text
         backend = self.backend
         native = sys.modules.get("popxl._native")
         native_error = native.InstanceError if native is not None else InstanceError

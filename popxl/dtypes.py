@@ -8,7 +8,7 @@ float8_e5m2fnuz (1-5-2, max 57344).
 from __future__ import annotations
 
 import builtins
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import ml_dtypes
 import numpy as np
@@ -33,6 +33,9 @@ class dtype:
     is_floating_point: builtins.bool
     is_signed: builtins.bool
     itemsize: int
+    _numpy: np.dtype  # host data
+    _compute: np.dtype  # what engines compute with
+    _torch_name: Optional[str]
 
     def __init__(self) -> None:
         raise TypeError("popxl.dtypes.dtype cannot be instantiated; use the singletons, e.g. popxl.float32.")
@@ -111,7 +114,7 @@ class dtype:
 
     def as_torch(self) -> Any:
         """The torch dtype (TypeError if torch has none; ModuleNotFoundError without torch)."""
-        import torch  # noqa: F401  (raises ModuleNotFoundError if torch is not installed)
+        import torch  # noqa: PLC0415  (optional, seconds to import; ModuleNotFoundError without it)
         if self._torch_name is None:
             raise TypeError(f"popxl.dtypes.{self.name} has no torch equivalent.")
         return getattr(torch, self._torch_name)
@@ -132,33 +135,42 @@ np_dtype_float8_143 = _fp8("float8_143")
 np_dtype_float8_152 = _fp8("float8_152")
 
 
-# name, numpy dtype, compute dtype, kind, signed, torch name
-_TABLE = [
-    ("bool", np.dtype(np.bool_), None, "bool", False, "bool"),
-    ("int8", np.dtype(np.int8), None, "int", True, "int8"),
-    ("int16", np.dtype(np.int16), None, "int", True, "int16"),
-    ("int32", np.dtype(np.int32), None, "int", True, "int32"),
-    ("int64", np.dtype(np.int64), None, "int", True, "int64"),
-    ("uint8", np.dtype(np.uint8), None, "int", False, "uint8"),
-    ("uint16", np.dtype(np.uint16), None, "int", False, None),
-    ("uint32", np.dtype(np.uint32), None, "int", False, None),
-    ("uint64", np.dtype(np.uint64), None, "int", False, None),
-    ("float8_143", np_dtype_float8_143, np.dtype(ml_dtypes.float8_e4m3fnuz), "float", True, None),
-    ("float8_152", np_dtype_float8_152, np.dtype(ml_dtypes.float8_e5m2fnuz), "float", True, None),
-    ("float16", np.dtype(np.float16), None, "float", True, "float16"),
-    ("float32", np.dtype(np.float32), None, "float", True, "float32"),
-    ("float64", np.dtype(np.float64), None, "float", True, "float64"),
-    ("complex64", np.dtype(np.complex64), None, "complex", True, "complex64"),
-    ("complex128", np.dtype(np.complex128), None, "complex", True, "complex128"),
-]
-_BY_NAME: Dict[str, dtype] = {
-    name: dtype._new(name, np_dt, compute if compute is not None else np_dt, kind, signed, torch_name)
-    for name, np_dt, compute, kind, signed, torch_name in _TABLE
-}
-globals().update(_BY_NAME)
-half = _BY_NAME["float16"]
-float = _BY_NAME["float32"]  # noqa: A001  (PopXL's alias)
-double = _BY_NAME["float64"]
+_BY_NAME: Dict[str, dtype] = {}
+
+
+def _define(name: str, numpy_dtype: np.dtype, kind: str, signed: builtins.bool, torch_name: Optional[str],
+            compute_dtype: Optional[np.dtype] = None) -> dtype:
+    """The dtype called ``name``, entered in the table of dtypes by name (``compute_dtype``: what
+    engines compute with, when it is not ``numpy_dtype``)."""
+    d = dtype._new(name, numpy_dtype, numpy_dtype if compute_dtype is None else compute_dtype, kind, signed,
+                   torch_name)
+    _BY_NAME[name] = d
+    return d
+
+
+# Each one a plain module attribute, so type checkers see a ``dtype`` (tests/unit/test_dtypes.py
+# checks every attribute's name is its dtype's). Arguments: name, host NumPy dtype, kind, signed,
+# torch's name.
+bool = _define("bool", np.dtype(np.bool_), "bool", False, "bool")  # noqa: A001  (PopXL's name)
+int8 = _define("int8", np.dtype(np.int8), "int", True, "int8")
+int16 = _define("int16", np.dtype(np.int16), "int", True, "int16")
+int32 = _define("int32", np.dtype(np.int32), "int", True, "int32")
+int64 = _define("int64", np.dtype(np.int64), "int", True, "int64")
+uint8 = _define("uint8", np.dtype(np.uint8), "int", False, "uint8")
+uint16 = _define("uint16", np.dtype(np.uint16), "int", False, None)
+uint32 = _define("uint32", np.dtype(np.uint32), "int", False, None)
+uint64 = _define("uint64", np.dtype(np.uint64), "int", False, None)
+float8_143 = _define("float8_143", np_dtype_float8_143, "float", True, None, np.dtype(ml_dtypes.float8_e4m3fnuz))
+float8_152 = _define("float8_152", np_dtype_float8_152, "float", True, None, np.dtype(ml_dtypes.float8_e5m2fnuz))
+float16 = _define("float16", np.dtype(np.float16), "float", True, "float16")
+float32 = _define("float32", np.dtype(np.float32), "float", True, "float32")
+float64 = _define("float64", np.dtype(np.float64), "float", True, "float64")
+complex64 = _define("complex64", np.dtype(np.complex64), "complex", True, "complex64")
+complex128 = _define("complex128", np.dtype(np.complex128), "complex", True, "complex128")
+# PopXL's aliases
+half = float16
+float = float32  # noqa: A001
+double = float64
 _BY_NUMPY = {d._numpy: d for d in _BY_NAME.values()}
 _BY_NUMPY.update({d._compute: d for d in _BY_NAME.values()})
 
@@ -171,7 +183,7 @@ _NP_TO_POPXL: Dict[np.dtype, dtype] = {d._numpy: d for d in _BY_NAME.values()}
 def _lazy_attribute(name: str) -> Any:
     if name == "_PT_TO_POPXL":
         try:
-            import torch
+            import torch  # noqa: PLC0415  (optional, and seconds to import)
         except ImportError:
             table: Dict[Any, dtype] = {}
         else:

@@ -4,12 +4,14 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from popxl import _hooks, _pb
 from popxl.context import OpCreatedHooks, get_current_context
+from popxl.op import Op, create_op
+from popxl.tensor import Constant, Tensor, Variable
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.ir import Ir
-    from popxl.op import Op
-    from popxl.tensor import Constant, Tensor, TensorSpec, Variable
+    from popxl.tensor import TensorSpec
 
 __all__ = ["Graph"]
 
@@ -25,6 +27,17 @@ class Graph(OpCreatedHooks):
         TypeError: If constructed directly.
     """
 
+    _ir: "Ir"
+    _id: str
+    _name: str
+    _ops: List["Op"]
+    _tensors: Dict[str, "Tensor"]
+    _inputs: List["Tensor"]
+    _outputs: List["Tensor"]
+    _by_ref_inputs: Set["Tensor"]
+    _can_be_recursively_autodiffed: bool
+    _marks: Set[str]
+
     def __init__(self) -> None:
         raise TypeError("popxl.Graph cannot be constructed directly: use ir.create_graph(fn, ...) "
                         "or ir.create_empty_graph(name).")
@@ -35,14 +48,14 @@ class Graph(OpCreatedHooks):
         g._ir = ir
         g._id = graph_id
         g._name = name
-        g._ops: List["Op"] = []
-        g._tensors: Dict[str, "Tensor"] = {}
-        g._inputs: List["Tensor"] = []
-        g._outputs: List["Tensor"] = []
-        g._by_ref_inputs: Set["Tensor"] = set()
+        g._ops = []
+        g._tensors = {}
+        g._inputs = []
+        g._outputs = []
+        g._by_ref_inputs = set()
         # False: autodiff of a graph calling this one needs its gradient in called_graphs_grad_info
         g._can_be_recursively_autodiffed = True
-        g._marks: Set[str] = set()  # what the transform pipeline does to it (popxl.transforms.pipeline.mark)
+        g._marks = set()  # what the transform pipeline does to it (popxl.transforms.pipeline.mark)
         g._init_hooks()
         return g
 
@@ -100,13 +113,11 @@ class Graph(OpCreatedHooks):
     @property
     def variables(self) -> Tuple["Variable", ...]:
         """The variables of the graph (only the main graph has any)."""
-        from popxl.tensor import Variable
         return tuple(t for t in self._tensors.values() if isinstance(t, Variable))
 
     @property
     def constants(self) -> Tuple["Constant", ...]:
         """The constants of the graph."""
-        from popxl.tensor import Constant
         return tuple(t for t in self._tensors.values() if isinstance(t, Constant))
 
     @property
@@ -127,13 +138,11 @@ class Graph(OpCreatedHooks):
     # this Ir (one IR), so code written against PopXL's internals (popxl-addons) runs unchanged.
     @property
     def _pb_graph(self) -> Any:
-        from popart._internal.ir import view_of
-        return view_of(self)
+        return _pb.view_of(self)
 
     @classmethod
     def _from_pb(cls, pb_graph: Any) -> "Graph":
-        from popart._internal.ir import popxl_object
-        return popxl_object(pb_graph, cls)
+        return _pb.popxl_object(pb_graph, cls)
 
     def is_input_by_ref(self, t: "Tensor") -> bool:
         """Whether an input of the graph passes by reference.
@@ -327,7 +336,6 @@ class Graph(OpCreatedHooks):
         Returns:
             The new output tensor.
         """
-        from popxl.tensor import Tensor
         at = len(op.outputs) if index is None else _position(index, len(op.outputs), "Graph.add_op_output")
         out = Tensor._create(self, name, spec, producer=op)
         op.outputs = op.outputs[:at] + (out,) + op.outputs[at:]
@@ -395,7 +403,6 @@ class Graph(OpCreatedHooks):
         Raises:
             ValueError: If ``index`` is out of range.
         """
-        from popxl.tensor import Tensor
         at = len(self._inputs) if index is None else _position(index, len(self._inputs), "Graph.add_input")
         t = Tensor._create(self, name, spec)
         self._inputs.insert(at, t)
@@ -432,7 +439,6 @@ class Graph(OpCreatedHooks):
         Returns:
             The new op.
         """
-        from popxl.op import create_op
         new = create_op(op.type, inputs, dict(op.attrs if attrs is None else attrs), name=op.name,
                         output_names=output_names, graph=self, return_op=True)
         new.name, new.location, new.ipu, new.tile_set = op.name, op.location, op.ipu, op.tile_set
@@ -563,7 +569,6 @@ class Graph(OpCreatedHooks):
 
     # protocol -------------------------------------------------------------------------------------
     def __contains__(self, t: Any) -> bool:
-        from popxl.tensor import Tensor
         if not isinstance(t, Tensor):
             raise TypeError(f"`in` on a Graph needs a popxl.Tensor, not {type(t).__name__}.")
         return t.graph is self
@@ -583,13 +588,11 @@ class Graph(OpCreatedHooks):
 
     def __str__(self) -> str:
         """A typed listing: one line per op, the bodies of called graphs nested (popxl.visualize)."""
-        from popxl.visualize.listing import graph_listing
-        return graph_listing(self)
+        return _hooks.graph_listing(self)
 
     def _repr_svg_(self) -> Optional[str]:
         """Jupyter shows a graph as a picture (popxl.visualize.to_svg for options)."""
-        from popxl.visualize.render import repr_svg
-        return repr_svg(self)
+        return _hooks.repr_svg(self)
 
     def __enter__(self) -> "Graph":
         get_current_context().push_graph(self)
@@ -610,19 +613,18 @@ def _position(index: int, size: int, where: str) -> int:
 def orphaned(t: "Tensor") -> bool:
     """A tensor that no op makes and that is not a graph input, variable, constant or remote
     shard: what is left of an output whose producer was erased."""
-    from popxl.tensor import Constant, Variable
     return (t.producer is None and not isinstance(t, (Variable, Constant)) and t._remote_slot is None
             and not any(i is t for i in t.graph._inputs))
 
 
 def storage_root(t: "Tensor") -> "Tensor":
     """The tensor whose storage ``t`` is a view of (through view and in-place ops)."""
-    while t.producer is not None:
-        d = t.producer.opdef
-        if d.view is not None and not d.copy and t is t.producer.outputs[0]:
-            t = t.producer.inputs[0]
-        elif d.inplace is not None and t is t.producer.outputs[0]:
-            t = t.producer.inputs[d.inplace]
+    while (p := t.producer) is not None:
+        d = p.opdef
+        if d.view is not None and not d.copy and t is p.outputs[0]:
+            t = p.inputs[0]
+        elif d.inplace is not None and t is p.outputs[0]:
+            t = p.inputs[d.inplace]
         else:
             break
     return t

@@ -7,24 +7,15 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Literal, Optional, Set, Union
 
+from popxl import _hooks, _pb
 from popxl.graph import Graph
 from popxl.module import Module
-from popxl.tensor import Tensor, TensorSpec, graph_input, graph_output
+from popxl.replica_grouping import ReplicaGrouping
+from popxl.tensor import Tensor, TensorByRef, TensorSpec, graph_input, graph_output
 
 __all__ = ["Ir"]
 
 _IR_IDS = itertools.count()
-
-
-def _popdist_launch() -> tuple:
-    """(this instance's replicas, its index, the instance count) of ``Ir(replication="popdist")``,
-    as the launcher describes them (popdist); with several instances, popdist's communication
-    backend starts here (MPI, poprun's supervisor)."""
-    import popdist
-    launch = popdist.launch_environment()
-    if launch.num_instances > 1:
-        popdist.init()
-    return launch.num_local_replicas, launch.instance_index, launch.num_instances
 
 
 class Ir:
@@ -44,6 +35,9 @@ class Ir:
             environment is malformed or is not the MPI launch it describes.
     """
 
+    # popxl.remote_buffer's list of the Ir's remote buffers, made when the first one is
+    _remote_buffers: List[Any]
+
     def __init__(self, replication: Union[int, Literal["popdist"]] = 1) -> None:
         self._id = next(_IR_IDS)
         self._graphs: Dict[str, Graph] = {}
@@ -61,7 +55,7 @@ class Ir:
         self._replication_factor = 1  # this instance's replicas
         self._instance_index, self._num_instances = 0, 1
         if replication == "popdist":
-            replication, self._instance_index, self._num_instances = _popdist_launch()
+            replication, self._instance_index, self._num_instances = _hooks.popdist_launch()
         self.replication_factor = replication
 
     # identity -------------------------------------------------------------------------------------
@@ -73,8 +67,7 @@ class Ir:
     @property
     def _pb_ir(self) -> Any:
         """This Ir as PopART's internal IR shows it (popart._internal.ir.Ir, a view)."""
-        from popart._internal.ir import view_of
-        return view_of(self)
+        return _pb.view_of(self)
 
     def __repr__(self) -> str:
         return f"Ir[id={self._id}]"
@@ -229,7 +222,6 @@ class Ir:
         Raises:
             ValueError: If ``stride`` or ``group_size`` does not divide the replicas as required.
         """
-        from popxl.replica_grouping import ReplicaGrouping
         return ReplicaGrouping._from_params(self, stride=stride, group_size=group_size)
 
     def replica_grouping_from_assignments(self, assignment: List[int]):
@@ -244,7 +236,6 @@ class Ir:
         Raises:
             ValueError: If the assignment is not valid for ``replication_factor`` replicas.
         """
-        from popxl.replica_grouping import ReplicaGrouping
         return ReplicaGrouping._from_assignments(self, assignment)
 
     # streams --------------------------------------------------------------------------------------
@@ -278,23 +269,19 @@ class Ir:
             check: The checkpoint's name.
             save_dir: The directory written to; default the current directory.
         """
-        from popxl.visualize.dot import dot_checkpoint
-        dot_checkpoint(self, check, save_dir)
+        _hooks.dot_checkpoint(self, check, save_dir)
 
     # display --------------------------------------------------------------------------------------
     def __str__(self) -> str:
         """A typed listing of the whole program (popxl.visualize.ir_listing)."""
-        from popxl.visualize.listing import ir_listing
-        return ir_listing(self)
+        return _hooks.ir_listing(self)
 
     def _repr_svg_(self) -> Optional[str]:
         """Jupyter shows an Ir as a picture of its graphs (popxl.visualize.to_svg for options)."""
-        from popxl.visualize.render import repr_svg
-        return repr_svg(self)
+        return _hooks.repr_svg(self)
 
 
 def _annotation_is_by_ref(ann: Any) -> bool:
-    from popxl.tensor import TensorByRef
     if ann is TensorByRef:
         return True
     if isinstance(ann, str):

@@ -28,9 +28,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from popxl.graph import Graph, op_called_graphs
+from popxl.ir import Ir
+from popxl.visualize.listing import format_attr
+
 if TYPE_CHECKING:  # pragma: no cover
-    from popxl.graph import Graph
-    from popxl.ir import Ir
     from popxl.op import Op
 
 __all__ = ["export_onnx", "GRAPHCORE_DOMAIN", "GRAPHS_DOMAIN", "OPSET"]
@@ -150,8 +152,6 @@ _ONNX: Dict[str, Converter] = {
 
 def _attribute(value: Any) -> Any:
     """An attribute of a custom-domain node: what ONNX can hold as is, else readable text."""
-    from popxl.graph import Graph
-    from popxl.visualize.listing import format_attr
 
     if isinstance(value, Graph):
         return _function_name(value)
@@ -186,7 +186,7 @@ class _Exporter:
     def function(self, graph: "Graph") -> str:
         name = _function_name(graph)
         if name not in self.functions:
-            self.functions[name] = None  # type: ignore[assignment]  (a graph that calls itself stops here)
+            self.functions[name] = None  # type: ignore[assignment]  # (a graph that calls itself stops here)
             body = _Body(self, is_function=True)
             for c in graph.constants:
                 body.add_const(c._host_data_value, self.name(c))
@@ -215,7 +215,6 @@ class _Exporter:
                 helper.make_opsetid(GRAPHS_DOMAIN, 1)]
 
     def op(self, op: "Op", body: _Body) -> None:
-        from popxl.graph import op_called_graphs
 
         ins = [self.name(t) for t in op.inputs]
         outs = [self.name(t) for t in op.outputs]
@@ -278,7 +277,6 @@ def export_onnx(ir: "Ir", path: Optional[Union[str, Path]] = None) -> onnx.Model
         TypeError: If ``ir`` is not an Ir.
         ValueError: If the main graph has no ops.
     """
-    from popxl.ir import Ir
 
     if not isinstance(ir, Ir):
         raise TypeError(f"export_onnx needs a popxl.Ir, not {type(ir).__name__}.")

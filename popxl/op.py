@@ -28,15 +28,19 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import attrs
 
-from popxl.context import get_current_context
+from popxl import _pb
+from popxl.context import Context, get_current_context
+from popxl.tensor import Tensor
+from popxl.tensorlocation import ExecutionContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
-    from popxl.tensor import Tensor, TensorSpec
+    from popxl.tensor import TensorSpec
 
 __all__ = ["OpDef", "Op", "REGISTRY", "register", "grad_rule", "create_op", "user_location"]
 
@@ -123,7 +127,7 @@ def _is_internal(filename: str) -> bool:
 
 def user_location() -> str:
     """``file:line`` of the innermost frame outside popxl/popart: the user's line that made the op."""
-    f = sys._getframe(1)
+    f: Optional[FrameType] = sys._getframe(1)
     skip = get_current_context().debug_frame_offset
     while f is not None:
         if not _is_internal(f.f_code.co_filename):
@@ -150,7 +154,7 @@ class Op:
         self.name = name
         self.location = location
         self.ipu: int = ctx.ipu_id
-        self.tile_set: str = "io" if ctx.io_tile_set else "compute"
+        self.tile_set: Literal["compute", "io"] = "io" if ctx.io_tile_set else "compute"
         self.in_sequence = ctx.in_sequence
         # the program part it runs in (None: the normal program); fragments are main-graph only
         self.execution_context = _fragment_of(ctx.execution_context, graph, name, location)
@@ -168,9 +172,8 @@ class Op:
         # this op's view in popart._internal.ir.
         if name.startswith("_"):
             raise AttributeError(f"'Op' object has no attribute {name!r}")
-        from popart._internal.ir import view_of
         try:
-            return getattr(view_of(self), name)
+            return getattr(_pb.view_of(self), name)
         except AttributeError:
             raise AttributeError(f"'Op' object has no attribute {name!r}") from None
 
@@ -180,9 +183,11 @@ class Op:
         return f"Op[{self.type} {self.name!r} ({ins}) -> ({outs})]"
 
 
+Context._op_class = Op  # the ops the tracing context's op-created hooks take (see Context._op_created)
+
+
 def _fragment_of(context: Any, graph: "Graph", name: str, location: str) -> Any:
     """The weight fragment (an ExecutionContext) an op made under ``context`` belongs to, or None."""
-    from popxl.tensorlocation import ExecutionContext
     if context not in (ExecutionContext.WeightsFromHostFragment, ExecutionContext.WeightsToHostFragment):
         return None
     if graph is not graph.ir.main_graph:
@@ -197,7 +202,6 @@ def _describe(specs: Sequence["TensorSpec"]) -> str:
 
 def check_tensor(graph: "Graph", t: Any, what: str, opname: str) -> "Tensor":
     """Check ``t`` is a Tensor of ``graph``; the error explains how subgraphs receive values."""
-    from popxl.tensor import Tensor
 
     if not isinstance(t, Tensor):
         raise TypeError(f"{opname}: {what} must be a popxl.Tensor, not {type(t).__name__} ({t!r}).")
@@ -235,7 +239,6 @@ def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str
     Returns the output tensors (or the Op itself with ``return_op``). The op-created hooks run
     unless ``notify`` is False (PopART's ``createOpInGraph``: its caller runs them, through
     ``ctx._op_created(op)``)."""
-    from popxl.tensor import Tensor
 
     opdef = REGISTRY[opname]
     g = graph if graph is not None else get_current_context().graph
@@ -257,7 +260,7 @@ def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str
     names = list(output_names or [])
     outs = []
     for i, spec in enumerate(specs):
-        nm = names[i] if i < len(names) and names[i] else (name or opname)
+        nm = (names[i] if i < len(names) else None) or name or opname
         outs.append(Tensor._create(g, nm, spec, producer=op))
     op.outputs = tuple(outs)
     g._ops.append(op)

@@ -51,11 +51,11 @@ def enabled() -> Optional[bool]:
 
 def _tqdm_class(stream: Optional[TextIO]) -> Any:
     if stream is not None:  # an explicit stream is text, never a widget
-        from tqdm.std import tqdm
+        from tqdm.std import tqdm  # noqa: PLC0415  (optional: only progress bars need it)
         return tqdm
     with warnings.catch_warnings():  # tqdm.auto warns when a notebook lacks ipywidgets, then uses text
         warnings.simplefilter("ignore")
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # noqa: PLC0415  (optional, as above; its warning silenced)
     return tqdm
 
 

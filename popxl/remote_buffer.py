@@ -421,11 +421,19 @@ def replica_sharded_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtyp
 
 
 # session support ----------------------------------------------------------------------------------
+def _slot_of(v: Variable) -> Tuple[Any, int, int]:
+    """(RemoteBuffer, offset, shards) of the slot of a remote (or replica-sharded) variable."""
+    if v._remote_slot is None:
+        raise ValueError(f"{v.id!r} is not a remote variable: it has no remote buffer slot.")
+    return v._remote_slot
+
+
 def _slot_members(v: Variable, replicas: int) -> Dict[int, Tuple[int, int]]:
     """For each replica (of all instances): (group index, chunk index) of the value ``v``'s slot holds there."""
     assignment = v.replica_grouping.assignment
-    shards = v._remote_slot[2]
-    out, seen = {}, {}
+    shards = _slot_of(v)[2]
+    out: Dict[int, Tuple[int, int]] = {}
+    seen: Dict[Any, int] = {}
     for r in range(replicas):
         g = assignment[r]
         j = seen.get(g, 0)
@@ -467,18 +475,18 @@ class RemoteMemory:
         instance's replicas (``device_value(v, local replica)``)."""
         by_buffer: Dict[int, List[Variable]] = {}
         for v in variables:
-            by_buffer.setdefault(v._remote_slot[0].remote_buffer_id, []).append(v)
+            by_buffer.setdefault(_slot_of(v)[0].remote_buffer_id, []).append(v)
         for bid, vs in by_buffer.items():
             ri = self.regions[bid]
             members = [_slot_members(v, self.global_replicas) for v in vs]
             for r in range(self.replicas):
                 region = engine.read_variable(ri, r)
                 for v, m in zip(vs, members):
-                    _, offset, shards = v._remote_slot
+                    _, offset, shards = _slot_of(v)
                     value = device_value(v, r)
                     region[offset] = _chunk(value, m[self.offset + r][1], shards, region.shape[1]) if shards > 1 else value
                 engine.write_variable(ri, r, region)
-            written = {v._remote_slot[1] for v in vs}
+            written = {_slot_of(v)[1] for v in vs}
             for mi, mbid, offset in self.mirrors:
                 if mbid == bid and offset in written:
                     for r in range(self.replicas):
@@ -502,12 +510,12 @@ class RemoteMemory:
 
     def slot(self, engine: Any, v: Variable, replica: int) -> np.ndarray:
         """The content of ``v``'s slot on this instance's replica ``replica``."""
-        rb, offset, _ = v._remote_slot
+        rb, offset, _ = _slot_of(v)
         return engine.read_variable(self.regions[rb.remote_buffer_id], replica)[offset]
 
     def assemble(self, v: Variable, chunks: Dict[Tuple[int, int], np.ndarray], out: np.ndarray) -> None:
         """Write ``v``'s value, from the content of its slots per (group, chunk), into host array ``out``."""
-        shards, rg = v._remote_slot[2], v.replica_grouping
+        shards, rg = _slot_of(v)[2], v.replica_grouping
         values = [np.concatenate([chunks[g, j].reshape(-1) for j in range(shards)])[:math.prod(v.shape)].reshape(v.shape)
                   for g in range(rg.num_groups)]
         value = np.stack(values) if rg.num_groups > 1 else values[0]

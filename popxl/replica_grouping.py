@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
+from popxl import _pb
+
 __all__ = ["ReplicaGrouping"]
 
 
@@ -26,6 +28,11 @@ class ReplicaGrouping:
     """
 
     __hash__ = None  # type: ignore[assignment]  # unhashable, as in PopXL
+
+    _ir: Any
+    _assignment: List[int]
+    _stride: Optional[int]
+    _group_size: int
 
     def __init__(self) -> None:
         raise RuntimeError("ReplicaGrouping cannot be constructed directly: use ir.replica_grouping(...).")
@@ -94,8 +101,7 @@ class ReplicaGrouping:
     @property
     def _pb_replica_grouping(self) -> Any:
         """This grouping as PopART's internal IR shows it (what custom ops' bindings take)."""
-        from popart._internal.ir.custom_op import ReplicaGrouping as PbReplicaGrouping
-        return PbReplicaGrouping(self)
+        return _pb.replica_grouping_view(self)
 
     @property
     def is_const(self) -> bool:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Option
 
 import numpy as np
 
-from popxl import dtypes
+from popxl import _pb, dtypes
 from popxl.compiler import lower
 from popxl.compiler.executable import Executable
 from popxl.distributed import Launch
@@ -18,6 +18,7 @@ from popxl.graph import orphaned
 from popxl.host_transfers import HostTransfers
 from popxl.ir import Ir
 from popxl.logs import get_logger
+from popxl.ops.call import check_site
 from popxl.ops.matmul import refuse_mixed_dtypes
 from popxl.progress import Progress, RunProgress
 from popxl.remote_buffer import RemoteMemory
@@ -26,6 +27,7 @@ from popxl.tensor import Constant, HostScalarTensor, Tensor, Variable
 from popxl.transforms.expand import refuse_unreplaced_identities
 from popxl.transforms.pipeline import PIPELINE, PipelineRecord
 from popxl.utils import check_int_range, downcast_np_dtypes, to_numpy
+from popxl.visualize.dot import check_enabled, dot_checkpoint
 
 __all__ = ["Session", "OpProfiler"]
 
@@ -91,7 +93,6 @@ def _check_sites(ir: Ir) -> None:
     """Refuse calls, repeats and conditionals that no longer fit their graphs: graphs edited after
     they were traced (through ``popart._internal.ir``: outputs and loop inputs added one at a time)
     must end up consistent, a loop's carried outputs matching their inputs."""
-    from popxl.ops.call import check_site
     for g in ir._all_graphs():
         for op in g.schedule():
             if op.type in ("call", "repeat", "if"):
@@ -251,7 +252,6 @@ class Session:
         """PopART's "FINAL" DOT checkpoint (the program as compiled), when POPART_DOT_CHECKS or the
         Ir's dotChecks option names it (or ALL); with neither, only once a checkpoint of the user's
         has turned them all on (see popxl.visualize.dot_checkpoint)."""
-        from popxl.visualize.dot import check_enabled, dot_checkpoint
         if check_enabled(self.ir, "FINAL"):
             dot_checkpoint(self.ir, "FINAL")
 
@@ -315,8 +315,7 @@ class Session:
     @property
     def _pb_session(self) -> Any:
         """This session as PopART's session object shows it (popart._internal.ir.Session, a view)."""
-        from popart._internal.ir import view_of
-        return view_of(self)
+        return _pb.view_of(self)
 
     def _require_attached(self, what: str) -> None:
         if not self.is_attached:

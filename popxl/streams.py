@@ -1,7 +1,7 @@
 """Host streams: the only way data moves between the host and a running program."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Iterable, Optional, Tuple, Type
 
 from popxl import dtypes
 from popxl.context import get_current_context
@@ -18,6 +18,11 @@ class Stream:
     Raises:
         NotImplementedError: If constructed directly.
     """
+
+    _ir: Any
+    _spec: TensorSpec
+    _id: str
+    _hash: int
 
     def __init__(self) -> None:
         raise NotImplementedError(
@@ -75,7 +80,7 @@ class DeviceToHostStream(Stream):
     """Carries device data to the host; written with ``ops.host_store``."""
 
 
-def _make(cls: type, shape: Iterable[int], dtype: dtypes.dtype, name: str) -> Any:
+def _make(cls: Type[Stream], shape: Iterable[int], dtype: dtypes.dtype, name: str) -> Any:
     g = get_current_context().graph
     g.ir._check_mutable()
     if not isinstance(dtype, dtypes.dtype):

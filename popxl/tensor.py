@@ -5,13 +5,14 @@ import builtins
 import operator
 import collections.abc
 from collections.abc import Mapping
-from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Literal, Optional, Sequence,
-                    Tuple, Union)
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, Literal, Optional, Sequence,
+                    Tuple, Type, TypeVar, Union)
 
 import numpy as np
 
-from popxl import dtypes
+from popxl import _hooks, _pb, dtypes
 from popxl.context import get_current_context
+from popxl.utils import to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
@@ -34,7 +35,7 @@ def _lazy_attribute(name: str) -> Any:
     if name == "host_tensor_types":
         types: Tuple[type, ...] = (np.ndarray, collections.abc.Iterable)
         try:
-            import torch
+            import torch  # noqa: PLC0415  (optional, and seconds to import)
         except ImportError:
             pass
         else:
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # a module __getattr__ would make every unknown name Any to t
 else:
     __getattr__ = _lazy_attribute
 TensorLike = Union["Tensor", HostScalarTensor]
+_T = TypeVar("_T", bound="Tensor")
 
 
 INT64_MAX = 2 ** 63 - 1  # the native engine counts elements, bytes and loop iterations in int64
@@ -86,7 +88,7 @@ class TensorSpec(Mapping):
 
     __slots__ = ("_shape", "_dtype", "_meta_shape")
 
-    def __init__(self, shape: Tuple[int, ...], dtype: dtypes.dtype, meta_shape: Optional[Tuple[int, ...]] = ()):
+    def __init__(self, shape: Iterable[int], dtype: dtypes.dtype, meta_shape: Optional[Iterable[int]] = ()):
         self._shape = shape_tuple(shape)
         self._dtype = dtype
         self._meta_shape = shape_tuple(() if meta_shape is None else meta_shape, "meta_shape")  # None: none
@@ -165,11 +167,15 @@ class Tensor:
 
     # NumPy must defer to our reflected operators (ndarray + Tensor -> Tensor.__radd__).
     __array_ufunc__ = None
-    __iter__ = None  # type: ignore[assignment]
-    __contains__ = None  # type: ignore[assignment]
+    __iter__ = None
+    __contains__ = None
     # (RemoteBuffer, offset, shards): set on a remote variable (its value lives in that slot, not
     # on chip) and on a replica-sharded variable's shard tensor (kept on chip, synced with the slot).
     _remote_slot: Optional[Tuple[Any, int, int]] = None
+    _graph: "Graph"
+    _spec: TensorSpec
+    _producer: Optional["Op"]
+    _id: str
 
     def __init__(self) -> None:
         raise RuntimeError(
@@ -177,8 +183,8 @@ class Tensor:
             "popxl.variable, popxl.constant or popxl.graph_input.")
 
     @classmethod
-    def _create(cls, graph: "Graph", name: str, spec: TensorSpec, producer: Optional["Op"] = None,
-                **extra: Any) -> "Tensor":
+    def _create(cls: Type[_T], graph: "Graph", name: str, spec: TensorSpec, producer: Optional["Op"] = None,
+                **extra: Any) -> _T:
         t = object.__new__(cls)
         t._graph = graph
         t._spec = spec
@@ -198,14 +204,12 @@ class Tensor:
     @property
     def _pb_tensor(self) -> Any:
         """This tensor as PopART's internal IR shows it (popart._internal.ir.Tensor, a view)."""
-        from popart._internal.ir import view_of
-        return view_of(self)
+        return _pb.view_of(self)
 
     @classmethod
     def _from_pb_tensor(cls, pb_tensor: Any) -> "Tensor":
         """The popxl tensor a `popart._internal.ir.Tensor` shows (the same object every time)."""
-        from popart._internal.ir import popxl_object
-        return popxl_object(pb_tensor, Tensor)
+        return _pb.popxl_object(pb_tensor, Tensor)
 
     @property
     def name(self) -> str:
@@ -314,8 +318,7 @@ class Tensor:
         Raises:
             ValueError: If ``permutation`` is not a permutation of the axes.
         """
-        from popxl import ops
-        return ops.transpose(self, permutation)
+        return _hooks.ops.transpose(self, permutation)
 
     def transpose_(self, permutation: Optional[Iterable[int]] = None) -> "Tensor":
         """A view with its axes permuted (see `popxl.ops.transpose_`).
@@ -329,8 +332,7 @@ class Tensor:
         Raises:
             ValueError: If ``permutation`` is not a permutation of the axes.
         """
-        from popxl import ops
-        return ops.transpose_(self, permutation)
+        return _hooks.ops.transpose_(self, permutation)
 
     @property
     def T(self) -> "Tensor":
@@ -354,8 +356,7 @@ class Tensor:
         Raises:
             ValueError: If the element counts differ.
         """
-        from popxl import ops
-        return ops.reshape(self, shape)
+        return _hooks.ops.reshape(self, shape)
 
     def reshape_(self, shape: Iterable[int]) -> "Tensor":
         """A view with a new shape (see `popxl.ops.reshape_`).
@@ -369,8 +370,7 @@ class Tensor:
         Raises:
             ValueError: If the element counts differ.
         """
-        from popxl import ops
-        return ops.reshape_(self, shape)
+        return _hooks.ops.reshape_(self, shape)
 
     def flatten(self) -> "Tensor":
         """A 1-D copy.
@@ -378,8 +378,7 @@ class Tensor:
         Returns:
             A new tensor.
         """
-        from popxl import ops
-        return ops.flatten(self)
+        return _hooks.ops.flatten(self)
 
     def flatten_(self) -> "Tensor":
         """A 1-D view.
@@ -387,8 +386,7 @@ class Tensor:
         Returns:
             An alias of this tensor: writes through it change this tensor. No gradient flows through it.
         """
-        from popxl import ops
-        return ops.flatten_(self)
+        return _hooks.ops.flatten_(self)
 
     def detach(self) -> "Tensor":
         """A copy through which no gradient flows.
@@ -396,8 +394,7 @@ class Tensor:
         Returns:
             A new tensor.
         """
-        from popxl import ops
-        return ops.detach(self)
+        return _hooks.ops.detach(self)
 
     def detach_(self) -> "Tensor":
         """An alias through which no gradient flows.
@@ -405,8 +402,7 @@ class Tensor:
         Returns:
             An alias of this tensor.
         """
-        from popxl import ops
-        return ops.detach_(self)
+        return _hooks.ops.detach_(self)
 
     def diag(self) -> "Tensor":
         """The diagonal of a matrix: ``flatten()[::shape[1] + 1]``.
@@ -434,10 +430,11 @@ class Tensor:
         Raises:
             ValueError: If the source IPU is not known.
         """
-        from popxl import ops
-        return ops.ipu_copy(self, destination, source)
+        return _hooks.ops.ipu_copy(self, destination, source)
 
     # operators ----------------------------------------------------------------------------------
+    # Operators and the methods above trace ops, which popxl.ops defines, a layer above this module:
+    # it sets popxl._hooks.ops (and .getitem) when it is imported, as `import popxl` does.
     def _ensure_tensor(self, value: Any) -> "Tensor":
         """Operator operands become constants of this tensor's dtype in this tensor's graph."""
         if isinstance(value, Tensor):
@@ -448,9 +445,8 @@ class Tensor:
         return constant(arr, dtype=self.dtype)
 
     def _binary(self, opname: str, other: Any, reflected: builtins.bool = False) -> "Tensor":
-        from popxl import ops
         other = self._ensure_tensor(other)
-        fn = getattr(ops, opname)
+        fn = getattr(_hooks.ops, opname)
         return fn(other, self) if reflected else fn(self, other)
 
     def __add__(self, o: "TensorLike") -> "Tensor": return self._binary("add", o)
@@ -475,35 +471,28 @@ class Tensor:
     def __lt__(self, o: "TensorLike") -> "Tensor": return self._binary("greater", o, True)
 
     def __ge__(self, o: "TensorLike") -> "Tensor":
-        from popxl import ops
         o = self._ensure_tensor(o)
-        return ops.logical_or(ops.greater(self, o), ops.equal(self, o))
+        return _hooks.ops.logical_or(_hooks.ops.greater(self, o), _hooks.ops.equal(self, o))
 
     def __le__(self, o: "TensorLike") -> "Tensor":
-        from popxl import ops
         o = self._ensure_tensor(o)
-        return ops.logical_or(ops.greater(o, self), ops.equal(self, o))
+        return _hooks.ops.logical_or(_hooks.ops.greater(o, self), _hooks.ops.equal(self, o))
 
     def __iadd__(self, o: "TensorLike") -> "Tensor":
-        from popxl import ops
-        ops.add_(self, self._ensure_tensor(o))
+        _hooks.ops.add_(self, self._ensure_tensor(o))
         return self
 
     def __neg__(self) -> "Tensor":
-        from popxl import ops
-        return ops.negate(self)
+        return _hooks.ops.negate(self)
 
     def __invert__(self) -> "Tensor":
-        from popxl import ops
-        return ops.logical_not(self)
+        return _hooks.ops.logical_not(self)
 
     def __pow__(self, e: Union[float, int, "Tensor"]) -> "Tensor":
-        from popxl import ops
-        return ops.pow(self, e)
+        return _hooks.ops.pow(self, e)
 
     def __rpow__(self, x: "TensorLike") -> "Tensor":  # the base becomes a constant of this tensor's dtype
-        from popxl import ops
-        return ops.pow(self._ensure_tensor(x), self)
+        return _hooks.ops.pow(self._ensure_tensor(x), self)
 
     def __eq__(self, other: Any) -> builtins.bool:  # identity, as PopXL
         return self is other
@@ -520,8 +509,7 @@ class Tensor:
         return True
 
     def __getitem__(self, key: Any) -> "Tensor":
-        from popxl.ops.indexing import getitem
-        return getitem(self, key)
+        return _hooks.getitem(self, key)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}[{self.id} {self.dtype!r} {self.shape}]"
@@ -532,6 +520,10 @@ class Variable(Tensor):
 
     Made by `popxl.variable` and the remote / replica-sharded factories.
     """
+
+    _host_data_value: np.ndarray
+    _replica_grouping: "ReplicaGrouping"
+    _retrieval_mode: Literal["one_per_group", "all_replicas"]
 
     @property
     def replica_grouping(self) -> "ReplicaGrouping":
@@ -576,6 +568,8 @@ class Variable(Tensor):
 class Constant(Tensor):
     """A tensor whose value is fixed when the program is traced. Made by `popxl.constant`."""
 
+    _host_data_value: np.ndarray
+
     def copy_to_ipu(self, dst: int, src: int) -> Tensor:  # type: ignore[override]
         """A copy of the constant on another (virtual) IPU.
 
@@ -614,7 +608,6 @@ class TensorByRef(Tensor, metaclass=_TensorByRefMeta):
 
 def _host_data(data: Any, dtype: Optional[dtypes.dtype], downcast: builtins.bool,
                log2_scale: Optional[int], nan_on_overflow: Optional[builtins.bool]) -> np.ndarray:
-    from popxl.utils import to_numpy
     return to_numpy(data, dtype=dtype, downcast=downcast, copy=True, log2_scale=log2_scale,
                     nan_on_overflow=nan_on_overflow)
 

@@ -47,7 +47,7 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     if isinstance(x, np.memmap):
         _check_memmap_in_place(x, dtype, downcast)
         return x
-    if is_fp8:
+    if is_fp8 and dtype is not None:
         arr = np.asarray(x)
         if arr.dtype == dtype.as_numpy():
             return arr.copy(order="C") if copy else np.ascontiguousarray(arr).reshape(arr.shape)

@@ -21,7 +21,8 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 import popart
-from popart.onnx.importer import subgraphs
+from popart.onnx import OPS
+from popart.onnx.protos import op_key, subgraphs
 
 __all__ = ["PopartBackend", "PopartBackendRep", "prepare", "run_model", "run_node", "supports_device"]
 
@@ -192,8 +193,6 @@ class PopartBackend(Backend):
 
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
-        from popart.onnx import OPS
-        from popart.onnx.importer import op_key
         return cls.supports_device(device) and all(op_key(n) in OPS for n in model.graph.node)
 
     @classmethod

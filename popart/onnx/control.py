@@ -1,6 +1,7 @@
 """Control-flow ops: If, Loop and Scan.
 
 Their subgraphs (If's branches, Loop's and Scan's bodies) are imported by ``SubgraphImporter``
+(``n.imp.subgraph``)
 walks, which look names the subgraph does not define up in the enclosing scope.
 
 * If: a condition known at import selects the branch, which is imported inline. Otherwise both
@@ -25,8 +26,7 @@ import onnx
 import popxl
 import popxl.ops as ops
 from popart.errors import OnnxImportError
-from popart.onnx.importer import SubgraphImporter, Value
-from popart.onnx.table import Node, _as_tensor, _axis, _stack, _unstack, onnx_op
+from popart.onnx.table import Node, Value, _as_tensor, _axis, _stack, _unstack, onnx_op
 
 __all__: List[str] = []
 
@@ -52,7 +52,7 @@ def _check_outputs(n: Node, outs: Sequence[Value], count: int, what: str) -> Non
 # If ----------------------------------------------------------------------------------------------
 def _branch_graph(n: Node, branch: onnx.GraphProto) -> Tuple[popxl.Graph, List[popxl.Tensor]]:
     """``branch`` as a popxl graph, and the parent tensors to bind to its (captured) inputs."""
-    scope = SubgraphImporter(n.imp, branch, n.opset, capture=True)
+    scope = n.imp.subgraph(branch, n.opset, capture=True)
 
     def onnx_branch():
         return scope.run({})
@@ -67,7 +67,7 @@ def _if(n: Node) -> List[Value]:
     name = n.proto.input[0]
     if n.imp.is_foldable(name):
         taken = then_branch if n.static_bool(0, "the condition") else else_branch
-        outs = SubgraphImporter(n.imp, taken, n.opset).run({})
+        outs = n.imp.subgraph(taken, n.opset).run({})
         _check_outputs(n, outs, n.n_outputs, f"branch {taken.name!r}")
         return outs
     cond = n.x(0)
@@ -104,7 +104,7 @@ def _stack_scan_outputs(n: Node, per_iteration: List[List[Value]], axes: Sequenc
 def _loop_repeat(n: Node, body: onnx.GraphProto, count: int, carried: List[Value]) -> Union[List[Value], str]:
     """The loop as an ops.repeat of the body, or why the body does not allow it (its shapes or
     dtypes change between iterations, it needs the iteration number at import, ...)."""
-    scope = SubgraphImporter(n.imp, body, n.opset, capture=True)
+    scope = n.imp.subgraph(body, n.opset, capture=True)
     names = [i.name for i in body.input]
     init = [_as_tensor(v) for v in carried]
     counter = popxl.constant(np.int32(0))
@@ -161,7 +161,7 @@ def _loop(n: Node) -> List[Value]:
             return repeated
         not_repeatable = repeated
     names = [i.name for i in body.input]
-    scope = SubgraphImporter(n.imp, body, n.opset)
+    scope = n.imp.subgraph(body, n.opset)
     scans: List[List[Value]] = [[] for _ in range(n_scan)]
     it = 0
     it_dtype = n.static(0, "the trip count M").dtype if trip_count is not None else np.int64
@@ -224,7 +224,7 @@ def _scan(n: Node) -> List[Value]:
     if length > MAX_UNROLL:
         raise n.fail(f"the scan runs {length} iterations; at most {MAX_UNROLL} are supported (it is unrolled)")
     names = [i.name for i in body.input]
-    scope = SubgraphImporter(n.imp, body, n.opset)
+    scope = n.imp.subgraph(body, n.opset)
     outs_per_step: List[List[Value]] = [[] for _ in range(n_scan_out)]
     steps = [_unstack(v, a)[::-1] if d else _unstack(v, a) for v, a, d in zip(scanned, in_axes, in_dirs)]
     for t in range(length):

@@ -18,7 +18,7 @@ from typing import Collection, Dict, List, Optional, Sequence, Tuple
 import onnx
 from onnx import defs, helper
 
-from popart.onnx.importer import op_key
+from popart.onnx.protos import op_key
 
 __all__ = ["expand_functions"]
 

@@ -1,5 +1,8 @@
 """The ONNX importer's driver: load a ModelProto, check it (unsupported ops, unknown input shapes),
 then walk its nodes in order, turning each into popxl ops through the table in ``popart.onnx.ops``.
+The top of ``popart.onnx``'s tree: it imports the table and its families (which import the
+framework, ``table``, and never this module: a control op's entry imports its subgraphs through
+``Node.imp.subgraph``).
 
 Values flow through an environment that maps ONNX tensor names to either a NumPy array (a value
 known at import: Constant outputs, shapes, anything computed only from those) or a popxl Tensor.
@@ -11,17 +14,21 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 import popxl
 import popxl.ops
 from popxl import dtypes
 from popxl.context import get_current_context
+
 from popart.errors import OnnxImportError
+from popart.onnx.functions import expand_functions
+from popart.onnx.ops import OPS, Node
+from popart.onnx.protos import device_array, device_dtype, op_key
+from popart.onnx.table import Value
 from popart.onnx.validate import (MIN_OPSET, check_element_type, check_graph, check_tensor_size, check_text,
                                   model_opset, newest_opset, tensor_array, unsupported_dtype_message)
 
@@ -30,52 +37,9 @@ logger = logging.getLogger("popart.ces")
 __all__ = ["load_model", "InputSpec", "GraphImporter", "device_array", "device_dtype", "op_key", "MIN_OPSET",
            "newest_opset", "GRAPHCORE_DOMAIN", "SubgraphImporter"]
 
-Value = Union[np.ndarray, popxl.Tensor]
 ModelLike = Union[str, bytes, os.PathLike, onnx.ModelProto]
 
-# The device has no 64-bit types (as on an IPU): 64-bit values are held in their 32-bit counterparts.
-_DEVICE_NP = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
-              np.dtype(np.float64): np.dtype(np.float32)}
-
-
 GRAPHCORE_DOMAIN = "ai.graphcore"
-
-
-def op_key(node: onnx.NodeProto) -> str:
-    """The op table key of a node: its op type in the default domain, ``domain.op_type`` elsewhere
-    (PopART's own ops, such as the losses the Builder adds, live in ``ai.graphcore``)."""
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-
-
-def subgraphs(node: onnx.NodeProto) -> List[onnx.GraphProto]:
-    """The graphs in a node's attributes (If's branches, Loop's and Scan's bodies)."""
-    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
-
-
-def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """The nodes of ``graph`` and of every subgraph within it."""
-    for node in graph.node:
-        yield node
-        for g in subgraphs(node):
-            yield from all_nodes(g)
-
-
-def device_dtype(dt: Any) -> np.dtype:
-    """The NumPy dtype a value of dtype ``dt`` has on the device."""
-    dt = np.dtype(dt)
-    return _DEVICE_NP.get(dt, dt)
-
-
-def device_array(a: np.ndarray) -> np.ndarray:
-    """``a`` in its device dtype. 64-bit integers beyond the 32-bit range saturate instead of
-    wrapping: INT64_MAX, an exporter's "no limit", stays the largest value (Min(x, INT64_MAX) is x)."""
-    a = np.asarray(a)
-    if a.dtype not in _DEVICE_NP:
-        return a
-    to = device_dtype(a.dtype)
-    if to.kind in "iu":
-        a = np.clip(a, np.iinfo(to).min, np.iinfo(to).max)
-    return a.astype(to)
 
 
 def _reason(e: Exception) -> str:
@@ -145,7 +109,6 @@ class GraphImporter:
 
     def __init__(self, model: onnx.ModelProto,
                  input_shapes: Optional[Mapping[str, Tuple[Sequence[int], Any]]] = None) -> None:
-        from popart.onnx.ops import OPS  # the table imports this module's helpers
         opset = self._default_opset(model)
         # Checked before function expansion, which may run onnx's shape inference on the model
         # (whose C++ aborts the process on some malformed nodes), and again once expanded.
@@ -161,7 +124,6 @@ class GraphImporter:
     def _setup(self, model: onnx.ModelProto, opset: int, table: Mapping[str, Any]) -> None:
         """What every importer (of a model or of a subgraph) starts with: the model with its functions
         expanded, and an empty walk state."""
-        from popart.onnx.functions import expand_functions
         self.opset = opset
         self._ops = table
         # ops without an entry but defined as functions of other ops are replaced by their bodies
@@ -320,13 +282,17 @@ class GraphImporter:
             check_tensor_size(f"{self._lowering[-1] if self._lowering else 'the model'}: tensor {t.id!r} (of popxl "
                               f"op {op.type})", t.shape, t.dtype.as_numpy())
 
+    def subgraph(self, graph: onnx.GraphProto, opset: int, capture: bool = False) -> "SubgraphImporter":
+        """An importer of ``graph`` (an If branch, a Loop or Scan body) in this importer's scope: the
+        control ops' entries (``popart.onnx.control``) import their subgraphs through it."""
+        return SubgraphImporter(self, graph, opset, capture)
+
     def value(self, name: str) -> Value:
         """``name``'s value: a NumPy array if it is known at import (see ``is_foldable``), else a Tensor."""
         return self.static(name) if self.is_foldable(name) else self.tensor(name)
 
     def _walk(self) -> None:
         """Lower (or fold) the nodes of ``self.graph`` in order, recording their outputs."""
-        from popart.onnx.ops import Node
         for i, node in enumerate(self.graph.node):
             present = [x for x in node.input if x]
             for x in present:
@@ -406,7 +372,8 @@ class GraphImporter:
             except Exception as e:
                 raise OnnxImportError(f"{n.describe()}: could not evaluate at import: {_reason(e)}") from e
             return [None if v is None else np.asarray(v) for v in outs]
-        from onnx.reference import ReferenceEvaluator
+        # onnx.reference loads NumPy implementations of every ONNX op: only for a model that needs it
+        from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
         feeds = {x: self.static(x) for x in node.input if x}
         # Evaluated as a one-node graph: a bare NodeProto is always run by the latest opset's
         # implementation (ReferenceEvaluator ignores ``opsets`` for it), wrong for attribute forms

@@ -3,7 +3,8 @@
 family of entries uses. The entries live in family modules beside this one (``elementwise``,
 ``matmul``, ``nn``, ``reduce``, ``shape``, ``indexing``, ``random``, ``control``, ``recurrent``,
 ``signal``, ``sampling``, ``graphcore``), each importing this module; ``popart.onnx.ops`` imports
-them all, so the table is complete once it is imported. Ops defined as functions of others are
+them all, so the table is complete once it is imported; the importer (``popart.onnx.importer``)
+imports that, and none of them imports the importer: a node's entry reaches it as ``Node.imp``. Ops defined as functions of others are
 expanded before import (``functions``).
 
 An entry receives a ``Node`` (the node plus helpers to read its attributes and inputs) and returns
@@ -14,7 +15,7 @@ Nodes whose inputs are all known at import never reach their entry: the importer
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -22,9 +23,13 @@ import onnx
 import popxl
 import popxl.ops as ops
 from popxl import dtypes
+
 from popart.errors import OnnxImportError
-from popart.onnx.importer import GraphImporter, device_array, device_dtype, op_key
+from popart.onnx.protos import device_array, device_dtype, op_key
 from popart.onnx.validate import element_dtype
+
+if TYPE_CHECKING:  # pragma: no cover  (the importer, the top of popart.onnx, imports this module)
+    from popart.onnx.importer import GraphImporter
 
 __all__ = ["OPS", "Node", "Entry", "Value", "onnx_op", "onnx_fold"]
 
@@ -39,7 +44,7 @@ _SCALAR_KINDS: Dict[type, Tuple[str, str]] = {int: ("iu", "an integer"), float: 
 class Node:
     """One ONNX node being lowered, with typed access to its attributes and inputs."""
 
-    def __init__(self, importer: GraphImporter, proto: onnx.NodeProto, index: int) -> None:
+    def __init__(self, importer: "GraphImporter", proto: onnx.NodeProto, index: int) -> None:
         self.imp = importer
         self.proto = proto
         self.index = index

@@ -55,6 +55,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import attrs
 
+from popxl import dtypes
 from popxl.compiler.instructions import check_program
 
 FORMAT = "popxl-executable"
@@ -128,7 +129,6 @@ def transfer_counts(exe: Executable) -> Tuple[List[Optional[int]], List[Optional
 
 def encode_attr(value: Any) -> Any:
     """IR attribute -> JSON value (dtypes become ``{"dtype": name}``)."""
-    from popxl import dtypes
     if isinstance(value, dtypes.dtype):
         return {"dtype": value.name}
     if isinstance(value, (list, tuple)):
@@ -144,7 +144,6 @@ def encode_attr(value: Any) -> Any:
 
 def decode_attr(value: Any) -> Any:
     """JSON value -> kernel argument (the inverse of encode_attr; lists become tuples)."""
-    from popxl import dtypes
     if isinstance(value, dict):
         if set(value) == {"dtype"}:
             return dtypes.dtype.from_name(value["dtype"])

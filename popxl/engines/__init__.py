@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 
-from typing import Dict, Protocol, Sequence, Tuple
+from typing import Dict, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 from popxl.compiler.executable import Executable
+from popxl.engines.native import NativeEngine
+from popxl.engines.reference import ReferenceEngine
 
 ENV_VAR = "POPXL_ENGINE"
 
@@ -47,8 +49,10 @@ class Engine(Protocol):
 
     name: str
     replicas: int
-    op_positions: Sequence[Tuple[int, int]]
     profiling: bool
+
+    @property
+    def op_positions(self) -> Sequence[Tuple[int, int]]: ...
 
     @property
     def attached(self) -> bool: ...
@@ -73,13 +77,11 @@ class Engine(Protocol):
     def op_profile(self) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]: ...
 
 
-def create_engine(exe: Executable, name: str = None) -> Engine:
+def create_engine(exe: Executable, name: Optional[str] = None) -> Engine:
     """The engine named by ``name``, else by the ``POPXL_ENGINE`` environment variable, else ``native``."""
     name = name or os.environ.get(ENV_VAR, "native")
     if name == "native":
-        from popxl.engines.native import NativeEngine
         return NativeEngine(exe)
     if name == "reference":
-        from popxl.engines.reference import ReferenceEngine
         return ReferenceEngine(exe)
     raise ValueError(f"Unknown engine {name!r} (from {ENV_VAR}); available: 'native', 'reference'.")

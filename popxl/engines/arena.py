@@ -3,7 +3,7 @@ onto each replica's arena, variables read and written through them, and the op r
 kernels run on them (all of the reference engine's ops; the native engine's fallback ops)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -109,7 +109,7 @@ class ArenaViews:
                                     f"{instr['type']} {instr.get('name')!r}")
             order = sorted(everyone)
             results = dict(zip(order, opdef.reference([everyone[g] for g in order], replicas=order, **attrs)))
-            per_rep = ((r, results[offset + r]) for r in reps)
+            per_rep: Iterable[Tuple[int, Any]] = ((r, results[offset + r]) for r in reps)
         elif opdef.collective:
             results = opdef.reference([inputs(r) for r in reps], replicas=list(reps), **attrs)
             per_rep = zip(reps, results)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import os
 import sys
 import threading
@@ -42,24 +43,40 @@ def _import_native():
 
     The variables are restored at once, so libraries loaded later (SciPy's BLAS, say) still see the
     user's environment."""
-    if "popxl._native" in sys.modules:
-        return sys.modules["popxl._native"]
+    _native = sys.modules.get("popxl._native")
+    if _native is None:
+        _native = _load_native()
+    # A forked child (multiprocessing's "fork", DataLoader workers) runs its engines single-threaded:
+    # the OpenMP thread pool of the parent does not exist there (a parallel region would hang). Set
+    # once, whoever imported the module first (``import popxl._native`` does not come here).
+    global _FORK_HANDLER_SET
+    if not _FORK_HANDLER_SET:
+        os.register_at_fork(after_in_child=_native.after_fork_in_child)
+        _FORK_HANDLER_SET = True
+    return _native
+
+
+_FORK_HANDLER_SET = False
+
+
+def _load_native() -> Any:
+    """Import ``popxl._native`` with the environment ``_import_native`` describes."""
     load_env = {"OPENBLAS_NUM_THREADS": "1"}
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         load_env["GOMP_SPINCOUNT"] = _GOMP_SPINCOUNT
     saved = {k: os.environ.get(k) for k in load_env}
     os.environ.update(load_env)
     try:
-        from popxl import _native
+        # The compiled engine: a leaf (it imports nothing of popxl's), loaded here, once the environment
+        # is set, and by name: `from popxl import _native` would read as an import of popxl's root
+        # package, which imports every layer (import-linter and mypy would see a cycle).
+        _native = importlib.import_module("popxl._native")
     finally:
         for k, v in saved.items():
             if v is None:
                 del os.environ[k]
             else:
                 os.environ[k] = v
-    # A forked child (multiprocessing's "fork", DataLoader workers) runs its engines single-threaded:
-    # the OpenMP thread pool of the parent does not exist there (a parallel region would hang).
-    os.register_at_fork(after_in_child=_native.after_fork_in_child)
     return _native
 
 
@@ -96,7 +113,11 @@ class NativeEngine:
         self._op_instrs = [exe.graphs[gi]["program"][k] for gi, k in self.op_positions]  # kernel order
         # The C++ engine holds the callback; a weak reference avoids an uncollectable cycle through it.
         me = weakref.ref(self)
-        fallback = lambda index, replicas: me()._fallback(index, replicas)  # noqa: E731
+
+        def fallback(index: int, replicas: Any) -> Any:
+            engine = me()
+            assert engine is not None  # the C++ engine calling this is this object's, so it is alive
+            return engine._fallback(index, replicas)
         self._engine = _native.Engine.load(attrs.asdict(exe, recurse=False), fallback, list(force_fallback))
         native = self._engine.native_kernels()
         self.fallback_ops = sorted({ins["type"] for ins, ok in zip(self._op_instrs, native) if not ok})

@@ -305,8 +305,8 @@ def _conv_attrs(opname, t, weight, stride, padding, dilation, groups, pad_type,
         raise op_error(opname, e) from None
 
 
-def conv(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1, 1), padding: Optional[Tuple[int]] = (0, 0, 0, 0),
-         dilation: Optional[Tuple[int]] = (1, 1), groups: Optional[int] = 1, pad_type: Optional[PadType] = "not_set",
+def conv(t: Tensor, weight: Tensor, stride: Optional[Tuple[int, ...]] = (1, 1), padding: Optional[Tuple[int, ...]] = (0, 0, 0, 0),
+         dilation: Optional[Tuple[int, ...]] = (1, 1), groups: Optional[int] = 1, pad_type: Optional[PadType] = "not_set",
          available_memory_proportions: Optional[List[float]] = None, partials_types: Optional[List[str]] = None,
          enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
     """Grouped convolution (cross-correlation) with 1 to 3 spatial dimensions, as ONNX Conv.
@@ -336,8 +336,8 @@ def conv(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1, 1), paddi
     return create_op("conv", [t, weight], attrs)[0]
 
 
-def conv_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optional[Tuple[int]] = (1, 1),
-                    padding: Optional[Tuple[int]] = (0, 0, 0, 0), dilation: Optional[Tuple[int]] = (1, 1),
+def conv_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optional[Tuple[int, ...]] = (1, 1),
+                    padding: Optional[Tuple[int, ...]] = (0, 0, 0, 0), dilation: Optional[Tuple[int, ...]] = (1, 1),
                     groups: Optional[int] = 1, pad_type: Optional[PadType] = "not_set",
                     available_memory_proportions: Optional[List[float]] = None,
                     enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
@@ -368,10 +368,10 @@ def conv_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optio
     return create_op("conv_pow2scaled", [t, weight, log2_scale], attrs)[0]
 
 
-def conv_transpose(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1, 1),
-                   padding: Optional[Tuple[int]] = (0, 0, 0, 0), dilation: Optional[Tuple[int]] = (1, 1),
+def conv_transpose(t: Tensor, weight: Tensor, stride: Optional[Tuple[int, ...]] = (1, 1),
+                   padding: Optional[Tuple[int, ...]] = (0, 0, 0, 0), dilation: Optional[Tuple[int, ...]] = (1, 1),
                    groups: Optional[int] = 1, pad_type: Optional[PadType] = "not_set",
-                   output_padding: Optional[Tuple[int]] = (), output_shape: Optional[Tuple[int]] = (),
+                   output_padding: Optional[Tuple[int, ...]] = (), output_shape: Optional[Tuple[int, ...]] = (),
                    available_memory_proportions: Optional[List[float]] = None,
                    partials_types: Optional[List[str]] = None,
                    enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
@@ -410,11 +410,11 @@ def conv_transpose(t: Tensor, weight: Tensor, stride: Optional[Tuple[int]] = (1,
     return create_op("conv_transpose", [t, weight], attrs)[0]
 
 
-def conv_transpose_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optional[Tuple[int]] = (1, 1),
-                              padding: Optional[Tuple[int]] = (0, 0, 0, 0),
-                              dilation: Optional[Tuple[int]] = (1, 1), groups: Optional[int] = 1,
-                              pad_type: Optional[PadType] = "not_set", output_padding: Optional[Tuple[int]] = (),
-                              output_shape: Optional[Tuple[int]] = (),
+def conv_transpose_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor, stride: Optional[Tuple[int, ...]] = (1, 1),
+                              padding: Optional[Tuple[int, ...]] = (0, 0, 0, 0),
+                              dilation: Optional[Tuple[int, ...]] = (1, 1), groups: Optional[int] = 1,
+                              pad_type: Optional[PadType] = "not_set", output_padding: Optional[Tuple[int, ...]] = (),
+                              output_shape: Optional[Tuple[int, ...]] = (),
                               available_memory_proportions: Optional[List[float]] = None,
                               enable_conv_dithering: Optional[List[int]] = None) -> Tensor:
     """`conv_transpose` of float8 tensors, scaled by a power of two, in float16.

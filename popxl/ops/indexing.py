@@ -10,9 +10,11 @@ import numpy as np
 
 from popxl import dtypes
 from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
+from popxl.ops.elementwise import where, cast, equal
+from popxl.ops.misc import init
 from popxl.ops.shape import _axis_of, reshape
 from popxl.ops.utils import normalize_axes, spec
-from popxl.tensor import Tensor, constant
+from popxl.tensor import Tensor, constant, Constant
 
 __all__ = ["dynamic_slice", "dynamic_update", "dynamic_update_", "gather", "groupedgather", "onehot", "scatter",
            "scatter_reduce", "tied_gather"]
@@ -231,8 +233,6 @@ def getitem(t: Tensor, key: Any) -> Tensor:
 
 
 def _getitem(t: Tensor, key: Any) -> Tensor:
-    from popxl.ops.elementwise import where
-
     if isinstance(key, (Tensor, np.ndarray, list)):
         kt = key if isinstance(key, Tensor) else constant(np.asarray(key))
         if kt.dtype is dtypes.bool:
@@ -500,7 +500,6 @@ register(OpDef("gather_elements", _gather_elements_infer, _gather_elements_kerne
 @grad_rule("scatter")
 def _scatter_grad(ctx):
     """Places overwritten by ``values`` pass no gradient to ``t``; each value gets its place's."""
-    from popxl.ops.misc import init
     g, idx, values = ctx.grad(0), ctx.input(1), ctx.op.inputs[2]
     axis = ctx.attrs["axis"]
     cleared = create_op("scatter", [g, idx, init(values.shape, values.dtype, name="zero_values")], {"axis": axis})[0]
@@ -513,8 +512,6 @@ def _scatter_reduce_grad(ctx):
     """sum: each element gets its place's gradient, the initial values get all of it. max/min:
     the gradient goes to every element (and initial value) equal to its place's result. none:
     every writer gets its place's gradient and the initial values keep it where nothing wrote."""
-    from popxl.ops.elementwise import cast, equal
-    from popxl.ops.misc import init
     a, g = ctx.attrs, ctx.grad(0)
     data, idx = ctx.op.inputs[0], ctx.input(1)
     has_init = len(ctx.op.inputs) > 2
@@ -675,7 +672,6 @@ def dynamic_update_(t: Tensor, index: Tensor, t_update: Tensor, axes: Iterable[i
 
 @grad_rule("dynamic_slice")
 def _dynamic_slice_grad(ctx):
-    from popxl.ops.misc import init
     x = ctx.op.inputs[0]
     zeros = init(x.shape, x.dtype, name=f"zero_grad_{x.name}")
     return [create_op("dynamic_update", [zeros, ctx.input(1), ctx.grad(0)], ctx.attrs)[0], None]
@@ -683,7 +679,6 @@ def _dynamic_slice_grad(ctx):
 
 @grad_rule("dynamic_update")
 def _dynamic_update_grad(ctx):
-    from popxl.ops.misc import init
     g, index, upd = ctx.grad(0), ctx.input(1), ctx.op.inputs[2]
     cleared = create_op("dynamic_update", [g, index, init(upd.shape, upd.dtype, name="zero_update")], ctx.attrs)[0]
     return [cleared if ctx.needs(0) else None, None,
@@ -743,7 +738,6 @@ def onehot(t: Tensor, num_classes: Tensor, values: Tensor, axis: int) -> Tensor:
         ValueError: If ``num_classes`` is not a constant scalar, ``values`` does not have 2
             elements, ``axis`` is out of range, or a tensor is not in the current graph.
     """
-    from popxl.tensor import Constant
 
     if not isinstance(num_classes, Tensor):
         num_classes = constant(np.asarray(num_classes), dtypes.int32)

@@ -8,6 +8,8 @@ from typing import Optional, Tuple
 import numpy as np
 
 from popxl import dtypes
+from popxl.analysis import reachable_graphs
+from popxl.errors import popart_exception
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.fp8 import FP8, check_fp8_operands, check_log2_scale, scale_value
 from popxl.ops.utils import broadcast_shapes, spec
@@ -56,8 +58,6 @@ def refuse_mixed_dtypes(ir) -> None:
     Raises:
         popart_exception: Naming the op, its graph and both dtypes.
     """
-    from popxl.analysis import reachable_graphs
-    from popxl.errors import popart_exception
     for g in reachable_graphs(ir):
         for op in g.schedule():
             if op.type in _PRODUCTS and op.inputs[0].dtype != op.inputs[1].dtype:

@@ -9,6 +9,10 @@ import numpy as np
 
 from popxl import dtypes
 from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
+from popxl.ops.elementwise import cast, equal
+from popxl.ops.indexing import scatter
+from popxl.ops.misc import init
+from popxl.ops.shape import broadcast_to
 from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor
 
@@ -62,7 +66,6 @@ def _reduce(opname: str, t: Tensor, axis: Optional[Union[int, Iterable[int]]], k
 
 def _spread(ctx, t: Tensor) -> Tensor:
     """A reduction-output-shaped ``t`` broadcast back over the reduced axes to the input shape."""
-    from popxl.ops.shape import broadcast_to
     x = ctx.op.inputs[0]
     keep = tuple(1 if i in ctx.attrs["axis"] else d for i, d in enumerate(x.shape))
     if t.shape != keep:
@@ -84,7 +87,6 @@ def _count(ctx) -> int:
 
 
 def _at_extreme(ctx, g, x, y):  # every element equal to the result receives the full gradient
-    from popxl.ops.elementwise import cast, equal
     return g * cast(equal(x, y), x.dtype)
 
 
@@ -618,8 +620,6 @@ def topk(t: Tensor, k: int, axis: int, largest: bool, sorted: bool,
 
 @grad_rule("topk")
 def _topk_grad(ctx):  # the values' gradients go back to the places they were taken from
-    from popxl.ops.misc import init
-    from popxl.ops.indexing import scatter
     x = ctx.op.inputs[0]
     zeros = init(x.shape, x.dtype, name="zero_grad_topk")
     return [scatter(zeros, ctx.output(1), ctx.grad_or_zeros(0), ctx.attrs["axis"])]

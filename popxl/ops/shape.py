@@ -11,6 +11,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
+from popxl.ops.misc import init
 from popxl.ops.utils import normalize_axes, spec
 from popxl.tensor import Tensor, shape_tuple
 
@@ -347,7 +348,6 @@ def slice_(t: Tensor, start: Optional[Union[int, List[int]]] = None, stop: Optio
 def _into_zeros(ctx, view_op: str, g: Tensor) -> Tensor:
     """Zeros of the input's shape with ``g`` written into the region the forward op read
     (``view_op`` with the forward op's attributes must be an injective view)."""
-    from popxl.ops.misc import init
     x = ctx.op.inputs[0]
     zeros = init(x.shape, x.dtype, name=f"zero_grad_{x.name}")
     region = create_op(view_op, [zeros], ctx.attrs)[0]

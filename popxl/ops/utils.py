@@ -6,8 +6,8 @@ from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from popxl import dtypes
-from popxl.op import user_location
-from popxl.tensor import Tensor, TensorSpec
+from popxl.op import create_op, user_location
+from popxl.tensor import Tensor, TensorSpec, constant
 
 __all__ = ["check_in_graph", "check_tensor_ipu_and_tile_set", "cast_if_needed", "handle_negative_axis",
            "broadcast_shapes", "normalize_axes", "same_dtype", "spec", "as_tensor", "convert_optional_float",
@@ -79,8 +79,8 @@ def cast_if_needed(t: Tensor, data_type: dtypes.dtype) -> Tensor:
     Raises:
         TypeError: If ``data_type`` is not a popxl dtype.
     """
-    from popxl import ops
-    return t if t.dtype is data_type else ops.cast(t, data_type)
+    # ops.cast's op: that module (popxl.ops.elementwise.casts) is built on this one
+    return t if t.dtype is data_type else create_op("cast", [t], {"data_type": data_type})[0]
 
 
 def handle_negative_axis(t: Union[Tensor, TensorSpec, Sequence[int]], axis: int) -> int:
@@ -191,7 +191,6 @@ def as_tensor(value: Any, dtype: Optional[dtypes.dtype] = None, like: Optional[T
     Returns:
         A Tensor.
     """
-    from popxl.tensor import constant
     if isinstance(value, Tensor):
         return value
     if dtype is None and like is not None:

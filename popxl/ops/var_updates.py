@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from popxl.op import Grad, OpDef, create_op, register, user_location
+from popxl.ops.elementwise import add_
 from popxl.ops.utils import convert, normalize_axes, spec
 from popxl.tensor import Tensor, TensorSpec, constant
 
@@ -47,7 +48,8 @@ class _Scalars:
 
 def _scalar_args(opname: str, **scalars: Any) -> Tuple[List[Tensor], Dict[str, Optional[float]]]:
     """Split scalar arguments into extra tensor inputs and float attributes (None = tensor)."""
-    tensors, attrs = [], {}
+    tensors: List[Tensor] = []
+    attrs: Dict[str, Optional[float]] = {}
     for name, value in scalars.items():
         if isinstance(value, Tensor):
             tensors.append(value)
@@ -439,7 +441,6 @@ def _updater(mode: str, m: Tensor, v: Tensor, weight: Optional[Tensor], time_ste
                                   epsilon=epsilon)
     ins = [m, v] + ([weight] if has_weight else [])
     if time_step is not None:
-        from popxl.ops.elementwise import add_
         # The step is counted first: the update of step k (k = 1, 2, ...) uses b**k.
         ins.append(add_(time_step, constant(1, dtype=time_step.dtype)))
     return create_op(opname, ins + tensors, {"mode": mode, "has_weight": has_weight,

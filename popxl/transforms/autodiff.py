@@ -19,9 +19,10 @@ or with the user's ``called_graphs_grad_info``) and calling their gradient graph
 """
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Union, overload
 
+from popxl import ops
+from popxl.grad_graph_info import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
 from popxl.graph import Graph, op_called_graphs
 from popxl.op import REGISTRY, Grad, Op, create_op
 from popxl.tensor import Constant, Tensor, TensorSpec, Variable, constant, graph_input, graph_output
@@ -29,215 +30,6 @@ from popxl.tensor import Constant, Tensor, TensorSpec, Variable, constant, graph
 __all__ = ["autodiff", "GradGraphInfo", "ExpectedConnection", "ExpectedConnectionType", "GradOpContext"]
 
 GRAD_PREFIX = "Gradient___"
-
-
-class ExpectedConnectionType(Enum):
-    """Whether a gradient graph's input or output is a forward tensor (``Fwd``) or a gradient of one (``FwdGrad``)."""
-    Fwd = "Fwd"
-    FwdGrad = "FwdGrad"
-
-    @classmethod
-    def _from_pb(cls, type_: Any) -> "ExpectedConnectionType":
-        """From `popart._internal.ir.ExpectedConnectionType`."""
-        return cls(type_.name)
-
-    def _to_pb(self) -> Any:
-        from popart._internal.ir import ExpectedConnectionType as PbType
-        return PbType[self.name]
-
-
-class ExpectedConnection:
-    """One input or output of a gradient graph: a forward tensor, or the gradient of one.
-
-    Not constructible: read them from `GradGraphInfo`.
-
-    Raises:
-        TypeError: If constructed directly.
-    """
-
-    def __init__(self) -> None:
-        raise TypeError("ExpectedConnection is made by autodiff, not constructed directly.")
-
-    @classmethod
-    def _create(cls, fwd_tensor: Tensor, connection_type: ExpectedConnectionType) -> "ExpectedConnection":
-        c = object.__new__(cls)
-        c._fwd_tensor, c._connection_type = fwd_tensor, connection_type
-        return c
-
-    @classmethod
-    def _from_pb(cls, fwd_graph: Any, pb_ec: Any) -> "ExpectedConnection":
-        """From a `popart._internal.ir.ExpectedConnection` (a forward tensor id and a type) of the
-        forward graph ``fwd_graph`` (a popxl.Graph or its ``_pb_graph``)."""
-        from popart._internal.ir import ExpectedConnection as PbConnection, popxl_object
-        graph = popxl_object(fwd_graph, Graph)
-        if not isinstance(pb_ec, PbConnection):
-            raise TypeError(f"ExpectedConnection._from_pb: expected a popart._internal.ir.ExpectedConnection, "
-                            f"not {type(pb_ec).__name__}.")
-        c = cls._create(graph.get_tensor(pb_ec.fwdId), ExpectedConnectionType._from_pb(pb_ec.type))
-        c._pb = pb_ec
-        return c
-
-    @property
-    def _pb_ec(self) -> Any:
-        """This connection as a `popart._internal.ir.ExpectedConnection`."""
-        if getattr(self, "_pb", None) is None:
-            from popart._internal.ir import ExpectedConnection as PbConnection
-            self._pb = PbConnection(self._fwd_tensor.id, self._connection_type._to_pb())
-        return self._pb
-
-    @property
-    def fwd_tensor(self) -> Tensor:
-        """The forward-graph tensor this connection is (or is the gradient of)."""
-        return self._fwd_tensor
-
-    @property
-    def connection_type(self) -> ExpectedConnectionType:
-        """``Fwd`` (the forward value itself) or ``FwdGrad`` (its gradient)."""
-        return self._connection_type
-
-    def __repr__(self) -> str:
-        return f"({self._connection_type.name}, {self._fwd_tensor})"
-
-
-class GradGraphInfo:
-    """A gradient graph and how to connect it: which forward tensors (or their gradients) its
-    inputs expect, and which forward tensors its outputs are the gradients of.
-
-    Returned by `autodiff`; not constructible.
-
-    Raises:
-        TypeError: If constructed directly.
-    """
-
-    def __init__(self) -> None:
-        raise TypeError("GradGraphInfo is returned by popxl.transforms.autodiff, not constructed directly.")
-
-    @classmethod
-    def _create(cls, graph: Graph, forward_graph: Graph, expected_inputs: Sequence[ExpectedConnection],
-                expected_outputs: Sequence[ExpectedConnection]) -> "GradGraphInfo":
-        info = object.__new__(cls)
-        info._graph, info._forward_graph = graph, forward_graph
-        info._expected_inputs, info._expected_outputs = tuple(expected_inputs), tuple(expected_outputs)
-        return info
-
-    @classmethod
-    def _from_pb(cls, ir: Any, fwd_graph: Any, pb_bwd_info: Any) -> "GradGraphInfo":
-        """From a `popart._internal.ir.BwdGraphInfo` (gradient graph id and expected connections)
-        of ``fwd_graph``; ``ir`` and ``fwd_graph`` are popxl objects or their ``_pb_`` views."""
-        from popart._internal.ir import BwdGraphInfo, popxl_object
-        from popxl.ir import Ir
-        if not isinstance(pb_bwd_info, BwdGraphInfo):
-            raise TypeError(f"GradGraphInfo._from_pb: expected a popart._internal.ir.BwdGraphInfo, "
-                            f"not {type(pb_bwd_info).__name__}.")
-        ir, fwd = popxl_object(ir, Ir), popxl_object(fwd_graph, Graph)
-        if fwd.ir is not ir:
-            raise ValueError(f"GradGraphInfo._from_pb: forward graph {fwd.id!r} is not a graph of {ir!r}.")
-        bwd = Graph._from_pb(ir._pb_ir.getGraph(pb_bwd_info.bwdGraphId))
-        return cls._create(bwd, fwd,
-                           [ExpectedConnection._from_pb(fwd, c) for c in pb_bwd_info.expectedInputs],
-                           [ExpectedConnection._from_pb(fwd, c) for c in pb_bwd_info.expectedOutputs])
-
-    @property
-    def graph(self) -> Graph:
-        """The gradient graph."""
-        return self._graph
-
-    @property
-    def forward_graph(self) -> Graph:
-        """The graph it is the gradient of."""
-        return self._forward_graph
-
-    @property
-    def expected_inputs(self) -> Tuple[ExpectedConnection, ...]:
-        """What each gradient-graph input expects: the ``FwdGrad`` seeds first, then ``Fwd`` values."""
-        return self._expected_inputs
-
-    @property
-    def expected_outputs(self) -> Tuple[ExpectedConnection, ...]:
-        """What each gradient-graph output is: the gradient (``FwdGrad``) of a forward tensor."""
-        return self._expected_outputs
-
-    @property
-    def inputs(self) -> Tuple[Tensor, ...]:
-        """The forward tensors of `expected_inputs`."""
-        return tuple(c.fwd_tensor for c in self._expected_inputs)
-
-    @property
-    def outputs(self) -> Tuple[Tensor, ...]:
-        """The forward tensors whose gradients the gradient graph outputs."""
-        return tuple(c.fwd_tensor for c in self._expected_outputs)
-
-    def get_input_tensors(self) -> Tuple[Tensor, ...]:
-        """The forward tensors of `expected_inputs` (PopXL's older name of `inputs`).
-
-        Returns:
-            A tuple of forward-graph tensors.
-        """
-        return self.inputs
-
-    def get_output_tensors(self) -> Tuple[Tensor, ...]:
-        """The forward tensors of `expected_outputs` (PopXL's older name of `outputs`).
-
-        Returns:
-            A tuple of forward-graph tensors.
-        """
-        return self.outputs
-
-    def _check_site(self, info: Any, graph: Graph, what: str) -> None:
-        called = getattr(info, "called_graph", None)
-        if called is not graph:
-            got = called.id if isinstance(called, Graph) else type(info).__name__
-            raise TypeError(f"GradGraphInfo: {what} must be the CallSiteInfo of a call of {graph.id!r}, "
-                            f"got a call of {got}.")
-
-    def inputs_dict(self, fwd_call_info: Any) -> Dict[Tensor, Tensor]:
-        """Gradient-graph input -> the tensor of ``fwd_call_info``'s parent graph holding that
-        forward value (``Fwd`` connections only; the ``FwdGrad`` seeds are passed positionally).
-
-        Args:
-            fwd_call_info: The `CallSiteInfo` of a call of the forward graph.
-
-        Returns:
-            The ``inputs_dict`` to pass to ``ops.call`` of the gradient graph.
-
-        Raises:
-            TypeError: If the call is not of `forward_graph`.
-        """
-        self._check_site(fwd_call_info, self._forward_graph, "fwd_call_info")
-        return {g_in: fwd_call_info.graph_to_parent(c.fwd_tensor)
-                for g_in, c in zip(self._graph.inputs, self._expected_inputs)
-                if c.connection_type is ExpectedConnectionType.Fwd}
-
-    def fwd_graph_ins_to_grad_parent_outs(self, grad_call_info: Any) -> Dict[Tensor, Tensor]:
-        """Forward-graph tensor -> its gradient at the parent of ``grad_call_info``.
-
-        Args:
-            grad_call_info: The `CallSiteInfo` of a call of the gradient graph.
-
-        Returns:
-            Forward-graph tensor -> its gradient in the calling graph.
-        """
-        self._check_site(grad_call_info, self._graph, "grad_call_info")
-        return {c.fwd_tensor: grad_call_info.parent_output(i) for i, c in enumerate(self._expected_outputs)}
-
-    def fwd_parent_ins_to_grad_parent_outs(self, fwd_call_info: Any, grad_call_info: Any) -> Dict[Tensor, Tensor]:
-        """Parent tensor of the forward call -> its gradient at the parent of the gradient call.
-
-        Args:
-            fwd_call_info: The `CallSiteInfo` of a call of the forward graph.
-            grad_call_info: The `CallSiteInfo` of a call of the gradient graph.
-
-        Returns:
-            Parent tensor of the forward call -> its gradient at the gradient call.
-        """
-        self._check_site(fwd_call_info, self._forward_graph, "fwd_call_info")
-        return {fwd_call_info.graph_to_parent(f): g
-                for f, g in self.fwd_graph_ins_to_grad_parent_outs(grad_call_info).items()}
-
-    def __repr__(self) -> str:
-        return (f"GradGraphInfo[graph={self._graph.id} forward_graph={self._forward_graph.id}\n"
-                f"  expected_inputs={list(self._expected_inputs)}\n"
-                f"  expected_outputs={list(self._expected_outputs)}]")
 
 
 def _is_float(t: Tensor) -> bool:
@@ -268,7 +60,6 @@ def _append_output(graph: Graph, t: Tensor) -> None:
             then_g, else_g = op.attrs["then_graph"], op.attrs["else_graph"]
             if then_g is not else_g:
                 sibling = else_g if then_g is graph else then_g
-                from popxl import ops
                 zeros, _ = sibling.trace(lambda: ops.init(t.shape, t.dtype, name=f"zero_{t.name}"))
                 sibling.add_output(zeros)
         op.graph.add_op_output(op, TensorSpec(t.shape, t.dtype, t.meta_shape), t.name)
@@ -352,7 +143,6 @@ class GradOpContext:
         g = self.grad(i)
         if g is not None:
             return g
-        from popxl import ops
         out = self.op.outputs[i]
         return ops.init(out.shape, out.dtype, name=f"zero_grad_{out.name}")
 
@@ -377,7 +167,6 @@ class GradOpContext:
         Returns:
             ``g`` reduced to input ``i``'s shape.
         """
-        from popxl import ops
         shape = self.op.inputs[i].shape
         if g.shape == shape:
             return g
@@ -478,7 +267,6 @@ class _GradBuilder:
                  if op.opdef.inplace is not None and _root(op.inputs[op.opdef.inplace]) is _root(t)]
         if not later:
             return t
-        from popxl import ops
         # the copy runs right after t is made, before anything can overwrite it
         copy, _ = self.fwd.trace(lambda: ops.identity(t, f"{t.name}_for_grad"), before=ops_[start])
         return copy
@@ -508,7 +296,6 @@ class _GradBuilder:
         if not parts:
             return None
         if len(parts) > 1:  # several uses of t: one N-ary sum (transforms.decompose_sum can split it)
-            from popxl import ops
             with self.graph:
                 total = ops.add(*parts) if len(parts) == 2 else \
                     create_op("add_n", parts, name="sum", output_names=[GRAD_PREFIX + t.name])[0]
@@ -535,7 +322,6 @@ class _GradBuilder:
             return
         with self.graph:
             if decision == Grad.ZERO:
-                from popxl import ops
                 in_grads = [ops.init(t.shape, t.dtype, name=f"zero_grad_{t.name}") if self.needs_grad(t) else None
                             for t in op.inputs]
             else:
@@ -590,14 +376,12 @@ class _GradBuilder:
     def _named(self, g: Tensor, name: str) -> Tensor:
         """``g`` renamed to ``name``, or a named copy if ``g`` is an input or already an output."""
         if g.producer is None or g in self.graph.outputs or g.producer.opdef.view is not None:
-            from popxl import ops
             return ops.identity(g, name)
         self.graph.rename(g, name)
         return g
 
 
 def _clone(graph: Graph) -> Graph:
-    from popxl.op import create_op
     copy = graph.ir.create_empty_graph(f"{graph.name}_copy")
     values: Dict[Tensor, Tensor] = {}
     with copy:

@@ -4,6 +4,7 @@ The values are the same; a tree frees partial sums sooner and needs no N-ary ker
 from __future__ import annotations
 
 from popxl.graph import Graph
+from popxl.op import create_op
 
 __all__ = ["decompose_sum"]
 
@@ -18,7 +19,6 @@ def decompose_sum(graph: Graph) -> Graph:
     Returns:
         ``graph`` itself.
     """
-    from popxl.op import create_op
     graph.ir._check_mutable()
     for op in [op for op in graph.schedule() if op.type == "add_n" and len(op.inputs) > 2]:
         def tree(level=list(op.inputs)):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from popxl.op import Op
+from popxl.analysis import reachable_graphs
+from popxl.errors import popart_exception
+from popxl.op import Op, create_op
 
 __all__ = ["expand_ops", "replace_by_identities", "refuse_unreplaced_identities"]
 
@@ -38,8 +40,12 @@ def expand_ops(ir: Any) -> Any:
 
 
 def _expand(graph: Any, op: Op) -> None:
+    expand = op.opdef.expand
+    if expand is None:  # (only ops declared with one come here)
+        return
+
     def build() -> Any:
-        outs = op.opdef.expand(op)
+        outs = expand(op)
         return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
     _replace(graph, op, build, "expanding")
@@ -69,7 +75,6 @@ def replace_by_identities(graph: Any) -> None:
     Args:
         graph: The popxl Graph rewritten in place.
     """
-    from popxl.op import create_op
     for op in [op for op in graph.schedule() if _is_identity(op)]:
         _replace(graph, op, lambda op=op: create_op("identity", [op.inputs[0]], name="identity"),
                  "replacing by an identity")
@@ -83,8 +88,6 @@ def refuse_unreplaced_identities(ir: Any) -> None:
     Raises:
         popart_exception: Naming the op, its graph and how to run the pattern.
     """
-    from popxl.analysis import reachable_graphs
-    from popxl.errors import popart_exception
     for g in reachable_graphs(ir):
         for op in g.schedule():
             if _is_identity(op):

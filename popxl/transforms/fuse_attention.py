@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from popxl import dtypes
+from popxl import dtypes, ops
+from popxl.analysis import reachable_graphs
 from popxl.graph import Graph
 from popxl.op import Op
+from popxl.ops.fused_attention import attention
 from popxl.transforms.fuse_decomposed import _Readers, _other, _scalar
 
 __all__ = ["fuse_attention"]
@@ -47,7 +49,7 @@ def _match(r: _Readers, mm: Op):
     scale = 1.0
     nxt, s = _next(r, s, chain)
     if nxt is not None and nxt.type in ("mul", "div"):
-        c = _scalar(_other(nxt, s)) if _other(nxt, s) is not None else None
+        c = _scalar(other) if (other := _other(nxt, s)) is not None else None
         if c is None or (nxt.type == "div" and (nxt.inputs[0] is not s or c == 0)):
             return None
         scale = c if nxt.type == "mul" else 1.0 / c
@@ -107,14 +109,10 @@ def fuse_attention(target):
     Returns:
         ``target`` itself.
     """
-    import popxl.ops as ops
-    from popxl.ops.fused_attention import attention
-
     if isinstance(target, Graph):
         graphs = [target]
         target.ir._check_mutable()
     else:
-        from popxl.analysis import reachable_graphs
         target._check_mutable()
         graphs = reachable_graphs(target)
     for graph in graphs:

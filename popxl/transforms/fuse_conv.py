@@ -41,11 +41,12 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-import popxl
+from popxl import ops
 from popxl.dtypes import float16, float32
 from popxl.graph import Graph
 from popxl.op import Op
-from popxl.tensor import Tensor
+from popxl.ops.conv import conv_fused, conv_pool_attrs
+from popxl.tensor import Tensor, constant
 
 __all__ = ["fuse_conv", "fold_batch_norm", "fuse_conv_bias", "fuse_conv_post_ops", "global_pools_as_pools",
            "keep_channels_last"]
@@ -83,7 +84,6 @@ def _replace(graph: Graph, old: Sequence[Op], build: Callable[[], Tensor]) -> Op
 
 
 def _per_channel(t: Tensor, rank: int) -> Tensor:
-    import popxl.ops as ops
     return ops.reshape(t, (t.shape[0],) + (1,) * (rank - 1))
 
 
@@ -96,9 +96,6 @@ def fold_batch_norm(graph: Graph) -> Graph:
     Returns:
         ``graph`` itself.
     """
-    import popxl.ops as ops
-    from popxl.ops.conv import conv_fused
-
     graph.ir._check_mutable()
     for bn in [op for op in graph.schedule() if op.type == "batch_norm_inference"]:
         conv = bn.inputs[0].producer
@@ -152,9 +149,6 @@ def fuse_conv_bias(graph: Graph) -> Graph:
     Returns:
         ``graph`` itself.
     """
-    import popxl.ops as ops
-    from popxl.ops.conv import conv_fused
-
     graph.ir._check_mutable()
     for conv in [op for op in graph.schedule() if op.type == "conv"]:
         (y,) = conv.outputs
@@ -171,7 +165,7 @@ def fuse_conv_bias(graph: Graph) -> Graph:
         elif reader is not None and _takes_as_post_op(reader, y) and y.dtype in _CHANNELS_LAST_DTYPES:
             # no bias: a zero one, so that what follows fuses (and the activations stay channels-last)
             _replace(graph, [conv], lambda attrs=conv.attrs: conv_fused(
-                x, w, popxl.constant(np.zeros(c, y.dtype.as_numpy())), **attrs))
+                x, w, constant(np.zeros(c, y.dtype.as_numpy())), **attrs))
     return graph
 
 
@@ -184,7 +178,6 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
     Returns:
         ``graph`` itself.
     """
-    from popxl.ops.conv import conv_fused, conv_pool_attrs
 
     graph.ir._check_mutable()
     for op in [op for op in graph.schedule() if op.type == "conv_fused"]:
@@ -224,8 +217,6 @@ def global_pools_as_pools(graph: Graph) -> Graph:
     Returns:
         ``graph`` itself.
     """
-    import popxl.ops as ops
-
     graph.ir._check_mutable()
     pools = {"mean": ops.average_pool, "max": ops.max_pool}
     for op in [op for op in graph.schedule() if op.type in pools]:

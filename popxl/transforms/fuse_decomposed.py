@@ -25,10 +25,11 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from popxl import dtypes
+from popxl import dtypes, ops
+from popxl.analysis import reachable_graphs
 from popxl.graph import Graph
 from popxl.op import Op
-from popxl.tensor import Constant, Tensor
+from popxl.tensor import Constant, Tensor, constant
 
 __all__ = ["fuse_decomposed", "fuse_layer_norm", "fuse_gelu"]
 
@@ -42,7 +43,6 @@ def fuse_decomposed(ir):
     Returns:
         ``ir`` itself.
     """
-    from popxl.analysis import reachable_graphs
     ir._check_mutable()
     for g in reachable_graphs(ir):
         fuse_gelu(fuse_layer_norm(g))
@@ -174,9 +174,6 @@ def fuse_layer_norm(graph: Graph) -> Graph:
     Returns:
         ``graph`` itself.
     """
-    import popxl
-    import popxl.ops as ops
-
     graph.ir._check_mutable()
     gone = set()  # ops an earlier rewrite removed
     for mean1 in [op for op in graph.schedule() if op.type == "mean"]:
@@ -191,7 +188,7 @@ def fuse_layer_norm(graph: Graph) -> Graph:
             rows = ops.reshape(x, (math.prod(x.shape[:-1]), d))
             w = ops.reshape(weight, (d,)) if weight.shape != (d,) else weight
             if bias is None:
-                b = popxl.constant(np.zeros(d, x.dtype.as_numpy()))
+                b = constant(np.zeros(d, x.dtype.as_numpy()))
             else:
                 b = ops.reshape(bias, (d,)) if bias.shape != (d,) else bias
             return ops.reshape(ops.layer_norm(rows, w, b, eps), x.shape)
@@ -263,8 +260,6 @@ def fuse_gelu(graph: Graph) -> Graph:
     Returns:
         ``graph`` itself.
     """
-    import popxl.ops as ops
-
     graph.ir._check_mutable()
     for erf in [op for op in graph.schedule() if op.type == "erf"]:
         found = _match_gelu(_Readers(graph), erf)

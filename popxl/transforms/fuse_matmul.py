@@ -26,6 +26,7 @@ from popxl import dtypes
 from popxl.analysis import ProgramFacts, reader_counts
 from popxl.graph import Graph
 from popxl.op import REGISTRY, Op, create_op
+from popxl.ops.call import bind_site_input, mark_site_input_modified
 from popxl.tensor import Tensor
 
 __all__ = ["fuse_matmul", "fuse_matmul_bias", "fuse_matmul_residual", "fuse_weight_updates"]
@@ -204,7 +205,6 @@ def fuse_weight_updates(ir):
     Returns:
         ``ir`` itself.
     """
-    from popxl.ops.call import bind_site_input, mark_site_input_modified
     ir._check_mutable()
     facts = ProgramFacts(ir)
     found: List[_Update] = []

@@ -22,6 +22,8 @@ from operator import attrgetter
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from popxl.graph import Graph, op_called_graphs
+from popxl.ops.call import bind_site_input
+from popxl.tensor import Variable
 from popxl.transforms.expand import expand_ops
 from popxl.transforms.fragments import order_weight_fragments
 from popxl.transforms.fuse_attention import fuse_attention
@@ -66,12 +68,11 @@ def is_marked(graph: Graph, name: str) -> bool:
     return name in graph._marks
 
 
-def _hoist_loop_invariants(ir: Any, graphs: Sequence[Graph]) -> None:
+def _hoist_loop_invariants(ir: Any, graphs: Optional[Sequence[Graph]]) -> None:
     """``hoist_invariants`` for each graph that one ``repeat`` runs: the body inputs it binds to
     variables (not loop-carried, each variable bound once) are the invariant values; the hoisted
     ops run just before the repeat, their results passed to the body by reference."""
-    from popxl.ops.call import bind_site_input
-    from popxl.tensor import Variable
+    graphs = list(graphs or [])  # (the graphs marked: None only for a pass run on every program)
     sites: Dict[int, List[Tuple[Graph, Any]]] = {id(g): [] for g in graphs}
     for parent in ir._all_graphs():
         for op in parent.schedule():
@@ -296,7 +297,7 @@ PIPELINE = Pipeline([
          "(to host)", lambda ir, _: order_weight_fragments(ir)),
     Pass("fuse_conv", "batch norms folded into convolutions; bias, relu / clip, residual add and max pool "
          "fused into conv_fused; channels-last values between convolutions and pools",
-         lambda ir, graphs: [fuse_conv(g) for g in graphs], mark=INFERENCE),
+         lambda ir, graphs: [fuse_conv(g) for g in graphs or []], mark=INFERENCE),
     Pass("hoist_invariants", "computations on weights alone (the folded batch norms) leave the loop and "
          "run before it (lowering makes them the static program)", _hoist_loop_invariants, mark=INFERENCE,
          scope=f"the repeat loops of graphs marked {INFERENCE!r}"),

@@ -9,9 +9,16 @@ of it (``graph._repr_svg_()`` in Jupyter, ``to_svg``), Graphviz DOT source (``to
 - ``render``: DOT -> SVG in this process, through the Graphviz libraries that the pygraphviz
   wheel bundles (no system Graphviz needed).
 """
+from popxl import _hooks
+from popxl.visualize import render as _render
 from popxl.visualize.dot import DrawOptions, dot_checkpoint, to_dot
 from popxl.visualize.listing import graph_listing, ir_listing
 from popxl.visualize.render import GraphvizUnavailable, to_svg
 
 __all__ = ["graph_listing", "ir_listing", "to_dot", "to_svg", "dot_checkpoint", "DrawOptions",
            "GraphvizUnavailable"]
+
+# str(graph), str(ir), Jupyter's pictures and Ir.dot_checkpoint (popxl's core, a layer below, calls them
+# through popxl._hooks)
+_hooks.graph_listing, _hooks.ir_listing = graph_listing, ir_listing
+_hooks.repr_svg, _hooks.dot_checkpoint = _render.repr_svg, dot_checkpoint

@@ -22,6 +22,10 @@ import attrs
 
 from popxl.visualize.listing import (format_attr, graph_streams, graph_title, is_main, shown_attrs, tensor_type,
                                      typed)
+from popxl.graph import op_called_graphs, Graph
+from popxl.ir import Ir
+from popxl.streams import HostToDeviceStream
+from popxl.tensor import Constant, Variable
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
@@ -132,7 +136,6 @@ class _Writer:
 
     # values that exist before any op: inputs, variables, constants, streams -----------------------
     def leaf(self, t: "Tensor", graph: "Graph", depth: int, note: str = "") -> str:
-        from popxl.tensor import Constant, Variable
 
         label = typed(t)
         if isinstance(t, Variable):
@@ -148,7 +151,6 @@ class _Writer:
         return self.node(depth, tooltip=t.id, fontsize=10, **style)
 
     def stream_node(self, stream: Any, depth: int) -> str:
-        from popxl.streams import HostToDeviceStream
 
         way = "host->device" if isinstance(stream, HostToDeviceStream) else "device->host"
         return self.node(depth, shape="cds", style="filled", fillcolor=_STREAM, fontsize=10,
@@ -247,7 +249,6 @@ def _items(graph: "Graph", writer: _Writer, budget: Optional[int]) -> List[_Item
 
 
 def _op_graphs(op: "Op") -> List["Graph"]:
-    from popxl.graph import op_called_graphs
     return op_called_graphs(op)
 
 
@@ -345,7 +346,6 @@ def _structure(graph: "Graph", keys: Dict[str, Any]) -> Any:
 
 
 def _roots(subject: Union["Graph", "Ir"]) -> List["Graph"]:
-    from popxl.graph import Graph
 
     if isinstance(subject, Graph):
         return [subject]
@@ -358,8 +358,6 @@ def _roots(subject: Union["Graph", "Ir"]) -> List["Graph"]:
 
 def to_dot(subject: Union["Graph", "Ir"], options: Optional[DrawOptions] = None, title: Optional[str] = None) -> str:
     """Graphviz DOT source for a graph (with the graphs it calls) or a whole Ir."""
-    from popxl.graph import Graph
-    from popxl.ir import Ir
 
     if not isinstance(subject, (Graph, Ir)):
         raise TypeError(f"to_dot needs a popxl.Graph or popxl.Ir, not {type(subject).__name__}.")
@@ -376,7 +374,7 @@ def to_dot(subject: Union["Graph", "Ir"], options: Optional[DrawOptions] = None,
     frontier = list(roots)
     level = 0
     while frontier:
-        nxt = []
+        nxt: List[Any] = []
         for g in frontier:
             if g.id in levels or g.id in writer.same_as:
                 continue

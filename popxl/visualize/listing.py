@@ -8,9 +8,11 @@ variables, constants and the host streams its ops move data through.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set
 
 import numpy as np
+from popxl.graph import Graph, op_called_graphs
+from popxl.streams import Stream, HostToDeviceStream
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
@@ -49,8 +51,6 @@ def typed(t: "Tensor") -> str:
 
 def format_attr(value: Any) -> str:
     """One attribute value, short enough for a line."""
-    from popxl.graph import Graph
-    from popxl.streams import Stream
 
     if isinstance(value, Graph):
         return graph_title(value)
@@ -68,7 +68,8 @@ def format_attr(value: Any) -> str:
     elif isinstance(value, (str, int, bool)) or value is None:
         text = str(value)
     else:
-        text = getattr(value, "name", None) if isinstance(getattr(value, "name", None), str) else repr(value)
+        name = getattr(value, "name", None)
+        text = name if isinstance(name, str) else repr(value)
     return text if len(text) <= MAX_ATTR_CHARS else text[:MAX_ATTR_CHARS - 3] + "..."
 
 
@@ -92,7 +93,7 @@ def _op_line(op: "Op") -> str:
 
 def graph_streams(graph: "Graph") -> List[Any]:
     """The streams the ops of ``graph`` load from or store to, in op order, each once."""
-    seen = {}
+    seen: Dict[str, Any] = {}
     for op in graph.ops:
         stream = op.attrs.get("stream")
         if stream is not None and hasattr(stream, "tensor_id"):
@@ -110,7 +111,6 @@ def _constant_text(t: "Tensor") -> str:
 
 def _leaves(graph: "Graph") -> List[str]:
     """The lines for what the graph holds before any op runs: variables, constants, streams."""
-    from popxl.streams import HostToDeviceStream
 
     lines = []
     variables = graph.variables
@@ -164,7 +164,6 @@ def _nested(graph: "Graph", depth: int, listed: Set[str], stack: List[str]) -> L
 
 
 def _called(op: "Op") -> Iterable["Graph"]:
-    from popxl.graph import op_called_graphs
     return op_called_graphs(op)
 
 

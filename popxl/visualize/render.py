@@ -28,7 +28,7 @@ class GraphvizUnavailable(ImportError):
 def dot_to_svg(source: str) -> str:
     """Lay out DOT ``source`` with Graphviz's ``dot`` and return the SVG text."""
     try:
-        import pygraphviz
+        import pygraphviz  # noqa: PLC0415  (optional: only pictures need it)
     except ImportError as e:
         raise GraphvizUnavailable(
             f"Drawing a graph needs pygraphviz (its wheels bundle Graphviz): pip install pygraphviz ({e})") from e

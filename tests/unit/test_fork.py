@@ -4,6 +4,9 @@ the OpenMP threads of the parent do not exist in a child. A hang would fail the 
 from __future__ import annotations
 
 import multiprocessing as mp
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,6 +57,16 @@ def test_a_forked_child_runs_sessions_after_the_parent_did():
     for g in got:
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(_run_once(X), want, rtol=1e-6)  # the parent is unaffected
+
+
+def test_forked_children_run_when_the_extension_was_imported_directly_first():
+    # `import popxl._native` before any Session (a test module does it at collection): the engine
+    # still sets its at-fork handler when it first loads the module, so the children do not hang.
+    code = ("import sys; import popxl._native; sys.path.insert(0, sys.argv[1]); import test_fork; "
+            "test_fork.test_a_forked_child_runs_sessions_after_the_parent_did(); print('ok')")
+    run = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
 
 
 class _Squares:

@@ -1,4 +1,7 @@
 """dtypes, utils.to_numpy, fp8_utils, random_seed, ReplicaGrouping, testing helpers."""
+import ast
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -155,6 +158,20 @@ def test_fp8_mse_scale_examples():
         fp8_utils.host_fp8_mse_scale(np.ones(3))
     with pytest.raises(RuntimeError, match="host_fp8_mse_scale"):
         fp8_utils.host_fp8_mse_scale(np.ones(3, np.float32), popxl.float16)
+
+
+def test_dtypes_are_plain_module_attributes():
+    # Each dtype is bound by a plain assignment in popxl/dtypes.py (type checkers see a dtype, not
+    # Any), under its own name; the aliases are PopXL's.
+    tree = ast.parse(Path(dtypes.__file__).read_text())
+    assigned = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                if isinstance(t, ast.Name)}
+    assert len(dtypes._BY_NAME) == 16 and set(dtypes._BY_NAME) <= assigned
+    for name, d in dtypes._BY_NAME.items():
+        assert getattr(dtypes, name) is d and getattr(popxl, name) is d and d.name == name
+        assert name in dtypes.__all__
+    assert {"half", "float", "double"} <= assigned
+    assert "globals().update" not in Path(dtypes.__file__).read_text()
 
 
 def test_float8_host_dtypes_and_lookup_tables():

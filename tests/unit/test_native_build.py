@@ -2,7 +2,6 @@
 contract this popxl writes (its version and its instruction set)."""
 import json
 
-import numpy as np
 import pytest
 
 import popxl

@@ -8,8 +8,13 @@ popxl's own IR (there is one IR, not two).
 read the IR and change it only through popxl's graph edit API (popxl/graph.py) and the call-site
 helpers of popxl/ops/call.py. A PopART call that popxl's IR cannot honour raises an error naming
 the call and why; docs/guide/internals.md lists them.
+
+This package is the top layer (docs/architecture.md): popxl never imports it. Importing it
+registers its views with popxl's core (``popxl._pb``), and ``import popxl`` imports it the first
+time a view is asked for.
 """
 from popart._internal.ir import op, patterns, view
+from popart._internal.ir.op import exchange as _exchange  # noqa: F401  (registers its view classes)
 from popart._internal.ir._views import popxl_object, view_of
 from popart._internal.ir.bwdgraphinfo import BwdGraphInfo, ExpectedConnection, ExpectedConnectionType
 from popart._internal.ir.custom_op import (CollectiveOperator, CustomOp, OperatorIdentifier, OptionalVGraphId,
@@ -20,6 +25,8 @@ from popart._internal.ir.op import Op
 from popart._internal.ir.session import Session
 from popart._internal.ir.tensor import Consumers, Tensor, TensorInfo
 from popxl.tensorlocation import TileSet
+
+from popart._internal.ir import _factory  # noqa: F401  (registers the views with popxl's core: popxl._pb)
 
 __all__ = ["op", "patterns", "view", "view_of", "popxl_object", "BwdGraphInfo", "ExpectedConnection",
            "ExpectedConnectionType", "Graph", "GraphId", "TopoCons", "ExecutionContext", "Ir", "IrSessionOptions",

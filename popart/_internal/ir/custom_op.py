@@ -22,10 +22,13 @@ import operator
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 
 from popxl.errors import popart_exception
+from popxl.graph import Graph as XlGraph
+from popxl.op import create_op
 from popxl.tensorlocation import ExecutionContext, TileSet
 
 from popart._internal.ir._views import View, popxl_object, view_of
 from popart._internal.ir.op import Op, _set_id, register_view_class
+
 
 __all__ = ["Settings", "OperatorIdentifier", "OptionalVGraphId", "CollectiveOperator", "ReplicaGrouping",
            "CustomOp", "ParameterizedOp"]
@@ -107,7 +110,6 @@ class Settings:
     IPU (``vgraphId``), tile set and execution context. ``ctx._get_op_settings(name)`` makes them."""
 
     def __init__(self, graph: Any, name: str = "") -> None:
-        from popxl.graph import Graph as XlGraph
         self.graph = view_of(popxl_object(graph, XlGraph))
         self.name = str(name)
         self.vgraphId = OptionalVGraphId()
@@ -160,8 +162,6 @@ class CustomOp(Op):
         """Create the op in ``graph`` (PopART's graph view or a popxl.Graph) reading the tensors
         whose ids ``inputs`` maps by input index, naming its outputs as ``outputs`` maps them, with
         this class's ``arguments`` (positional or by name) and ``settings`` last."""
-        from popxl.graph import Graph as XlGraph
-        from popxl.op import create_op
         where = f"{cls.__name__}.createOpInGraph"
         args, kwargs = list(args), dict(kwargs)
         settings = kwargs.pop("settings", None)

@@ -1,4 +1,4 @@
-"""``GraphId``, ``Graph`` (PopART's view of a popxl.Graph) and ``TopoCons`` (its ordering
+"""``GraphId`` (a record of popxl's core, ``popxl._pb``), ``Graph`` (PopART's view of a popxl.Graph) and ``TopoCons`` (its ordering
 constraints). Every change goes through popxl's graph edit API (popxl/graph.py) and the call-site
 helpers of popxl/ops/call.py."""
 from __future__ import annotations
@@ -6,9 +6,14 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, Union
 
+from popxl._pb import GraphId
 from popxl.errors import popart_exception
+from popxl.op import Op as XlOp
+from popxl.ops.call import insert_graph_output, wrap_loop_body, graph_sites
+from popxl.tensor import Constant, Variable
 
 from popart._internal.ir._views import View, popxl_object, view_of
+
 
 if TYPE_CHECKING:  # pragma: no cover
     from popart._internal.ir.ir import Ir
@@ -16,37 +21,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from popart._internal.ir.tensor import Tensor
 
 __all__ = ["GraphId", "Graph", "TopoCons"]
-
-
-class GraphId:
-    """A graph's id: a string (the main graph's is empty). Equal to the str it holds."""
-
-    def __init__(self, value: Any) -> None:
-        if isinstance(value, GraphId):
-            value = value._id
-        if not isinstance(value, str):
-            raise TypeError(f"GraphId: expected a str, not {type(value).__name__} ({value!r}).")
-        self._id = value
-
-    def str(self) -> str:
-        return self._id
-
-    def __str__(self) -> str:
-        return self._id
-
-    def __repr__(self) -> str:
-        return f"GraphId({self._id!r})"
-
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, (GraphId, str)):
-            return self._id == str(other)
-        return NotImplemented
-
-    def __lt__(self, other: "GraphId") -> bool:
-        return self._id < GraphId(other)._id
-
-    def __hash__(self) -> int:
-        return hash(self._id)
 
 
 def _index(value: Any, size: int, what: str, where: str) -> int:
@@ -144,7 +118,6 @@ class Graph(View):
         every loop that way; popxl builds the wrapper only now), so the new output is one of that
         call, not carried by the loop; ``LoopOp.addLoopOutput`` can then make the loop carry it.
         Both branches of a conditional must keep the same outputs, so a branch gets none alone."""
-        from popxl.ops.call import insert_graph_output, wrap_loop_body
         g = self._popxl
         if len(args) == 1:
             index, tensor_id, overwrite = len(g.outputs), args[0], False
@@ -236,7 +209,6 @@ class Graph(View):
                               retainVarTensors: bool = False, retainConstTensors: bool = False) -> None:
         """Drop tensors that no op makes or reads. Graph inputs and outputs always stay (popxl's
         call sites refer to them); variables, constants and remote (IO) tensors stay if asked."""
-        from popxl.tensor import Constant, Variable
         g = self._popxl
         read = {id(t) for op in g.schedule() for t in op.inputs}
         ends = {id(t) for t in (*g.inputs, *g.outputs)}
@@ -271,7 +243,6 @@ class Graph(View):
 
 def _call_sites(graph: Any) -> List[Any]:
     """The ops of ``graph``'s Ir that call it."""
-    from popxl.ops.call import graph_sites
     return graph_sites(graph)
 
 
@@ -286,7 +257,6 @@ class TopoCons:
         self._pairs: List[Tuple[Any, Any, bool]] = []
 
     def _op(self, op: Any, where: str) -> Any:
-        from popxl.op import Op as XlOp
         xl = popxl_object(op, XlOp)
         if xl.graph is not self._graph or xl not in self._graph.schedule():
             raise popart_exception(f"TopoCons.{where}: op {xl.name!r} is not an op of graph {self._graph.id!r}.")
@@ -366,5 +336,4 @@ class TopoCons:
 
 
 def popxl_object_op(op: Any) -> Any:
-    from popxl.op import Op as XlOp
     return popxl_object(op, XlOp)

@@ -25,12 +25,13 @@ from popxl.graph import storage_root, written_roots
 from popxl.tensor import Constant, Variable
 
 from popart._internal.ir._views import view_of
+from popart._internal.ir.op import MulLhsInplaceOp, MulRhsInplaceOp
+
 
 __all__ = ["apply_inplace_pattern", "inplace_variant_classes"]
 
 
 def _variants() -> Dict[str, Tuple[Type[Any], ...]]:
-    from popart._internal.ir.op import MulLhsInplaceOp, MulRhsInplaceOp
     return {"mul": (MulLhsInplaceOp, MulRhsInplaceOp)}  # the view class overwriting operand 0, 1
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, List
 
 from popxl.errors import popart_exception
+from popxl.graph import Graph as XlGraph
 from popxl.logs import get_logger
 from popxl.tensorlocation import ExecutionContext
 from popxl.transforms.expand import replace_by_identities
@@ -14,7 +15,8 @@ from popxl.transforms.expand import replace_by_identities
 from popart._internal.ir._views import View, popxl_object, view_of
 from popart._internal.ir.graph import GraphId
 from popart._internal.ir.inplace import apply_inplace_pattern
-from popart.options import Patterns, SessionOptions
+from popart.options import Patterns, SessionOptions, VirtualGraphMode
+
 
 if TYPE_CHECKING:  # pragma: no cover
     from popart._internal.ir.graph import Graph
@@ -43,7 +45,6 @@ class IrSessionOptions(SessionOptions):
 
     def __init__(self, ir: Any) -> None:
         super().__init__()
-        from popart.options import VirtualGraphMode
         object.__setattr__(self, "_ir", ir)
         self._values.update(_POPXL_DEFAULTS, virtualGraphMode=VirtualGraphMode.Manual)
         index, count = ir._instances
@@ -147,7 +148,6 @@ class Ir(View):
         apply_inplace_pattern(self._own_graph(graph, "applyInplacePattern"))
 
     def _own_graph(self, graph: Any, where: str) -> Any:
-        from popxl.graph import Graph as XlGraph
         g = popxl_object(graph, XlGraph)
         if g.ir is not self._popxl:
             raise popart_exception(f"Ir.{where}: graph {g.id!r} belongs to {g.ir!r}, not to {self._popxl!r}.")

@@ -7,9 +7,12 @@ from typing import TYPE_CHECKING, Any, Iterable, List
 
 from popxl.errors import popart_exception
 from popxl.graph import storage_root, written_roots
+from popxl.op import Op as XlOp
+from popxl.tensor import Constant, Variable
 
 from popart._internal.ir._views import View, popxl_object, view_of
 from popart._internal.ir.view import Region
+
 
 if TYPE_CHECKING:  # pragma: no cover
     from popart._internal.ir.graph import Graph
@@ -102,7 +105,6 @@ class Tensor(View):
 
     def tensorType(self) -> str:
         """PopART's kind of tensor: "Variable", "Const" or "ActGrad" (any other value)."""
-        from popxl.tensor import Constant, Variable
         if isinstance(self._popxl, Variable):
             return "Variable"
         return "Const" if isinstance(self._popxl, Constant) else "ActGrad"
@@ -138,7 +140,6 @@ class Tensor(View):
     def modifiedRegionsByOps(self, ops: Iterable[Any], accessType: Any = None) -> List[Region]:
         """The regions of this tensor that ``ops`` write (in place, or a call writing back into
         it), directly or through a view: all of it or none (popxl tracks whole tensors)."""
-        from popxl.op import Op as XlOp
         root = id(storage_root(self._popxl))
         written = any(root in written_roots(popxl_object(op, XlOp)) for op in ops)
         return [Region.getFull(self._popxl.shape) if written else Region.getEmpty(self._popxl.rank)]

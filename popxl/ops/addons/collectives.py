@@ -23,6 +23,7 @@ from popxl.context import get_current_context
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.collectives.collectives import _group_size
 from popxl.ops.utils import spec
+from popxl.replica_grouping import ReplicaGrouping
 from popxl.tensor import Tensor
 
 __all__ = ["replicated_all_reduce_tp", "replicated_all_reduce_strided", "replicated_all_gather_strided",
@@ -34,7 +35,7 @@ _FAMILY = "addons"
 def reduction(op: object, allowed: Tuple[str, ...], what: str) -> str:
     """A collective reduction given as popxl's name (``"add"``) or PopART's enum
     (``CollectiveOperator.Add``), checked against the ones ``what`` implements."""
-    name = getattr(op, "name", op)
+    name: Any = getattr(op, "name", op)
     name = {"Add": "add", "Mean": "mean", "Mul": "mul", "Min": "min", "Max": "max", "LogicalAnd": "and",
             "LogicalOr": "or", "SquareAdd": "square_add"}.get(name, name)
     if name not in allowed:
@@ -60,7 +61,6 @@ def strided_groups(stride: int, group_size: Optional[int], what: str, ir: Any = 
 def groups_of(group: Any, what: str, ir: Any = None) -> Tuple[int, ...]:
     """The replica -> group assignment of a ``popxl.ReplicaGrouping`` (or PopART's view of one;
     None: all replicas) of ``ir`` (default: the Ir being traced)."""
-    from popxl.replica_grouping import ReplicaGrouping
     ir = ir or get_current_context().ir
     group = ir.replica_grouping() if group is None else getattr(group, "_popxl", group)
     if not isinstance(group, ReplicaGrouping):

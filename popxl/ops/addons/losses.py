@@ -21,9 +21,10 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from popxl import ops
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.addons.collectives import groups_of
+from popxl.ops.elementwise import add, maximum, sub
+from popxl.ops.reduce import max as reduce_max
 from popxl.ops.utils import spec
 from popxl.tensor import Tensor, constant
 
@@ -126,7 +127,7 @@ register(OpDef("cross_entropy_sharded_grad", _grad_infer, _grad, grad=Grad.RAISE
 def _shard_losses(logits: Sequence[Tensor], indices: Sequence[Tensor], max_of, sum_of) -> Tuple[Tensor, List[Tensor]]:
     """The loss and each shard's nls, the shards' row maxima combined by ``max_of`` and their
     denominators and picked losses by ``sum_of``."""
-    m = max_of([ops.max(x, axis=1) for x in logits])
+    m = max_of([reduce_max(x, axis=1) for x in logits])
     d = sum_of([create_op("cross_entropy_sharded_denominator", [x, m])[0] for x in logits])
     nls, picked = zip(*(create_op("cross_entropy_sharded_nll", [x, m, d, i]) for x, i in zip(logits, indices)))
     return sum_of(list(picked)), list(nls)
@@ -208,14 +209,14 @@ def _wr_infer(specs, ipus):
 def _shifted(indices: Sequence[Tensor], logits: Sequence[Tensor]) -> List[Tensor]:
     """Each shard's labels shifted to its class range (the shards' classes follow one another)."""
     starts = itertools.accumulate([0] + [x.shape[1] for x in logits[:-1]])
-    return [i if start == 0 else ops.sub(i, constant(np.array(start, i.dtype.as_numpy()), i.dtype))
+    return [i if start == 0 else sub(i, constant(np.array(start, i.dtype.as_numpy()), i.dtype))
             for i, start in zip(indices, starts)]
 
 
 def _add_all(ts: List[Tensor]) -> Tensor:
     total = ts[0]
     for t in ts[1:]:
-        total = ops.add(total, t)
+        total = add(total, t)
     return total
 
 
@@ -223,7 +224,7 @@ def _wr_expand(op):
     k = len(op.attrs["ipus"])
     logits = list(op.inputs[:k])
     loss, nls = _shard_losses(logits, _shifted(op.inputs[k:], logits),
-                              lambda ts: ts[0] if len(ts) == 1 else ops.maximum(*ts), _add_all)
+                              lambda ts: ts[0] if len(ts) == 1 else maximum(*ts), _add_all)
     return [loss, *nls]
 
 

@@ -9,10 +9,14 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
-from popxl import dtypes, ops
+from popxl import dtypes
 from popxl.op import Grad, OpDef, create_op, grad_rule, register
 from popxl.ops.addons.collectives import groups_of
 from popxl.ops.collectives.collectives import _group_size
+from popxl.ops.elementwise import cast, div, mul, sqrt
+from popxl.ops.matmul import matmul
+from popxl.ops.reduce import sum as reduce_sum, sumsquare
+from popxl.ops.shape import concat
 from popxl.ops.utils import spec
 from popxl.tensor import Tensor, constant
 
@@ -131,17 +135,17 @@ def _ln_infer(specs, epsilon, groups):
 
 
 def _wide(t: Tensor) -> Tensor:
-    return ops.cast(t, dtypes.float32) if t.dtype == dtypes.float16 else t
+    return cast(t, dtypes.float32) if t.dtype == dtypes.float16 else t
 
 
 def _narrow(t: Tensor, like: Tensor) -> Tensor:
-    return ops.cast(t, like.dtype) if t.dtype != like.dtype else t
+    return cast(t, like.dtype) if t.dtype != like.dtype else t
 
 
 def _group_sums(parts: Sequence[Tensor], groups: Tuple[int, ...]) -> Tuple[Tensor, ...]:
     """Per-sample sums over the whole (sharded) hidden axis of each (samples, shard) tensor: the
     local row sums, all-reduced over the group in one collective."""
-    local = ops.concat([ops.sum(p, axis=1).reshape((1, p.shape[0])) for p in parts], axis=0)
+    local = concat([reduce_sum(p, axis=1).reshape((1, p.shape[0])) for p in parts], axis=0)
     total = create_op("replicated_all_reduce", [local], {"op": "add", "groups": groups})[0]
     return tuple(total[i] for i in range(len(parts)))
 
@@ -155,8 +159,8 @@ def _ln_expand(op):
     s1, s2 = _group_sums([xf, xf * xf], groups)
     mean = s1 * inv_hidden
     var = s2 * inv_hidden - mean * mean
-    inv_std = ops.div(constant(np.float32(1), xf.dtype),
-                      ops.sqrt(var + constant(np.float32(op.attrs["epsilon"]), xf.dtype)))
+    inv_std = div(constant(np.float32(1), xf.dtype),
+                      sqrt(var + constant(np.float32(op.attrs["epsilon"]), xf.dtype)))
     rows = (x.shape[0], 1)
     y = (xf - mean.reshape(rows)) * inv_std.reshape(rows) * _wide(w) + _wide(b)
     return [_narrow(y, x), _narrow(mean, x), _narrow(inv_std, x)]
@@ -182,8 +186,8 @@ def _ln_grad(ctx):
     inv_hidden = constant(np.float32(1.0 / hidden), xf.dtype)
     sum_g, sum_gx = _group_sums([g, g * x_hat], ctx.attrs["groups"])
     dx = inv_std * (g - (sum_g * inv_hidden).reshape(rows) - x_hat * (sum_gx * inv_hidden).reshape(rows))
-    dw = ops.sum(dy * x_hat, axis=0)
-    db = ops.sum(dy, axis=0)
+    dw = reduce_sum(dy * x_hat, axis=0)
+    db = reduce_sum(dy, axis=0)
     return [_narrow(dx, x), _narrow(dw, w), _narrow(db, w)]
 
 
@@ -227,7 +231,7 @@ def _square_add_infer(specs):
 def _square_add_expand(op):
     t, scale = op.inputs
     scale = _wide(scale)
-    return ops.mul(ops.sumsquare(_wide(t)), scale.reshape(()) if scale.shape else scale)
+    return mul(sumsquare(_wide(t)), scale.reshape(()) if scale.shape else scale)
 
 
 register(OpDef("grad_reduce_square_add", _square_add_infer, expand=_square_add_expand, grad=Grad.STOP,
@@ -360,7 +364,7 @@ def _sparse_infer(specs, rhs):
 def _sparse_expand(op):
     lhs = op.inputs[0]
     rhs = constant(op.attrs["rhs"].dense(lhs.dtype.as_numpy()), lhs.dtype, name="sparse_rhs")
-    return ops.matmul(lhs, rhs)
+    return matmul(lhs, rhs)
 
 
 register(OpDef("dense_sparse_matmul", _sparse_infer, expand=_sparse_expand, grad=Grad.STOP, family=_FAMILY))

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from popxl import dtypes, ops
+from popxl import dtypes
 from popxl.op import Grad, OpDef, create_op, register
+from popxl.ops.elementwise import cast
+from popxl.ops.shape import concat
 from popxl.ops.utils import spec
 from popxl.tensor import Tensor, constant
 
@@ -44,8 +46,8 @@ def _decompress_expand(op):
 
     nibbles = [create_op("bitwise_and", [create_op("bitshift_right", [t, u16(s)])[0] if s else t, u16(15)])[0]
                for s in _NIBBLE_SHIFTS]
-    values = ops.concat([n.reshape((rows, groups, packed, 1)) for n in nibbles], axis=3)
-    values = ops.cast(values.reshape((rows, groups, packed * 4)), scale.dtype)
+    values = concat([n.reshape((rows, groups, packed, 1)) for n in nibbles], axis=3)
+    values = cast(values.reshape((rows, groups, packed * 4)), scale.dtype)
     return (values * scale + bias).reshape((rows, groups * packed * 4))
 
 

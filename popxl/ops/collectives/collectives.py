@@ -7,17 +7,15 @@ replica -> group assignment. With one replica every collective is a copy.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, List, Literal, Optional, Sequence
+from typing import Dict, List, Literal, Optional, Sequence
 
 import numpy as np
 
 from popxl.context import get_current_context
 from popxl.op import Grad, OpDef, create_op, grad_rule, register, user_location
 from popxl.ops.utils import convert, normalize_axes, spec
+from popxl.replica_grouping import ReplicaGrouping
 from popxl.tensor import Tensor
-
-if TYPE_CHECKING:  # pragma: no cover
-    from popxl.replica_grouping import ReplicaGrouping
 
 __all__ = ["CollectiveOps", "to_collective_op", "CommGroupType", "CommGroup", "replicated_all_reduce",
            "replicated_all_reduce_", "replicated_reduce_scatter", "replica_sharded_slice", "replicated_slice",
@@ -84,7 +82,6 @@ def _assignment(group) -> tuple:
     """The replica -> group assignment of ``group`` (default: all replicas). Any grouping works,
     constant or not (PopXL's collectives take constant ones only): members of a group meet in
     replica order."""
-    from popxl.replica_grouping import ReplicaGrouping
     ir = get_current_context().ir
     group = ir.replica_grouping() if group is None else group
     if not isinstance(group, ReplicaGrouping):
@@ -98,7 +95,7 @@ def _assignment(group) -> tuple:
 
 def _groups(replicas: Sequence[int], assignment: Sequence[int]):
     """Yield lists of positions (into ``replicas``) of the members of each group, in replica order."""
-    by_group = {}
+    by_group: Dict[int, List[int]] = {}
     for pos, r in enumerate(replicas):
         by_group.setdefault(assignment[r], []).append(pos)
     for g, members in by_group.items():
@@ -404,7 +401,7 @@ def _all_reduce_ipus(*xs, op, identity, backward):
 register(OpDef("all_reduce", _all_reduce_ipus_infer, _all_reduce_ipus, family="collectives"))
 
 
-def _ipu_all_reduce(ts: List[Tensor], ipus: Optional[List[int]], op: str, identity: bool,
+def _ipu_all_reduce(ts: List[Tensor], ipus: Optional[List[int]], op: CollectiveOps, identity: bool,
                     backward: str = "all_reduce") -> List[Tensor]:
     if ipus is not None and len(ipus) != len(ts):
         raise ValueError(f"ops.collectives.all_reduce: {len(ts)} tensors but {len(ipus)} ipus")

@@ -19,10 +19,13 @@ import re
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Type
 
 from popxl.errors import popart_exception
-from popxl.graph import op_called_graphs, storage_root, written_roots
+from popxl.graph import op_called_graphs, storage_root, written_roots, Graph as XlGraph
+from popxl.ops.call import bind_site_input, mark_site_input_modified, insert_graph_input, insert_graph_output
+from popxl.tensor import Tensor as XlTensor
 
 from popart._internal.ir._views import View, popxl_object, view_of
 from popart._internal.ir.view import Region
+
 
 if TYPE_CHECKING:  # pragma: no cover
     from popart._internal.ir.graph import Graph
@@ -176,13 +179,11 @@ class Op(View):
         return operator.index(index) in self._outputs()
 
     def hasInputTensor(self, tensor: Any) -> bool:
-        from popxl.tensor import Tensor as XlTensor
         t = popxl_object(tensor, XlTensor)
         return any(v is t for v in self._inputs().values())
 
     def inIndex(self, tensor: Any) -> int:
         """The first input index at which ``tensor`` is connected."""
-        from popxl.tensor import Tensor as XlTensor
         t = popxl_object(tensor, XlTensor)
         for i, v in self._inputs().items():
             if v is t:
@@ -190,7 +191,6 @@ class Op(View):
         raise popart_exception(f"{self._where('inIndex')}: {t.id!r} is not an input.")
 
     def outIndex(self, tensor: Any) -> int:
-        from popxl.tensor import Tensor as XlTensor
         t = popxl_object(tensor, XlTensor)
         for i, v in self._outputs().items():
             if v is t:
@@ -226,7 +226,6 @@ class Op(View):
         """A copy of this op (same kind, attributes, name and placement) for ``graph``: connect its
         inputs with ``connectInTensor`` and name its outputs with ``createAndConnectOutTensor``; it
         joins the graph (at the end of its schedule) at ``setup()`` or when an output is asked for."""
-        from popxl.graph import Graph as XlGraph
         return type(self)._cloned(self._xl(), popxl_object(graph, XlGraph))
 
     def connectInTensor(self, index: int, tensor_id: str, virtual_graph_id: Optional[int] = None) -> None:
@@ -369,7 +368,6 @@ class SubgraphOp(Op):
 
     def _connect_placed(self, index: int, tensor_id: str) -> None:
         """Bind the called graph's input to a tensor of this op's graph at this call site."""
-        from popxl.ops.call import bind_site_input
         where = self._where("connectInTensor")
         gi = self._graph_index(index, "connectInTensor")
         if index in self._inputs():
@@ -385,7 +383,6 @@ class SubgraphOp(Op):
     def addModified(self, index: int, regions: Iterable[Region]) -> None:
         """Mark op input ``index`` as written by the called graph (any non-empty region: popxl
         copies back whole tensors); the call then writes the changes back to it."""
-        from popxl.ops.call import mark_site_input_modified
         gi = self._graph_index(index, "addModified")
         if self._clone is not None:
             raise popart_exception(f"{self._where('addModified')}: call setup() on the cloned op first.")
@@ -430,7 +427,6 @@ class LoopOp(SubgraphOp):
         ``getNumExplicitInputs()`` makes it loop-carried, the output at ``index - 2`` now being carried
         into it (``addLoopOutput`` adds the output it pairs with). With ``overwrite`` the loop binds
         ``tensor_id`` to the graph input already at ``index - 2`` instead of what it bound there."""
-        from popxl.ops.call import bind_site_input, insert_graph_input
         where = self._where("addLoopInput")
         op = self._xl()
         body = op.attrs["graph"]
@@ -468,7 +464,6 @@ class LoopOp(SubgraphOp):
         shape and type); without, it is put there and the outputs from there move up one, as in
         PopART, so graph input ``index`` must be (or be made, with ``addLoopInput``) its carried
         input of the same shape and type before the program is compiled."""
-        from popxl.ops.call import insert_graph_output
         where = self._where("addLoopOutput")
         op = self._xl()
         body = op.attrs["graph"]
@@ -550,13 +545,9 @@ class IpuCopyOp(Op):
         return self._source().attrs["destination"]
 
 
-from popart._internal.ir.op import exchange  # noqa: E402  (its classes derive from Op)
-
+# (the exchange ops' classes, in ``exchange``, register themselves: that module derives from this one)
 _CLASSES: Dict[str, Type[Op]] = {
-    "call": CallOp, "repeat": LoopOp, "if": IfOp, "init": InitOp, "ipu_copy": IpuCopyOp,
-    "host_load": exchange.HostLoadOp, "host_store": exchange.HostStoreOp,
-    "remote_load": exchange.RemoteLoadOp, "remote_load_": exchange.RemoteLoadInplaceOp,
-    "remote_store": exchange.RemoteStoreOp, "add": AddOp, "mul": MulOp,
+    "call": CallOp, "repeat": LoopOp, "if": IfOp, "init": InitOp, "ipu_copy": IpuCopyOp, "add": AddOp, "mul": MulOp,
     "accumulator_scale_": AccumulatorScaleOp, "accumulator_zero_": AccumulatorZeroOp,
     **{t: AccumulateOp for t in ("accumulate_", "accumulate_mean_", "accumulate_square_",
                                  "accumulate_moving_average_", "accumulate_moving_average_square_")},

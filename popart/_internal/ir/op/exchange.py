@@ -1,7 +1,9 @@
-"""Ops moving data between the device and the host or remote memory (PopART's ``exchange`` ops)."""
+"""Ops moving data between the device and the host or remote memory (PopART's ``exchange`` ops),
+registered as the view classes of their popxl ops when this module is imported (as
+``popart._internal.ir`` does)."""
 from __future__ import annotations
 
-from popart._internal.ir.op import Op
+from popart._internal.ir.op import Op, register_view_class
 
 __all__ = ["ExchangeBaseOp", "HostLoadOp", "HostStoreOp", "RemoteLoadOp", "RemoteLoadInplaceOp", "RemoteStoreOp"]
 
@@ -28,3 +30,8 @@ class RemoteLoadInplaceOp(ExchangeBaseOp):
 
 class RemoteStoreOp(ExchangeBaseOp):
     """``ops.remote_store``: a value written to a remote buffer."""
+
+
+for _optype, _cls in (("host_load", HostLoadOp), ("host_store", HostStoreOp), ("remote_load", RemoteLoadOp),
+                      ("remote_load_", RemoteLoadInplaceOp), ("remote_store", RemoteStoreOp)):
+    register_view_class(_optype, _cls)
