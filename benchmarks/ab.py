@@ -50,16 +50,19 @@ def prepare(rev: str) -> Tuple[str, Path]:
     if not (env / ".built").exists():
         print(f"[ab] building {rev} ({sha[:12]}) into {env}: once, a few minutes", file=sys.stderr, flush=True)
         venv.create(env, with_pip=True)
-        # Only the project is built: NumPy, the peers (torch, jax, onnxruntime) and the rest come
+        # The project with its runtime dependencies, in the venv itself (the engine finds oneDNN,
+        # OpenBLAS and MPI beside its own site-packages); then the peers (torch, jax, onnxruntime) come
         # from this interpreter's site-packages (a .pth line puts them after the venv's own), so both
         # sides measure against the same peer builds and nothing gigabytes-large is downloaded again.
         # Editable, as this checkout is installed: run.py puts the revision's tree first on sys.path,
         # and the editable install maps the native extension built for that tree.
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(tree)], check=True)
         site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               check=True, capture_output=True, text=True).stdout.strip()
+        peers = Path(site, "_popxl_ab_peers.pth")
+        peers.unlink(missing_ok=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", str(tree)], check=True)
         ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-        Path(site, "_popxl_ab_peers.pth").write_text("".join(f"{p}\n" for p in sorted(ours)))
+        peers.write_text("".join(f"{p}\n" for p in sorted(ours)))
         (env / ".built").write_text(sha)
     return str(python), tree
 
