@@ -74,7 +74,8 @@ def _matmul_kernel(a, b, output_type, partials_type):
     return out.astype(dtypes.ml_dtype(output_type) if output_type is not None else a.dtype)
 
 
-register(OpDef("matmul", _matmul_infer, _matmul_kernel, family="nn"))
+register(OpDef("matmul", _matmul_infer, _matmul_kernel, family="nn",
+               attributes={"output_type": "dtype?", "partials_type": "dtype?"}))
 
 
 def _matmul_bias_infer(specs):
@@ -120,7 +121,8 @@ def _matmul_update_infer(specs, b):
 # t += b * (a @ w), in place on t: lowering makes it of a gradient's matmul and the SGD update
 # scaled_add_(t, gradient, b=...) that consumes it (popxl/compiler/lower.py); not traced by users.
 register(OpDef("matmul_update_", _matmul_update_infer, lambda a, w, t, b: t + np.float32(b) * np.matmul(a, w),
-               inplace=2, grad=Grad.RAISE, family="nn"))
+               inplace=2, grad=Grad.RAISE, family="nn",
+               attributes={"b": "float"}))
 
 
 def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float] = None,

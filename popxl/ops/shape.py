@@ -429,7 +429,8 @@ def _concat_infer(specs, axis):
     return [spec(shape, dt)]
 
 
-register(OpDef("concat", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis), family="shape"))
+register(OpDef("concat", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis), family="shape",
+               attributes={"axis": "int"}))
 
 
 def concat(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
@@ -451,7 +452,8 @@ def concat(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
 
 
 # concat_ --------------------------------------------------------------------------------------------
-register(OpDef("concat_", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis), family="shape"))
+register(OpDef("concat_", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis), family="shape",
+               attributes={"axis": "int"}))
 
 
 def concat_(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
@@ -507,7 +509,8 @@ def _split_kernel(x, axis, splits):
     return tuple(np.split(x, np.cumsum(splits)[:-1], axis=axis))
 
 
-register(OpDef("split", _split_infer, _split_kernel, family="shape"))
+register(OpDef("split", _split_infer, _split_kernel, family="shape",
+               attributes={"axis": "int", "splits": "ints"}))
 
 
 def split(t: Tensor, splits: Union[int, List[int]], axis: int = 0) -> List[Tensor]:

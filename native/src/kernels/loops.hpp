@@ -690,12 +690,11 @@ struct ScalarArg {
 
 inline ScalarArg scalar_arg(const OpInstr& ins, const std::vector<Buffer>& bufs, const char* name, size_t& next) {
   ScalarArg s;
-  const AttrValue& a = ins.attrs.at(name);
-  if (a.is_none()) {
+  if (ins.attr_is_none(name)) {
     s.tensor = true;
     s.buf = bufs[ins.inputs.at(next++)];
   } else {
-    s.value = a.f();
+    s.value = ins.attr_float(name);
   }
   return s;
 }

@@ -75,10 +75,12 @@ def _rotate(x, sin, cos, rotary_dim, pairing, direction: int):
 
 
 register(OpDef("rotary_pos_embed", _rotary_infer,
-               lambda x, sin, cos, rotary_dim, pairing: _rotate(x, sin, cos, rotary_dim, pairing, 1), family=_FAMILY))
+               lambda x, sin, cos, rotary_dim, pairing: _rotate(x, sin, cos, rotary_dim, pairing, 1), family=_FAMILY,
+               attributes={"rotary_dim": "int", "pairing": "str"}))
 register(OpDef("rotary_pos_embed_grad", _rotary_infer,
                lambda dy, sin, cos, rotary_dim, pairing: _rotate(dy, sin, cos, rotary_dim, pairing, -1),
-               grad=Grad.RAISE, family=_FAMILY))
+               grad=Grad.RAISE, family=_FAMILY,
+               attributes={"rotary_dim": "int", "pairing": "str"}))
 
 
 @grad_rule("rotary_pos_embed")

@@ -3,7 +3,7 @@ broadcasting ops, computing narrow floats in float32, and registering and tracin
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -59,9 +59,11 @@ def in_float(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], n
 erf_of = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf; an object array, cast by the caller
 
 
-def register_elementwise(name: str, infer: Callable, kernel: Callable, grad: Optional[str] = None) -> OpDef:
+def register_elementwise(name: str, infer: Callable, kernel: Callable, grad: Optional[str] = None,
+                         attributes: Optional[Dict[str, str]] = None) -> OpDef:
     """Register an op whose every output value depends on the inputs at its position alone."""
-    return register(OpDef(name, infer, kernel, grad=grad, family="elementwise", elementwise=True))
+    return register(OpDef(name, infer, kernel, grad=grad, family="elementwise", elementwise=True,
+                          attributes=attributes))
 
 
 def register_unary(name: str, kernel: Callable, kind: str, out_dtype: Optional[dtypes.dtype] = None,

@@ -312,9 +312,11 @@ def _scaled_add_infer(specs, a, b):
 
 
 register(OpDef("scaled_add", _scaled_add_infer, _scaled_add_kernel, grad=Grad.STOP, family="elementwise",
-               elementwise=True))
+               elementwise=True,
+               attributes={"a": "float?", "b": "float?"}))
 register(OpDef("scaled_add_", _scaled_add_infer, _scaled_add_kernel, inplace=0, grad=Grad.STOP,
-               family="elementwise"))
+               family="elementwise",
+               attributes={"a": "float?", "b": "float?"}))
 
 
 def _scaled_add(opname: str, X: Tensor, Y: Tensor, a, b) -> Tensor:

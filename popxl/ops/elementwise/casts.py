@@ -20,7 +20,8 @@ def _cast_infer(specs, data_type):
 
 
 register(OpDef("cast", _cast_infer, lambda x, data_type: convert(x, dtypes.ml_dtype(data_type)),
-               family="elementwise"))
+               family="elementwise",
+               attributes={"data_type": "dtype"}))
 
 
 def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:
