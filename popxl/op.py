@@ -21,7 +21,10 @@ Every op is declared once, with:
   the declarations of the ops it runs (``Executable.op_attrs``), and both engines check each op
   instruction against them at load; the native kernels read attributes only through accessors that
   refuse a name or type the op does not declare. None: not declared (the op's attributes are not
-  checked; an op whose native kernel reads attributes must declare them).
+  checked; an op whose native kernel reads attributes must declare them). Every op declares its
+  attributes but the control ops (call, repeat, if, host I/O: their attributes are graphs and
+  streams, lowered into instructions of their own), ``ipu_copy`` / ``io_tile_copy``,
+  ``dense_sparse_matmul`` and custom ops registered without a declaration.
 - ``expand``: ops that run as other ops: ``expand(op)`` traces the ops computing ``op``'s outputs
   (returned in order), and every Session rewrites such ops so before compiling
   (``popxl.transforms.expand_ops``), as PopART's patterns do. popxl-addons' custom ops that span

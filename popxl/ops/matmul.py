@@ -91,7 +91,8 @@ def _matmul_bias_infer(specs):
 # matmul then the addition of a row vector (a Linear layer's bias), as one instruction: lowering
 # makes it of an adjacent matmul and add (popxl/compiler/lower.py); it is not traced by users.
 register(OpDef("matmul_bias", _matmul_bias_infer, lambda a, b, bias: np.matmul(a, b) + bias, grad=Grad.RAISE,
-               family="nn"))
+               family="nn",
+               attributes={}))
 
 
 def _matmul_bias_add_infer(specs):
@@ -106,7 +107,8 @@ def _matmul_bias_add_infer(specs):
 # matmul_bias whose result is added to a tensor of its shape (a residual connection), as one
 # instruction: fuse_matmul makes it; the GEMM starts from bias + residual instead of the bias.
 register(OpDef("matmul_bias_add", _matmul_bias_add_infer, lambda a, b, bias, r: np.matmul(a, b) + bias + r,
-               grad=Grad.RAISE, family="nn"))
+               grad=Grad.RAISE, family="nn",
+               attributes={}))
 
 
 def _matmul_update_infer(specs, b):
@@ -166,7 +168,8 @@ def _matmul_pow2_kernel(a, b, s):
     return (np.matmul(a.astype(np.float32), b.astype(np.float32)) * scale).astype(np.float16)
 
 
-register(OpDef("matmul_pow2scaled", _matmul_pow2_infer, _matmul_pow2_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("matmul_pow2scaled", _matmul_pow2_infer, _matmul_pow2_kernel, grad=Grad.RAISE, family="nn",
+               attributes={}))
 
 
 def matmul_pow2scaled(lhs: Tensor, rhs: Tensor, log2_scale: Tensor,

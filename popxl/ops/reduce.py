@@ -685,7 +685,8 @@ def _lamb_square_infer(specs):
 
 register(OpDef("lamb_square", _lamb_square_infer,
                lambda x: np.asarray(np.sum(np.square(x.astype(np.float64))), np.float32),
-               grad=Grad.STOP, family="reduce"))
+               grad=Grad.STOP, family="reduce",
+               attributes={}))
 
 
 def lamb_square(t: Tensor) -> Tensor:

@@ -164,7 +164,8 @@ def _ln_expand(op):
     return [_narrow(y, x), _narrow(mean, x), _narrow(inv_std, x)]
 
 
-register(OpDef("layer_norm_distributed", _ln_infer, expand=_ln_expand, family=_FAMILY))
+register(OpDef("layer_norm_distributed", _ln_infer, expand=_ln_expand, family=_FAMILY,
+               attributes={"epsilon": "float", "groups": "ints"}))
 
 
 @grad_rule("layer_norm_distributed")
@@ -233,7 +234,8 @@ def _square_add_expand(op):
 
 
 register(OpDef("grad_reduce_square_add", _square_add_infer, expand=_square_add_expand, grad=Grad.STOP,
-               family=_FAMILY))
+               family=_FAMILY,
+               attributes={}))
 
 
 def grad_reduce_square_add(t: Tensor, scale: Tensor) -> Tensor:
@@ -261,7 +263,8 @@ def _linear_layout_infer(specs, bs):
 
 
 register(OpDef("linear_layout", _linear_layout_infer, expand=lambda op: create_op("identity", [op.inputs[0]]),
-               grad=Grad.STOP, family=_FAMILY))
+               grad=Grad.STOP, family=_FAMILY,
+               attributes={"bs": "int"}))
 
 
 def linear_layout(t: Tensor, bs: int = 1) -> Tensor:

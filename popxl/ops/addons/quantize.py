@@ -50,7 +50,8 @@ def _decompress_expand(op):
 
 
 register(OpDef("group_quantize_decompress", _decompress_infer, expand=_decompress_expand, grad=Grad.STOP,
-               family=_FAMILY))
+               family=_FAMILY,
+               attributes={}))
 
 
 def group_quantize_decompress(t: Tensor, group_scale: Tensor, group_bias: Tensor) -> Tensor:

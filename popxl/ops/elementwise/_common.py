@@ -61,9 +61,10 @@ erf_of = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf; an object array, cas
 
 def register_elementwise(name: str, infer: Callable, kernel: Callable, grad: Optional[str] = None,
                          attributes: Optional[Dict[str, str]] = None) -> OpDef:
-    """Register an op whose every output value depends on the inputs at its position alone."""
+    """Register an op whose every output value depends on the inputs at its position alone; it takes
+    no attributes unless it declares some (``attributes``, see popxl.op.OpDef)."""
     return register(OpDef(name, infer, kernel, grad=grad, family="elementwise", elementwise=True,
-                          attributes=attributes))
+                          attributes=attributes or {}))
 
 
 def register_unary(name: str, kernel: Callable, kind: str, out_dtype: Optional[dtypes.dtype] = None,
@@ -73,7 +74,7 @@ def register_unary(name: str, kernel: Callable, kind: str, out_dtype: Optional[d
     register_elementwise(name, unary_infer(kind, out_dtype), kernel, grad)
     if inplace:
         register(OpDef(name + "_", unary_infer(kind, out_dtype), kernel, inplace=0, grad=Grad.STOP,
-                       family="elementwise"))
+                       family="elementwise", attributes={}))
 
 
 def unary(opname: str, t: Tensor) -> Tensor:
