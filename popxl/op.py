@@ -16,6 +16,15 @@ Every op is declared once, with:
   var updates): the kernel computes, the engine writes into that input.
 - ``grad``: the gradient decision, used by ``popxl.transforms.autodiff``.
 - ``control``: ops the engine runs as program structure (call, repeat, host I/O, ...), not kernels.
+- ``attributes``: the op's attributes, declared once: name -> type (see ``ATTRIBUTE_TYPES``).
+  `create_op` refuses an op whose attributes differ from its declaration, every executable carries
+  the declarations of the ops it runs (``Executable.op_attrs``), and both engines check each op
+  instruction against them at load; the native kernels read attributes only through accessors that
+  refuse a name or type the op does not declare. None: not declared (the op's attributes are not
+  checked; an op whose native kernel reads attributes must declare them). Every op declares its
+  attributes but the control ops (call, repeat, if, host I/O: their attributes are graphs and
+  streams, lowered into instructions of their own), ``ipu_copy`` / ``io_tile_copy``,
+  ``dense_sparse_matmul`` and custom ops registered without a declaration.
 - ``expand``: ops that run as other ops: ``expand(op)`` traces the ops computing ``op``'s outputs
   (returned in order), and every Session rewrites such ops so before compiling
   (``popxl.transforms.expand_ops``), as PopART's patterns do. popxl-addons' custom ops that span
@@ -42,7 +51,65 @@ if TYPE_CHECKING:  # pragma: no cover
     from popxl.graph import Graph
     from popxl.tensor import TensorSpec
 
-__all__ = ["OpDef", "Op", "REGISTRY", "register", "grad_rule", "create_op", "user_location"]
+__all__ = ["OpDef", "Op", "REGISTRY", "register", "grad_rule", "create_op", "user_location", "ATTRIBUTE_TYPES",
+           "check_attributes"]
+
+# The types an op attribute may be declared with; a type ending in "?" also allows None, and the
+# attribute's absence (transforms add some attributes, such as "layouts", to some ops only).
+# Values are checked as traced (dtypes, RemoteBuffers, tuples) and as an executable holds them
+# (popxl.compiler.executable.encode_attr: {"dtype": name}, remote buffer ids, lists).
+ATTRIBUTE_TYPES = ("int", "float", "number", "bool", "str", "ints", "floats", "strs", "dtype", "remote_buffer")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) or (hasattr(v, "dtype") and getattr(v, "ndim", 1) == 0
+                                                             and v.dtype.kind in "iu")
+
+
+def _is_number(v: Any) -> bool:
+    return _is_int(v) or isinstance(v, float) or (hasattr(v, "dtype") and getattr(v, "ndim", 1) == 0
+                                                  and v.dtype.kind == "f")
+
+
+def _conforms(kind: str, v: Any) -> bool:
+    from popxl import dtypes
+    if kind in ("ints", "floats", "strs"):
+        return isinstance(v, (list, tuple)) and all(_conforms(kind[:-1], x) for x in v)
+    if kind == "int":
+        return _is_int(v)
+    if kind in ("float", "number"):  # a float attribute may be given as an int (clip(x, 0, 6))
+        return _is_number(v)
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "dtype":
+        return isinstance(v, dtypes.dtype) or (isinstance(v, dict) and set(v) == {"dtype"})
+    if kind == "remote_buffer":
+        return _is_int(v) or hasattr(v, "remote_buffer_id")
+    raise ValueError(f"unknown attribute type {kind!r}; known: {ATTRIBUTE_TYPES}")
+
+
+def check_attributes(optype: str, declared: Optional[Dict[str, str]], values: Dict[str, Any], where: str) -> None:
+    """Raise ValueError naming ``where`` (the op) and the attribute if ``values`` do not match the
+    declaration of op ``optype`` (``declared``; None: not declared, nothing to check): an attribute
+    it does not declare, one it declares missing, or a value not of the declared type."""
+    if declared is None:
+        return
+    for name in values:
+        if name not in declared:
+            raise ValueError(f"{where}: attribute {name!r} is not declared by op {optype!r} "
+                             f"(declared: {', '.join(sorted(declared)) or 'none'}).")
+    for name, kind in declared.items():
+        optional = kind.endswith("?")
+        if name not in values:
+            if optional:
+                continue
+            raise ValueError(f"{where}: attribute {name!r} of op {optype!r} is missing.")
+        v = values[name]
+        if not (v is None and optional) and not _conforms(kind.rstrip("?"), v):
+            raise ValueError(f"{where}: attribute {name!r} of op {optype!r} is declared {kind}, "
+                             f"but its value is {v!r}.")
 
 
 class Grad:
@@ -78,6 +145,8 @@ class OpDef:
     # canBeReplacedByIdentity). popxl-addons' ops that say so cannot run otherwise: a Session
     # refuses them until Ir.applyPreAliasPatterns (with OpToIdentity enabled) has replaced them.
     identity_when: Optional[Callable[..., bool]] = None
+    # name -> type (ATTRIBUTE_TYPES, "?": may be None or absent); None: not declared
+    attributes: Optional[Dict[str, str]] = None
 
     @property
     def pure(self) -> bool:
@@ -94,6 +163,9 @@ REGISTRY: Dict[str, OpDef] = {}
 def register(opdef: OpDef) -> OpDef:
     if opdef.name in REGISTRY:
         raise RuntimeError(f"op {opdef.name!r} is registered twice")
+    for name, kind in (opdef.attributes or {}).items():
+        if kind.rstrip("?") not in ATTRIBUTE_TYPES:
+            raise ValueError(f"op {opdef.name!r}: attribute {name!r} has unknown type {kind!r}; known: {ATTRIBUTE_TYPES}")
     REGISTRY[opdef.name] = opdef
     return opdef
 
@@ -245,6 +317,10 @@ def create_op(opname: str, inputs: Sequence["Tensor"], attrs_: Optional[Dict[str
     g.ir._check_mutable()
     location = user_location()
     attrs_ = dict(attrs_ or {})
+    try:
+        check_attributes(opname, opdef.attributes, attrs_, f"ops.{opname}")
+    except ValueError as e:
+        raise ValueError(f"{e} (at {location})") from None
     try:
         ins = tuple(check_tensor(g, t, f"input {i}", opname) for i, t in enumerate(inputs))
     except (TypeError, ValueError) as e:

@@ -67,6 +67,69 @@ std::vector<int64_t> AttrValue::ints() const {
   return out;
 }
 
+std::vector<double> OpInstr::attr_floats(const char* name) const {
+  std::vector<double> out;
+  for (auto& x : attr(name, "floats").list()) out.push_back(x.f());
+  return out;
+}
+
+std::vector<std::string> OpInstr::attr_strs(const char* name) const {
+  std::vector<std::string> out;
+  for (auto& x : attr(name, "strs").list()) out.push_back(x.s());
+  return out;
+}
+
+namespace {
+// The declared types a reading as `as` accepts.
+bool readable_as(const std::string& declared, const char* as) {
+  const std::string a = as;
+  if (a == "int") return declared == "int" || declared == "number" || declared == "remote_buffer";
+  if (a == "float") return declared == "float" || declared == "number";
+  if (a == "str") return declared == "str" || declared == "dtype";
+  return declared == a;
+}
+std::string declared_names(const AttrDecl& d) {
+  std::string s;
+  for (auto& [n, t] : d) s += (s.empty() ? "" : ", ") + n;
+  return s.empty() ? "none" : s;
+}
+}  // namespace
+
+const AttrValue& OpInstr::attr(const char* name, const char* as) const {
+  static const AttrValue none;
+  const std::string where = "op '" + this->name + "' (" + type + "): its native kernel reads attribute '" + name + "'";
+  if (!declared)
+    throw std::invalid_argument(where + ", but op '" + type + "' declares no attributes (popxl.op.OpDef.attributes)");
+  auto d = declared->find(name);
+  if (d == declared->end())
+    throw std::invalid_argument(where + ", which op '" + type + "' does not declare (declared: " +
+                                declared_names(*declared) + ")");
+  std::string t = d->second;
+  if (!t.empty() && t.back() == '?') t.pop_back();
+  if (as && !readable_as(t, as))
+    throw std::invalid_argument(where + " as " + as + ", but op '" + type + "' declares it " + d->second);
+  auto v = attr_values.find(name);
+  return v == attr_values.end() ? none : v->second;
+}
+
+bool attr_conforms(const std::string& type, const AttrValue& value) {
+  if (!type.empty() && type.back() == '?') return value.is_none() || attr_conforms(type.substr(0, type.size() - 1), value);
+  const auto& v = value.v;
+  const bool is_int = std::holds_alternative<int64_t>(v), is_num = is_int || std::holds_alternative<double>(v);
+  if (type == "int" || type == "remote_buffer") return is_int;
+  if (type == "float" || type == "number") return is_num;
+  if (type == "bool") return std::holds_alternative<bool>(v);
+  if (type == "str" || type == "dtype") return std::holds_alternative<std::string>(v);
+  if (type == "ints" || type == "floats" || type == "strs") {
+    if (!std::holds_alternative<AttrList>(v)) return false;
+    const std::string item = type.substr(0, type.size() - 1);
+    for (auto& x : std::get<AttrList>(v))
+      if (!attr_conforms(item, x)) return false;
+    return true;
+  }
+  return false;
+}
+
 std::map<std::string, KernelFactory>& kernel_registry() {
   static std::map<std::string, KernelFactory> registry;
   return registry;

@@ -55,10 +55,39 @@ struct AttrValue {
 };
 using Attrs = std::map<std::string, AttrValue>;
 
+// An op's attributes as its definition declares them (popxl.op.OpDef.attributes, carried by the
+// executable's op_attrs): name -> type, one of popxl.op.ATTRIBUTE_TYPES ("int", "float", "number",
+// "bool", "str", "ints", "floats", "strs", "dtype", "remote_buffer"), with "?" at the end when
+// the value may be None or absent.
+using AttrDecl = std::map<std::string, std::string>;
+
+// Whether `value` is of declared type `type` (the loader's check of every op instruction).
+bool attr_conforms(const std::string& type, const AttrValue& value);
+
 struct OpInstr {
   std::string type, name;
   std::vector<int> inputs, outputs;
-  Attrs attrs;
+  // The attribute values; the loader has checked them against `declared`. Kernels read them only
+  // through the accessors below, which refuse (std::invalid_argument, naming op and attribute) a
+  // name the op does not declare or a reading the declared type does not allow. Kernels are made
+  // at load, so a kernel and an op definition that disagree fail at load.
+  Attrs attr_values;
+  const AttrDecl* declared = nullptr;  // null: the op declares no attributes
+  int64_t attr_int(const char* name) const { return attr(name, "int").i(); }         // int, number, remote_buffer
+  double attr_float(const char* name) const { return attr(name, "float").f(); }      // float, number
+  bool attr_bool(const char* name) const { return attr(name, "bool").b(); }
+  const std::string& attr_str(const char* name) const { return attr(name, "str").s(); }  // str, dtype
+  std::vector<int64_t> attr_ints(const char* name) const { return attr(name, "ints").ints(); }
+  std::vector<double> attr_floats(const char* name) const;
+  std::vector<std::string> attr_strs(const char* name) const;
+  // A declared attribute of any type, as it is (e.g. an int or None).
+  const AttrValue& attr_value(const char* name) const { return attr(name, nullptr); }
+  // Whether a declared attribute is None or absent (declared with "?").
+  bool attr_is_none(const char* name) const { return attr(name, nullptr).is_none(); }
+  // Whether the op declares `name` at all (kernels shared by ops with different attributes).
+  bool declares(const char* name) const { return declared && declared->count(name); }
+  // The value of declared attribute `name`, read as `as` (null: any type); a None value when absent.
+  const AttrValue& attr(const char* name, const char* as) const;
   // Positions of inputs lying in static storage: their bytes change only when the engine's
   // weights epoch does (see Engine::variables_written).
   std::vector<int> static_inputs;
@@ -169,6 +198,7 @@ class Engine {
   std::vector<std::vector<Node>> graphs;
   std::vector<std::unique_ptr<Kernel>> kernels;
   std::vector<OpInstr> op_instrs;  // per kernel index, for fallbacks and error messages
+  std::map<std::string, AttrDecl> op_attrs;  // the executable's attribute declarations, by op type
   std::vector<std::pair<int, std::string>> constants;
   std::vector<StreamInfo> h2d, d2h;
   int64_t arena_bytes = 0;

@@ -109,11 +109,27 @@ struct PyFallback : Kernel {
 
 // Whether an op's "layouts" attribute (popxl.transforms.keep_channels_last) puts an operand in NHWC.
 bool keeps_channels_last(const OpInstr& op) {
-  auto it = op.attrs.find("layouts");
-  if (it == op.attrs.end() || it->second.is_none()) return false;
-  for (auto& l : it->second.list())
-    if (l.s() == "nhwc") return true;
+  if (!op.declares("layouts") || op.attr_is_none("layouts")) return false;
+  for (auto& l : op.attr_strs("layouts"))
+    if (l == "nhwc") return true;
   return false;
+}
+
+// An op instruction's attributes against its type's declaration: every attribute declared, every
+// declared one given (unless "?"), each of its declared type.
+void check_attributes(const OpInstr& op) {
+  if (!op.declared) return;
+  const std::string where = "executable: op '" + op.name + "' (" + op.type + "): attribute '";
+  for (auto& [name, value] : op.attr_values) {
+    auto d = op.declared->find(name);
+    if (d == op.declared->end())
+      throw std::invalid_argument(where + name + "' is not declared by op '" + op.type + "'");
+    if (!attr_conforms(d->second, value))
+      throw std::invalid_argument(where + name + "' is not of its declared type " + d->second);
+  }
+  for (auto& [name, type] : *op.declared)
+    if (type.back() != '?' && !op.attr_values.count(name))
+      throw std::invalid_argument(where + name + "' of op '" + op.type + "' is missing");
 }
 
 std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force_fallback) {
@@ -148,6 +164,11 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
       table->push_back(info);
     }
   }
+  if (exe.contains("op_attrs"))
+    for (auto [type, decl] : nb::cast<nb::dict>(exe["op_attrs"])) {
+      AttrDecl& d = e->op_attrs[nb::cast<std::string>(type)];
+      for (auto [name, t] : nb::cast<nb::dict>(decl)) d[nb::cast<std::string>(name)] = nb::cast<std::string>(t);
+    }
   std::vector<std::string> forced;
   for (nb::handle f : force_fallback) forced.push_back(nb::cast<std::string>(f));
   auto& registry = kernel_registry();
@@ -168,7 +189,9 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
         if (nb::handle st = field(ins, kind, "static_inputs", true); st.is_valid())
           for (auto v : ints(st)) op.static_inputs.push_back(static_cast<int>(v));
         nb::dict attrs = nb::cast<nb::dict>(get("attrs"));
-        for (auto [k, v] : attrs) op.attrs[nb::cast<std::string>(k)] = to_attr(v);
+        for (auto [k, v] : attrs) op.attr_values[nb::cast<std::string>(k)] = to_attr(v);
+        if (auto d = e->op_attrs.find(op.type); d != e->op_attrs.end()) op.declared = &d->second;
+        check_attributes(op);
         std::unique_ptr<Kernel> k;
         auto it = registry.find(op.type);
         bool force = std::find(forced.begin(), forced.end(), op.type) != forced.end();
@@ -373,7 +396,7 @@ NB_MODULE(_native, m) {
   // runs every region on its one thread (nthreads 1 never touches the pool).
   m.def("after_fork_in_child", []() { omp_set_num_threads(1); },
         "Make this process's OpenMP regions single-threaded (called in a child after fork()).");
-  m.def("abi_version", []() { return 2; },
+  m.def("abi_version", []() { return 3; },
         "Version of the executable contract this engine implements (popxl.compiler.executable.VERSION).");
   m.def("instruction_fields", []() { return instruction_fields(); },
         "The fields the loader reads of each instruction kind ('?': optional; 'if.branch': an if's branches).");

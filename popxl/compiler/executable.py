@@ -56,11 +56,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import attrs
 
 from popxl import dtypes
-from popxl.compiler.instructions import check_program
+from popxl.compiler.instructions import check_op_attrs, check_program
 
 FORMAT = "popxl-executable"
-VERSION = 2  # 2: the static program and static inputs
-READABLE_VERSIONS = (1, 2)  # a version 1 executable is one with no static program or static inputs
+VERSION = 3  # 2: the static program and static inputs; 3: the ops' attribute declarations (op_attrs)
+# a version 1 executable is one with no static program or static inputs, a version 2 one has no
+# op_attrs (its ops' attributes are not checked)
+READABLE_VERSIONS = (1, 2, 3)
 STATIC_GRAPH_ID = "<static>"
 
 
@@ -76,6 +78,10 @@ class Executable:
     num_host_transfers: int = 1
     replication_factor: int = 1
     static_graph: int = -1
+    # op type -> its attributes' declaration (name -> type, popxl.op.ATTRIBUTE_TYPES), for each
+    # op type the programs run that declares its attributes; both engines check every op
+    # instruction's attributes against it at load
+    op_attrs: Dict[str, Dict[str, str]] = attrs.Factory(dict)
 
     def to_json(self) -> str:
         d = attrs.asdict(self)
@@ -91,7 +97,9 @@ class Executable:
         d["buffers"] = [{**b, "shape": tuple(b["shape"]), "strides": tuple(b["strides"])} for b in d["buffers"]]
         for g in d["graphs"]:
             check_program(g["program"], f"graph {g['id']!r}")
-        return cls(**d)
+        exe = cls(**d)
+        check_op_attrs(exe.graphs, exe.op_attrs)
+        return exe
 
 
 def transfer_counts(exe: Executable) -> Tuple[List[Optional[int]], List[Optional[int]]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, TypedDict
 
 __all__ = ["FIELDS", "OPTIONAL_FIELDS", "BRANCH_FIELDS", "op", "copy", "call", "repeat", "if_", "host_load",
-           "host_store", "branch", "check_program"]
+           "host_store", "branch", "check_program", "op_attributes", "check_op_attrs"]
 
 Pairs = List[List[int]]  # [source buffer, destination buffer] pairs
 
@@ -93,3 +93,30 @@ def check_program(program: Sequence[Mapping[str, Any]], where: str = "program") 
                 if set(instr[key]) != set(BRANCH_FIELDS):
                     raise ValueError(f"{where}[{k}]: the {key!r} branch has fields {sorted(instr[key])}; expected "
                                      f"{sorted(BRANCH_FIELDS)}.")
+
+
+def op_attributes(graphs: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, str]]:
+    """The attribute declarations (popxl.op.OpDef.attributes) of the op types run by ``graphs``'
+    op instructions, for the executable: op type -> {name: type}; ops that declare none are left out."""
+    from popxl.op import REGISTRY
+    table: Dict[str, Dict[str, str]] = {}
+    for g in graphs:
+        for instr in g["program"]:
+            if instr["kind"] == "op" and instr["type"] not in table:
+                opdef = REGISTRY.get(instr["type"])
+                if opdef is not None and opdef.attributes is not None:
+                    table[instr["type"]] = dict(opdef.attributes)
+    return table
+
+
+def check_op_attrs(graphs: Sequence[Mapping[str, Any]], op_attrs: Mapping[str, Mapping[str, str]]) -> None:
+    """Raise ValueError naming the op and the attribute if an op instruction's attributes differ
+    from its type's declaration in ``op_attrs`` (an executable's): an attribute it does not declare,
+    one it declares missing, or a value not of the declared type. The native loader checks the same."""
+    from popxl.op import check_attributes
+    for g in graphs:
+        for instr in g["program"]:
+            if instr["kind"] == "op":
+                declared = op_attrs.get(instr["type"])
+                check_attributes(instr["type"], None if declared is None else dict(declared), instr["attrs"],
+                                 f"executable: op {instr['name']!r} ({instr['type']})")

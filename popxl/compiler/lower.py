@@ -457,7 +457,8 @@ class _Lowering:
         return Executable(arena_bytes=_align(self.arena), buffers=self.buffers, constants=constants,
                           variables=variables, h2d=streams(self.h2d), d2h=streams(self.d2h), graphs=graphs,
                           num_host_transfers=self.ir.num_host_transfers,
-                          replication_factor=self.ir.instance_replication_factor, static_graph=static_graph)
+                          replication_factor=self.ir.instance_replication_factor, static_graph=static_graph,
+                          op_attrs=instructions.op_attributes(graphs))
 
 
 def lower(ir, progress: Optional[Callable[[str], None]] = None) -> Executable:

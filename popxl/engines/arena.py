@@ -9,6 +9,7 @@ import numpy as np
 
 from popxl import dtypes
 from popxl.compiler.executable import Executable, decode_attr
+from popxl.compiler.instructions import check_op_attrs
 from popxl.op import REGISTRY
 
 __all__ = ["ArenaViews"]
@@ -28,6 +29,7 @@ class ArenaViews:
 
     def __init__(self, exe: Executable) -> None:
         self.exe = exe
+        check_op_attrs(exe.graphs, exe.op_attrs)
         self._np_dtypes = [dtypes.ml_dtype(dtypes.dtype.from_name(b["dtype"])) for b in exe.buffers]
         # Each op instruction's kernel and decoded attributes, prepared once.
         self._prepared: Dict[int, Tuple[Any, Dict[str, Any]]] = {}

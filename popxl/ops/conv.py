@@ -25,6 +25,8 @@ from popxl.tensor import Tensor
 __all__ = ["conv", "conv_transpose", "conv_pow2scaled", "conv_transpose_pow2scaled", "PadType"]
 
 
+_CONV_ATTRS = {"strides": "ints", "dilations": "ints", "groups": "int", "pads": "ints"}  # every convolution
+
 def _conv_check(x, w, strides, pads, dilations, groups, transposed: bool, fp8: bool) -> int:
     """Validate a (transposed) convolution; returns the number of output channels."""
     r = len(x.shape) - 2
@@ -96,7 +98,8 @@ def _conv_pow2_kernel(x, w, s, strides, pads, dilations, groups):
     return (_conv_compute(x, w, strides, pads, dilations, groups) * scale).astype(np.float16)
 
 
-register(OpDef("conv", _conv_infer, _conv_kernel, family="nn"))
+register(OpDef("conv", _conv_infer, _conv_kernel, family="nn",
+               attributes=_CONV_ATTRS))
 
 
 # conv_fused: relu(conv(x, w) + bias[c] + residual), the residual and the relu optional; or, with
@@ -177,7 +180,10 @@ def _conv_fused_overwritable(residual: bool, layouts=None, **_) -> Tuple[int, ..
 
 
 register(OpDef("conv_fused", _conv_fused_infer, _conv_fused_kernel, grad=Grad.RAISE, family="nn",
-               overwritable=_conv_fused_overwritable))
+               overwritable=_conv_fused_overwritable,
+               attributes={**_CONV_ATTRS, "residual": "bool", "relu": "bool", "clip": "floats?",
+                           "pool_kernel": "ints?", "pool_strides": "ints?", "pool_pads": "ints?",
+                           "pool_dilations": "ints?", "pool_ceil_mode": "bool?", "layouts": "strs?"}))
 
 
 def conv_fused(t: Tensor, weight: Tensor, bias: Tensor, residual: Optional[Tensor] = None, relu: bool = False,
@@ -193,7 +199,8 @@ def conv_fused(t: Tensor, weight: Tensor, bias: Tensor, residual: Optional[Tenso
 
 
 register(OpDef("conv_pow2scaled", lambda specs, **a: _conv_infer(specs, fp8=True, **a), _conv_pow2_kernel,
-               grad=Grad.RAISE, family="nn"))
+               grad=Grad.RAISE, family="nn",
+               attributes=_CONV_ATTRS))
 
 
 def _conv_transpose_pads(sizes, kernel, strides, dilations, pads, pad_type, output_padding, output_shape):
@@ -266,11 +273,13 @@ def _conv_transpose_pow2_kernel(x, w, s, strides, pads, dilations, groups, outpu
     return (res * scale).astype(np.float16)
 
 
-register(OpDef("conv_transpose", _conv_transpose_infer, _conv_transpose_kernel, grad=Grad.STOP, family="nn"))
+register(OpDef("conv_transpose", _conv_transpose_infer, _conv_transpose_kernel, grad=Grad.STOP, family="nn",
+               attributes={**_CONV_ATTRS, "output_padding": "ints"}))
 
 
 register(OpDef("conv_transpose_pow2scaled", lambda specs, **a: _conv_transpose_infer(specs, fp8=True, **a),
-               _conv_transpose_pow2_kernel, grad=Grad.RAISE, family="nn"))
+               _conv_transpose_pow2_kernel, grad=Grad.RAISE, family="nn",
+               attributes={**_CONV_ATTRS, "output_padding": "ints"}))
 
 
 def _conv_attrs(opname, t, weight, stride, padding, dilation, groups, pad_type,
@@ -484,7 +493,8 @@ def _conv_grad_kernel(x, w, g, strides, pads, dilations, groups, grads=_CONV_GRA
 
 
 # Dedicated gradient ops for convolution and pooling (one kernel each instead of a composite).
-register(OpDef("conv_grad", _conv_grad_infer, _conv_grad_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("conv_grad", _conv_grad_infer, _conv_grad_kernel, grad=Grad.RAISE, family="nn",
+               attributes={**_CONV_ATTRS, "grads": "strs?"}))
 
 
 @grad_rule("conv")

@@ -71,10 +71,12 @@ def _from_fp8_kernel(x, s, data_type):
     return (x.astype(np.float64) * scale_value(s, "pow2scale_cast_from_fp8")).astype(dtypes.ml_dtype(data_type))
 
 
-register(OpDef("pow2scale_cast_to_fp8", _to_fp8_infer, _to_fp8_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("pow2scale_cast_to_fp8", _to_fp8_infer, _to_fp8_kernel, grad=Grad.RAISE, family="nn",
+               attributes={"data_type": "dtype"}))
 
 
-register(OpDef("pow2scale_cast_from_fp8", _from_fp8_infer, _from_fp8_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("pow2scale_cast_from_fp8", _from_fp8_infer, _from_fp8_kernel, grad=Grad.RAISE, family="nn",
+               attributes={"data_type": "dtype"}))
 
 
 def pow2scale_cast_to_fp8(t: Tensor, log2_scale: Tensor, data_type: dtypes.dtype) -> Tensor:

@@ -64,7 +64,8 @@ def _attention_kernel(q, k, v, *mask, scale):
     return np.matmul(p, v.astype(w)).astype(q.dtype)
 
 
-register(OpDef("attention", _attention_infer, _attention_kernel, family="nn"))
+register(OpDef("attention", _attention_infer, _attention_kernel, family="nn",
+               attributes={"scale": "float"}))
 
 
 def _attention_grad_infer(specs, scale):
@@ -95,7 +96,8 @@ def _attention_grad_kernel(q, k, v, *rest, scale):
     return dq.astype(q.dtype), dk.astype(q.dtype), dv.astype(q.dtype)
 
 
-register(OpDef("attention_grad", _attention_grad_infer, _attention_grad_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("attention_grad", _attention_grad_infer, _attention_grad_kernel, grad=Grad.RAISE, family="nn",
+               attributes={"scale": "float"}))
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, scale: float = 1.0) -> Tensor:

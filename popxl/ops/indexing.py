@@ -69,7 +69,8 @@ def _gather_infer(specs, axis, zero_OOR):
     return [spec(t.shape[:ax] + idx.shape + t.shape[ax + 1:], t.dtype)]
 
 
-register(OpDef("gather", _gather_infer, _gather_kernel, family="shape"))
+register(OpDef("gather", _gather_infer, _gather_kernel, family="shape",
+               attributes={"axis": "int", "zero_OOR": "bool"}))
 
 
 def gather(t: Tensor, indices: Union[Tensor, List[int]], axis: int = 0,
@@ -99,7 +100,8 @@ def gather(t: Tensor, indices: Union[Tensor, List[int]], axis: int = 0,
 
 
 # tied_gather / groupedgather ------------------------------------------------------------------------
-register(OpDef("tied_gather", _gather_infer, _gather_kernel, family="shape"))
+register(OpDef("tied_gather", _gather_infer, _gather_kernel, family="shape",
+               attributes={"axis": "int", "zero_OOR": "bool"}))
 
 
 def tied_gather(t: Tensor, indices: Tensor, axis: int = 0, available_memory_proportion: Optional[float] = None,
@@ -141,7 +143,8 @@ def _grouped_gather_kernel(t, idx, axis, group_size, zero_OOR):
     return np.stack([_gather_kernel(t[g], idx[g], axis, zero_OOR) for g in range(group_size)])
 
 
-register(OpDef("groupedgather", _grouped_gather_infer, _grouped_gather_kernel, family="shape"))
+register(OpDef("groupedgather", _grouped_gather_infer, _grouped_gather_kernel, family="shape",
+               attributes={"axis": "int", "group_size": "int", "zero_OOR": "bool"}))
 
 
 def groupedgather(t: Tensor, indices: Tensor, axis: int = 0, group_size: Optional[int] = 1,
@@ -192,7 +195,8 @@ def _gather_grad_kernel(g, idx, axis, size, zero_OOR):
 
 
 # A dedicated op: the scatter-add of a gather's gradient is one pass, not a one-hot matmul.
-register(OpDef("gather_grad", _gather_grad_infer, _gather_grad_kernel, grad=Grad.RAISE, family="shape"))
+register(OpDef("gather_grad", _gather_grad_infer, _gather_grad_kernel, grad=Grad.RAISE, family="shape",
+               attributes={"axis": "int", "size": "int", "zero_OOR": "bool"}))
 
 
 @grad_rule("gather", "tied_gather")
@@ -209,7 +213,8 @@ def _grouped_gather_grad_kernel(g, idx, axis, size, group_size, zero_OOR):
 register(OpDef("groupedgather_grad", lambda specs, axis, size, group_size, zero_OOR: [spec(
     [specs[0].shape[0]] + list(specs[0].shape[1:axis + 1]) + [size] +
     list(specs[0].shape[axis + len(specs[1].shape):]), specs[0].dtype)],
-    _grouped_gather_grad_kernel, grad=Grad.RAISE, family="shape"))
+    _grouped_gather_grad_kernel, grad=Grad.RAISE, family="shape",
+               attributes={"axis": "int", "size": "int", "group_size": "int", "zero_OOR": "bool"}))
 
 
 @grad_rule("groupedgather")
@@ -321,7 +326,8 @@ def _scatter_kernel(t, idx, vals, axis):
     return out
 
 
-register(OpDef("scatter", _scatter_infer, _scatter_kernel, family="shape"))
+register(OpDef("scatter", _scatter_infer, _scatter_kernel, family="shape",
+               attributes={"axis": "int"}))
 
 
 def scatter(t: Tensor, indices: Tensor, values: Tensor, axis: int = 0,
@@ -433,7 +439,8 @@ def _scatter_reduce_kernel(data, idx, *init, reduction, axis, axis_size, enable_
     return out
 
 
-register(OpDef("scatter_reduce", _scatter_reduce_infer, _scatter_reduce_kernel, family="shape"))
+register(OpDef("scatter_reduce", _scatter_reduce_infer, _scatter_reduce_kernel, family="shape",
+               attributes={"reduction": "str", "axis": "int", "axis_size": "int", "enable_index_broadcast": "bool"}))
 
 
 def scatter_reduce(data: Tensor, indices: Tensor, reduction: str, initial_values: Optional[Tensor] = None,
@@ -494,7 +501,8 @@ def _gather_elements_kernel(g, idx, axis, data_shape):
 
 
 # Internal: the gradient of the scattered values (each reads the gradient of the place it went to).
-register(OpDef("gather_elements", _gather_elements_infer, _gather_elements_kernel, grad=Grad.RAISE, family="shape"))
+register(OpDef("gather_elements", _gather_elements_infer, _gather_elements_kernel, grad=Grad.RAISE, family="shape",
+               attributes={"axis": "int", "data_shape": "ints"}))
 
 
 @grad_rule("scatter")
@@ -582,10 +590,13 @@ def _dynamic_update_kernel(t, idx, upd, axes, sizes, no_overlap):
 
 register(OpDef("dynamic_slice", _dynamic_slice_infer,
                lambda t, idx, axes, sizes, no_overlap: t[_dynamic_index(t.shape, idx, axes, sizes)].copy(),
-               family="shape"))
-register(OpDef("dynamic_update", _dynamic_update_infer, _dynamic_update_kernel, family="shape"))
+               family="shape",
+               attributes={"axes": "ints", "sizes": "ints", "no_overlap": "bool"}))
+register(OpDef("dynamic_update", _dynamic_update_infer, _dynamic_update_kernel, family="shape",
+               attributes={"axes": "ints", "sizes": "ints", "no_overlap": "bool"}))
 register(OpDef("dynamic_update_", _dynamic_update_infer, _dynamic_update_kernel, inplace=0, grad=Grad.STOP,
-               family="shape"))
+               family="shape",
+               attributes={"axes": "ints", "sizes": "ints", "no_overlap": "bool"}))
 
 
 def _dynamic_attrs(opname: str, t: Tensor, axes: Iterable[int], sizes: Iterable[int], no_overlap: bool) -> dict:
@@ -716,7 +727,8 @@ def _onehot_kernel(t, _num_classes, values, axis, num_classes):
     return np.where(hot, values[1], values[0]).astype(values.dtype)
 
 
-register(OpDef("onehot", _onehot_infer, _onehot_kernel, family="shape"))
+register(OpDef("onehot", _onehot_infer, _onehot_kernel, family="shape",
+               attributes={"axis": "int", "num_classes": "int"}))
 
 
 def onehot(t: Tensor, num_classes: Tensor, values: Tensor, axis: int) -> Tensor:

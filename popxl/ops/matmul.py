@@ -74,7 +74,8 @@ def _matmul_kernel(a, b, output_type, partials_type):
     return out.astype(dtypes.ml_dtype(output_type) if output_type is not None else a.dtype)
 
 
-register(OpDef("matmul", _matmul_infer, _matmul_kernel, family="nn"))
+register(OpDef("matmul", _matmul_infer, _matmul_kernel, family="nn",
+               attributes={"output_type": "dtype?", "partials_type": "dtype?"}))
 
 
 def _matmul_bias_infer(specs):
@@ -90,7 +91,8 @@ def _matmul_bias_infer(specs):
 # matmul then the addition of a row vector (a Linear layer's bias), as one instruction: lowering
 # makes it of an adjacent matmul and add (popxl/compiler/lower.py); it is not traced by users.
 register(OpDef("matmul_bias", _matmul_bias_infer, lambda a, b, bias: np.matmul(a, b) + bias, grad=Grad.RAISE,
-               family="nn"))
+               family="nn",
+               attributes={}))
 
 
 def _matmul_bias_add_infer(specs):
@@ -105,7 +107,8 @@ def _matmul_bias_add_infer(specs):
 # matmul_bias whose result is added to a tensor of its shape (a residual connection), as one
 # instruction: fuse_matmul makes it; the GEMM starts from bias + residual instead of the bias.
 register(OpDef("matmul_bias_add", _matmul_bias_add_infer, lambda a, b, bias, r: np.matmul(a, b) + bias + r,
-               grad=Grad.RAISE, family="nn"))
+               grad=Grad.RAISE, family="nn",
+               attributes={}))
 
 
 def _matmul_update_infer(specs, b):
@@ -120,7 +123,8 @@ def _matmul_update_infer(specs, b):
 # t += b * (a @ w), in place on t: lowering makes it of a gradient's matmul and the SGD update
 # scaled_add_(t, gradient, b=...) that consumes it (popxl/compiler/lower.py); not traced by users.
 register(OpDef("matmul_update_", _matmul_update_infer, lambda a, w, t, b: t + np.float32(b) * np.matmul(a, w),
-               inplace=2, grad=Grad.RAISE, family="nn"))
+               inplace=2, grad=Grad.RAISE, family="nn",
+               attributes={"b": "float"}))
 
 
 def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float] = None,
@@ -164,7 +168,8 @@ def _matmul_pow2_kernel(a, b, s):
     return (np.matmul(a.astype(np.float32), b.astype(np.float32)) * scale).astype(np.float16)
 
 
-register(OpDef("matmul_pow2scaled", _matmul_pow2_infer, _matmul_pow2_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("matmul_pow2scaled", _matmul_pow2_infer, _matmul_pow2_kernel, grad=Grad.RAISE, family="nn",
+               attributes={}))
 
 
 def matmul_pow2scaled(lhs: Tensor, rhs: Tensor, log2_scale: Tensor,

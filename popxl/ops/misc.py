@@ -35,7 +35,8 @@ def _init_kernel(shape, dtype, init_type, meta_shape):
     return np.zeros(shape, dtypes.ml_dtype(dtype))
 
 
-register(OpDef("init", _init_infer, _init_kernel, grad=Grad.STOP, family="misc"))
+register(OpDef("init", _init_infer, _init_kernel, grad=Grad.STOP, family="misc",
+               attributes={"shape": "ints", "dtype": "dtype", "init_type": "str", "meta_shape": "ints"}))
 
 
 def init(shape: Iterable[int], dtype: dtypes.dtype, name: Optional[str] = None, init_type: str = "zero",
@@ -80,9 +81,11 @@ def _increment_mod_kernel(x, increment, modulus):
     return np.fmod(wide + wide.dtype.type(increment), wide.dtype.type(modulus)).astype(x.dtype)
 
 
-register(OpDef("increment_mod", _increment_mod_infer, _increment_mod_kernel, grad=Grad.STOP, family="misc"))
+register(OpDef("increment_mod", _increment_mod_infer, _increment_mod_kernel, grad=Grad.STOP, family="misc",
+               attributes={"increment": "number", "modulus": "number"}))
 register(OpDef("increment_mod_", _increment_mod_infer, _increment_mod_kernel, inplace=0, grad=Grad.STOP,
-               family="misc"))
+               family="misc",
+               attributes={"increment": "number", "modulus": "number"}))
 
 
 def _increment_mod(opname: str, t: Tensor, increment: float, modulus: float) -> Tensor:
@@ -185,7 +188,8 @@ def _print_kernel(x, title, print_self, print_gradient, **fmt):
     return x.copy()
 
 
-register(OpDef("print_tensor", _print_infer, _print_kernel, side_effect=True, family="misc"))
+register(OpDef("print_tensor", _print_infer, _print_kernel, side_effect=True, family="misc",
+               attributes={"title": "str", "print_self": "bool", "print_gradient": "bool", "summarise_threshold": "int", "edge_items": "int", "max_line_width": "int", "digits": "int", "float_format": "str", "separator": "str", "open_bracket": "str", "close_bracket": "str"}))
 
 
 def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True, print_gradient: bool = False,

@@ -76,7 +76,8 @@ def _nll_kernel(probs, labels, ignore_index, reduction, log_prob):
     return np.asarray(_reduce_loss(item, keep, reduction)).astype(probs.dtype)
 
 
-register(OpDef("nll_loss", _nll_infer, _nll_kernel, family="nn"))
+register(OpDef("nll_loss", _nll_infer, _nll_kernel, family="nn",
+               attributes={"ignore_index": "int?", "reduction": "str", "log_prob": "bool"}))
 
 
 def _nll_args(opname, ignore_index, reduction):
@@ -148,7 +149,8 @@ def _nll_softmax_kernel(probs, labels, loss_grad, ignore_index, reduction):
     return (loss.reshape(labels_shape) if reduction == "none" else loss), grad.astype(probs.dtype)
 
 
-register(OpDef("nll_loss_with_softmax_grad", _nll_softmax_infer, _nll_softmax_kernel, grad=Grad.STOP, family="nn"))
+register(OpDef("nll_loss_with_softmax_grad", _nll_softmax_infer, _nll_softmax_kernel, grad=Grad.STOP, family="nn",
+               attributes={"ignore_index": "int?", "reduction": "str"}))
 
 
 def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor, loss_grad: Union[float, Tensor] = 1,
@@ -204,7 +206,8 @@ def _nll_grad_kernel(probs, labels, grad, ignore_index, reduction, log_prob):
     return out.astype(probs.dtype)
 
 
-register(OpDef("nll_loss_grad", _nll_grad_infer, _nll_grad_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("nll_loss_grad", _nll_grad_infer, _nll_grad_kernel, grad=Grad.RAISE, family="nn",
+               attributes={"ignore_index": "int?", "reduction": "str", "log_prob": "bool"}))
 
 
 @grad_rule("nll_loss")

@@ -29,7 +29,8 @@ def _softmax_kernel(x, axis):
     return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
 
 
-register(OpDef("softmax", _softmax_infer, _softmax_kernel, family="nn"))
+register(OpDef("softmax", _softmax_infer, _softmax_kernel, family="nn",
+               attributes={"axis": "int"}))
 
 
 def softmax(t: Tensor, axis: int) -> Tensor:
@@ -71,7 +72,8 @@ def _softmax_grad_kernel(g, y, axis):
 
 # One fused kernel: as a composite (mul, sum, mul, sub) it made four passes over attention's
 # (batch, heads, seq, seq) probabilities.
-register(OpDef("softmax_grad", _softmax_grad_infer, _softmax_grad_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("softmax_grad", _softmax_grad_infer, _softmax_grad_kernel, grad=Grad.RAISE, family="nn",
+               attributes={"axis": "int"}))
 
 
 @grad_rule("softmax")
@@ -109,7 +111,8 @@ def _batch_norm_kernel(x, scale, bias, mean, var, epsilon):
     return y.astype(x.dtype)
 
 
-register(OpDef("batch_norm_inference", _batch_norm_infer, _batch_norm_kernel, family="nn"))
+register(OpDef("batch_norm_inference", _batch_norm_infer, _batch_norm_kernel, family="nn",
+               attributes={"epsilon": "float"}))
 
 
 def batch_norm_inference(t: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor,
@@ -183,11 +186,13 @@ def _group_norm_kernel(x, weight, bias, num_groups, eps):
     return (y * channel_column(weight, x.ndim, w) + channel_column(bias, x.ndim, w)).astype(x.dtype)
 
 
-register(OpDef("group_norm", _group_norm_infer, _group_norm_kernel, family="nn"))
+register(OpDef("group_norm", _group_norm_infer, _group_norm_kernel, family="nn",
+               attributes={"num_groups": "int", "eps": "float"}))
 
 
 register(OpDef("layer_norm", lambda specs, eps: _group_norm_infer(specs, 1, eps),
-               lambda x, weight, bias, eps: _group_norm_kernel(x, weight, bias, 1, eps), family="nn"))
+               lambda x, weight, bias, eps: _group_norm_kernel(x, weight, bias, 1, eps), family="nn",
+               attributes={"eps": "float"}))
 
 
 def group_norm(t: Tensor, weight: Tensor, bias: Tensor, num_groups: int, eps: float = 1e-5) -> Tensor:
@@ -257,7 +262,8 @@ def _group_norm_grad_kernel(x, weight, g, num_groups, eps):
 
 
 # One fused kernel for the three gradients of a normalisation (a composite would take ~15 ops).
-register(OpDef("group_norm_grad", _group_norm_grad_infer, _group_norm_grad_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("group_norm_grad", _group_norm_grad_infer, _group_norm_grad_kernel, grad=Grad.RAISE, family="nn",
+               attributes={"num_groups": "int", "eps": "float"}))
 
 
 @grad_rule("group_norm", "layer_norm")

@@ -15,6 +15,8 @@ from popxl.tensor import Tensor
 __all__ = ["average_pool", "max_pool"]
 
 
+_POOL_ATTRS = {"kernel": "ints", "strides": "ints", "pads": "ints", "dilations": "ints", "ceil_mode": "bool"}  # every pooling op
+
 def pool_infer(specs, kernel, strides, pads, dilations, ceil_mode, layouts=None, **_):
     x = specs[0]
     if layouts is not None and (len(layouts) != 2 or any(v not in LAYOUTS for v in layouts) or len(x.shape) != 4):
@@ -53,10 +55,12 @@ def _average_pool_kernel(x, kernel, strides, pads, dilations, ceil_mode, layouts
     return (total / count).astype(x.dtype)
 
 
-register(OpDef("max_pool", pool_infer, max_pool_kernel, family="nn"))
+register(OpDef("max_pool", pool_infer, max_pool_kernel, family="nn",
+               attributes={**_POOL_ATTRS, "storage_order": "str", "layouts": "strs?"}))
 
 
-register(OpDef("average_pool", pool_infer, _average_pool_kernel, family="nn"))
+register(OpDef("average_pool", pool_infer, _average_pool_kernel, family="nn",
+               attributes={**_POOL_ATTRS, "layouts": "strs?"}))
 
 
 def _pool_attrs(opname, t, kernel_size, stride, padding, out_pads, dilation, in_dilations, auto_pad, ceil_mode):
@@ -184,10 +188,12 @@ def _average_pool_grad_kernel(x, g, kernel, strides, pads, dilations, ceil_mode)
     return windows_adjoint(dwin, x.shape, kernel, strides, dilations, pads, ceil_mode).astype(x.dtype)
 
 
-register(OpDef("max_pool_grad", _pool_grad_infer, _max_pool_grad_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("max_pool_grad", _pool_grad_infer, _max_pool_grad_kernel, grad=Grad.RAISE, family="nn",
+               attributes={**_POOL_ATTRS, "storage_order": "str"}))
 
 
-register(OpDef("average_pool_grad", _pool_grad_infer, _average_pool_grad_kernel, grad=Grad.RAISE, family="nn"))
+register(OpDef("average_pool_grad", _pool_grad_infer, _average_pool_grad_kernel, grad=Grad.RAISE, family="nn",
+               attributes=_POOL_ATTRS))
 
 
 @grad_rule("max_pool", "average_pool")

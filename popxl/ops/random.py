@@ -197,11 +197,16 @@ def _split_infer(specs, n):
     return [spec((2,), dtypes.uint32) for _ in range(n)]
 
 
-register(OpDef("random_uniform", _draw_infer, _uniform_kernel, grad=Grad.STOP, family="random"))
-register(OpDef("random_normal", _draw_infer, _normal_kernel, grad=Grad.STOP, family="random"))
-register(OpDef("dropout", _dropout_infer, _dropout_kernel, family="random"))
-register(OpDef("shaped_dropout", _shaped_dropout_infer, _shaped_dropout_kernel, family="random"))
-register(OpDef("split_random_seed", _split_infer, _split_kernel, grad=Grad.STOP, family="random"))
+register(OpDef("random_uniform", _draw_infer, _uniform_kernel, grad=Grad.STOP, family="random",
+               attributes={"shape": "ints", "low": "float", "high": "float", "dtype": "dtype"}))
+register(OpDef("random_normal", _draw_infer, _normal_kernel, grad=Grad.STOP, family="random",
+               attributes={"shape": "ints", "mean": "float", "std": "float", "dtype": "dtype"}))
+register(OpDef("dropout", _dropout_infer, _dropout_kernel, family="random",
+               attributes={"p": "float"}))
+register(OpDef("shaped_dropout", _shaped_dropout_infer, _shaped_dropout_kernel, family="random",
+               attributes={"shape": "ints", "ratio": "float"}))
+register(OpDef("split_random_seed", _split_infer, _split_kernel, grad=Grad.STOP, family="random",
+               attributes={"n": "int"}))
 
 
 def _shape_attr(shape) -> object:

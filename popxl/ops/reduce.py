@@ -19,6 +19,9 @@ from popxl.tensor import Tensor
 __all__ = ["argmax", "argmin", "cumsum", "histogram", "l1", "lamb_square", "l2", "logsum", "logsumexp", "max", "mean", "median", "min", "prod", "sum", "sumsquare", "topk"]
 
 
+_REDUCE_ATTRS = {"axis": "ints", "keepdims": "bool"}  # every reduction over axes
+
+
 def _reduce_infer(specs, axis, keepdims):
     s = specs[0]
     if s.dtype.is_complex or s.dtype.name == "bool":
@@ -90,7 +93,7 @@ def _at_extreme(ctx, g, x, y):  # every element equal to the result receives the
     return g * cast(equal(x, y), x.dtype)
 
 
-register(OpDef("sum", _reduce_infer, _wide(np.sum), family="reduce"))
+register(OpDef("sum", _reduce_infer, _wide(np.sum), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def sum(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -120,7 +123,7 @@ def _sum_grad(ctx, g, x, y):
     return g
 
 
-register(OpDef("mean", _reduce_infer, _wide(np.mean), family="reduce"))
+register(OpDef("mean", _reduce_infer, _wide(np.mean), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def mean(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -148,7 +151,7 @@ def _mean_grad(ctx, g, x, y):
     return g * (1.0 / builtins.max(_count(ctx), 1))
 
 
-register(OpDef("prod", _reduce_infer, _wide(np.prod), family="reduce"))
+register(OpDef("prod", _reduce_infer, _wide(np.prod), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def prod(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -176,7 +179,7 @@ def _prod_grad(ctx, g, x, y):
     return g * y / x
 
 
-register(OpDef("max", _reduce_infer, _wide(_extreme(np.max)), family="reduce"))
+register(OpDef("max", _reduce_infer, _wide(_extreme(np.max)), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def max(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -206,7 +209,7 @@ def _max_grad(ctx, g, x, y):
     return _at_extreme(ctx, g, x, y)
 
 
-register(OpDef("min", _reduce_infer, _wide(_extreme(np.min)), family="reduce"))
+register(OpDef("min", _reduce_infer, _wide(_extreme(np.min)), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def min(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -236,7 +239,7 @@ def _min_grad(ctx, g, x, y):
     return _at_extreme(ctx, g, x, y)
 
 
-register(OpDef("median", _reduce_infer, _wide(np.median), family="reduce"))
+register(OpDef("median", _reduce_infer, _wide(np.median), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def median(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -270,7 +273,7 @@ def _l1(x, axis, keepdims):
     return np.sum(np.abs(x), axis=axis, keepdims=keepdims)
 
 
-register(OpDef("l1", _reduce_infer, _wide(_l1), family="reduce"))
+register(OpDef("l1", _reduce_infer, _wide(_l1), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def l1(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -302,7 +305,7 @@ def _l2(x, axis, keepdims):
     return np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims))
 
 
-register(OpDef("l2", _reduce_infer, _wide(_l2), family="reduce"))
+register(OpDef("l2", _reduce_infer, _wide(_l2), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def l2(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -334,7 +337,7 @@ def _logsum(x, axis, keepdims):
     return np.log(np.sum(x, axis=axis, keepdims=keepdims))
 
 
-register(OpDef("logsum", _reduce_infer, _wide(_logsum), family="reduce"))
+register(OpDef("logsum", _reduce_infer, _wide(_logsum), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def logsum(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -362,7 +365,7 @@ def _logsum_grad(ctx, g, x, y):
     return g / create_op("exp", [y])[0]
 
 
-register(OpDef("logsumexp", _reduce_infer, _wide(_logsumexp), family="reduce"))
+register(OpDef("logsumexp", _reduce_infer, _wide(_logsumexp), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def logsumexp(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -394,7 +397,7 @@ def _sumsquare(x, axis, keepdims):
     return np.sum(x * x, axis=axis, keepdims=keepdims)
 
 
-register(OpDef("sumsquare", _reduce_infer, _wide(_sumsquare), family="reduce"))
+register(OpDef("sumsquare", _reduce_infer, _wide(_sumsquare), family="reduce", attributes=_REDUCE_ATTRS))
 
 
 def sumsquare(t: Tensor, axis: Optional[Union[int, Iterable[int]]] = None, keepdims: bool = False) -> Tensor:
@@ -467,8 +470,10 @@ def _arg_kernel(fn: Callable) -> Callable:
     return k
 
 
-register(OpDef("argmax", _arg_infer, _arg_kernel(np.argmax), grad=Grad.STOP, family="reduce"))
-register(OpDef("argmin", _arg_infer, _arg_kernel(np.argmin), grad=Grad.STOP, family="reduce"))
+register(OpDef("argmax", _arg_infer, _arg_kernel(np.argmax), grad=Grad.STOP, family="reduce",
+               attributes={"dim": "int?", "keepdim": "bool"}))
+register(OpDef("argmin", _arg_infer, _arg_kernel(np.argmin), grad=Grad.STOP, family="reduce",
+               attributes={"dim": "int?", "keepdim": "bool"}))
 
 
 def argmax(t: Tensor, dim: Optional[int] = 0, keepdim: Optional[bool] = False) -> Tensor:
@@ -525,7 +530,8 @@ def _cumsum_kernel(x, dim):
     return out.astype(x.dtype)
 
 
-register(OpDef("cumsum", _cumsum_infer, _cumsum_kernel, family="reduce"))
+register(OpDef("cumsum", _cumsum_infer, _cumsum_kernel, family="reduce",
+               attributes={"dim": "int?"}))
 
 
 def cumsum(t: Tensor, dim: Optional[int] = 0) -> Tensor:
@@ -585,7 +591,8 @@ def _topk_kernel(x, k, axis, largest, sorted):
     return np.take_along_axis(x, idx, axis=axis), idx.astype(np.int32)
 
 
-register(OpDef("topk", _topk_infer, _topk_kernel, family="reduce"))
+register(OpDef("topk", _topk_infer, _topk_kernel, family="reduce",
+               attributes={"k": "int", "axis": "int", "largest": "bool", "sorted": "bool"}))
 
 
 def topk(t: Tensor, k: int, axis: int, largest: bool, sorted: bool,
@@ -643,7 +650,8 @@ def _histogram_kernel(x, levels, absolute_of_input):
     return np.bincount(bins, minlength=len(levels) + 1).astype(np.uint32)
 
 
-register(OpDef("histogram", _histogram_infer, _histogram_kernel, grad=Grad.STOP, family="reduce"))
+register(OpDef("histogram", _histogram_infer, _histogram_kernel, grad=Grad.STOP, family="reduce",
+               attributes={"levels": "floats", "absolute_of_input": "bool"}))
 
 
 def histogram(t: Tensor, levels: List[float], absolute_of_input: bool) -> Tensor:
@@ -677,7 +685,8 @@ def _lamb_square_infer(specs):
 
 register(OpDef("lamb_square", _lamb_square_infer,
                lambda x: np.asarray(np.sum(np.square(x.astype(np.float64))), np.float32),
-               grad=Grad.STOP, family="reduce"))
+               grad=Grad.STOP, family="reduce",
+               attributes={}))
 
 
 def lamb_square(t: Tensor) -> Tensor:

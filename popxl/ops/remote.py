@@ -73,10 +73,13 @@ def _store_kernel(t, offset, region, remote_buffer):
     return ()
 
 
-register(OpDef("remote_load", _load_infer, _load_kernel, side_effect=True, grad=Grad.STOP, family="remote"))
+register(OpDef("remote_load", _load_infer, _load_kernel, side_effect=True, grad=Grad.STOP, family="remote",
+               attributes={"remote_buffer": "remote_buffer"}))
 register(OpDef("remote_load_", _load_inplace_infer, _load_inplace_kernel, inplace=0, side_effect=True,
-               grad=Grad.STOP, family="remote"))
-register(OpDef("remote_store", _store_infer, _store_kernel, side_effect=True, grad=Grad.STOP, family="remote"))
+               grad=Grad.STOP, family="remote",
+               attributes={"remote_buffer": "remote_buffer"}))
+register(OpDef("remote_store", _store_infer, _store_kernel, side_effect=True, grad=Grad.STOP, family="remote",
+               attributes={"remote_buffer": "remote_buffer"}))
 
 
 def _offset_tensor(opname: str, remote_buffer: RemoteBuffer, offset: Union[int, Tensor]) -> Tensor:
@@ -182,7 +185,8 @@ def _code_load_kernel(graph_id, destination):
 
 
 register(OpDef("remote_code_load", _code_load_infer, _code_load_kernel, side_effect=True, grad=Grad.STOP,
-               family="remote"))
+               family="remote",
+               attributes={"graph_id": "str", "destination": "str"}))
 
 
 def remote_code_load(graph: Graph, destination: Literal["executable", "compute_buffer", "io_buffer"]) -> None:

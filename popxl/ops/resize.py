@@ -114,7 +114,8 @@ def _interpolate_kernel(x, scale_factor, mode, nearest_mode, coordinate_transfor
     return out.astype(x.dtype, order="C")  # (np.ascontiguousarray makes a scalar 1-d)
 
 
-register(OpDef("interpolate", _interpolate_infer, _interpolate_kernel, family="shape"))
+register(OpDef("interpolate", _interpolate_infer, _interpolate_kernel, family="shape",
+               attributes={"scale_factor": "floats", "mode": "str", "nearest_mode": "str", "coordinate_transformation_mode": "str"}))
 
 
 def interpolate(t: Tensor, scale_factor: Optional[Tuple[float, ...]] = (1.0, 1.0, 1.0, 1.0),
@@ -162,7 +163,8 @@ def _interpolate_grad_kernel(x, g, scale_factor, mode, nearest_mode, coordinate_
 
 
 register(OpDef("interpolate_grad", lambda specs, **_: [specs[0]], _interpolate_grad_kernel, grad=Grad.RAISE,
-               family="shape"))
+               family="shape",
+               attributes={"scale_factor": "floats", "mode": "str", "nearest_mode": "str", "coordinate_transformation_mode": "str"}))
 
 
 @grad_rule("interpolate")

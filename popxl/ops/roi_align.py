@@ -107,7 +107,8 @@ def _roi_align_kernel(x, rois, batch_index, output_size, spatial_scale, sampling
     return out.astype(x.dtype)
 
 
-register(OpDef("roi_align", _roi_align_infer, _roi_align_kernel, family="nn"))
+register(OpDef("roi_align", _roi_align_infer, _roi_align_kernel, family="nn",
+               attributes={"output_size": "ints", "spatial_scale": "float", "sampling_ratio": "int"}))
 
 
 def roi_align(t: Tensor, rois: Tensor, batch_index: Tensor, output_size: Tuple[int], spatial_scale: float,
@@ -168,7 +169,8 @@ def _roi_align_grad_kernel(x, rois, batch_index, g, output_size, spatial_scale, 
 
 
 register(OpDef("roi_align_grad", lambda specs, **_: [specs[0]], _roi_align_grad_kernel, grad=Grad.RAISE,
-               family="nn"))
+               family="nn",
+               attributes={"output_size": "ints", "spatial_scale": "float", "sampling_ratio": "int"}))
 
 
 @grad_rule("roi_align")

@@ -47,8 +47,10 @@ _RESHAPE_HAS_COPY = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
 
 
 register(OpDef("reshape", _reshape_infer, lambda x, shape: x.reshape(shape).copy(), view=_reshape_view, copy=True,
-               family="shape"))
-register(OpDef("reshape_", _reshape_infer, _reshape_view, view=_reshape_view, grad=Grad.STOP, family="shape"))
+               family="shape",
+               attributes={"shape": "ints"}))
+register(OpDef("reshape_", _reshape_infer, _reshape_view, view=_reshape_view, grad=Grad.STOP, family="shape",
+               attributes={"shape": "ints"}))
 
 
 def _resolve_shape(t: Tensor, shape: Iterable[int]) -> Tuple[int, ...]:
@@ -177,9 +179,11 @@ def _transpose_view(x, permutation):
 
 
 register(OpDef("transpose", _transpose_infer, lambda x, permutation: x.transpose(permutation).copy(order="C"),
-               view=_transpose_view, copy=True, family="shape"))
+               view=_transpose_view, copy=True, family="shape",
+               attributes={"permutation": "ints"}))
 register(OpDef("transpose_", _transpose_infer, _transpose_view, view=_transpose_view, grad=Grad.STOP,
-               family="shape"))
+               family="shape",
+               attributes={"permutation": "ints"}))
 
 
 def _perm(t: Tensor, permutation: Optional[Iterable[int]]) -> Tuple[int, ...]:
@@ -255,8 +259,10 @@ def _slice_view(x, starts, stops, steps):
 
 
 register(OpDef("slice", _slice_infer, lambda x, **a: _slice_view(x, **a).copy(), view=_slice_view, copy=True,
-               family="shape"))
-register(OpDef("slice_", _slice_infer, _slice_view, view=_slice_view, grad=Grad.RAISE, family="shape"))
+               family="shape",
+               attributes={"starts": "ints", "stops": "ints", "steps": "ints"}))
+register(OpDef("slice_", _slice_infer, _slice_view, view=_slice_view, grad=Grad.RAISE, family="shape",
+               attributes={"starts": "ints", "stops": "ints", "steps": "ints"}))
 
 
 def _onnx_bounds(dim: int, start: int, stop: int, step: int) -> Tuple[int, int]:
@@ -373,7 +379,8 @@ def _subsample_view(x, strides):
 
 
 register(OpDef("subsample", _subsample_infer, lambda x, strides: _subsample_view(x, strides).copy(),
-               view=_subsample_view, copy=True, family="shape"))
+               view=_subsample_view, copy=True, family="shape",
+               attributes={"strides": "ints"}))
 
 
 def subsample(t: Tensor, strides: Union[int, Iterable[int]]) -> Tensor:
@@ -404,7 +411,8 @@ def _subsample_grad(ctx):
 
 
 register(OpDef("subsample_view", _subsample_infer, _subsample_view, view=_subsample_view, grad=Grad.RAISE,
-               family="shape"))
+               family="shape",
+               attributes={"strides": "ints"}))
 
 
 # concat --------------------------------------------------------------------------------------------
@@ -429,7 +437,8 @@ def _concat_infer(specs, axis):
     return [spec(shape, dt)]
 
 
-register(OpDef("concat", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis), family="shape"))
+register(OpDef("concat", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis), family="shape",
+               attributes={"axis": "int"}))
 
 
 def concat(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
@@ -451,7 +460,8 @@ def concat(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
 
 
 # concat_ --------------------------------------------------------------------------------------------
-register(OpDef("concat_", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis), family="shape"))
+register(OpDef("concat_", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis), family="shape",
+               attributes={"axis": "int"}))
 
 
 def concat_(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
@@ -507,7 +517,8 @@ def _split_kernel(x, axis, splits):
     return tuple(np.split(x, np.cumsum(splits)[:-1], axis=axis))
 
 
-register(OpDef("split", _split_infer, _split_kernel, family="shape"))
+register(OpDef("split", _split_infer, _split_kernel, family="shape",
+               attributes={"axis": "int", "splits": "ints"}))
 
 
 def split(t: Tensor, splits: Union[int, List[int]], axis: int = 0) -> List[Tensor]:
@@ -561,7 +572,8 @@ def _broadcast_infer(specs, shape):
 # Internal (not in PopXL's API): gradients of reductions spread values back with it. Lowered to a
 # strided copy from a zero-stride view, so no engine needs a kernel.
 register(OpDef("broadcast_to", _broadcast_infer, lambda x, shape: np.broadcast_to(x, shape).copy(),
-               view=lambda x, shape: np.broadcast_to(x, shape), copy=True, grad=Grad.RAISE, family="shape"))
+               view=lambda x, shape: np.broadcast_to(x, shape), copy=True, grad=Grad.RAISE, family="shape",
+               attributes={"shape": "ints"}))
 
 
 def broadcast_to(t: Tensor, shape: Tuple[int, ...]) -> Tensor:

@@ -133,7 +133,8 @@ def _accumulator_kernel(takes_x: bool, param: Optional[str], formula: Callable, 
 for _name, (_takes_x, _param, _formula) in _ACCUMULATORS.items():
     register(OpDef(_name, _accumulator_infer(_takes_x, _param),
                    _accumulator_kernel(_takes_x, _param, _formula, "moving_average" in _name),
-                   inplace=0, grad=Grad.STOP, family="var_updates"))
+                   inplace=0, grad=Grad.STOP, family="var_updates",
+                   attributes={} if _param is None else {_param: "float?"}))
 
 
 def _accumulate(opname: str, t: Tensor, X: Optional[Tensor] = None, **scalar: Any) -> Tensor:
@@ -334,7 +335,8 @@ def _sparse_kernel(t, x, indices, *scale, axis, f):
 
 
 register(OpDef("sparse_accumulate_", _sparse_infer, _sparse_kernel, inplace=0, grad=Grad.STOP,
-               family="var_updates"))
+               family="var_updates",
+               attributes={"axis": "int", "f": "float?"}))
 
 
 def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0, f: Optional[Scalar] = None,
@@ -414,7 +416,9 @@ def _updater_kernel(m, v, *ins, mode, has_weight, has_step, weight_decay, beta1,
 
 
 for _mode in ("adam", "lamb", "adamax"):
-    register(OpDef(f"{_mode}_updater", _updater_infer, _updater_kernel, grad=Grad.STOP, family="var_updates"))
+    register(OpDef(f"{_mode}_updater", _updater_infer, _updater_kernel, grad=Grad.STOP, family="var_updates",
+                   attributes={"mode": "str", "has_weight": "bool", "has_step": "bool", "weight_decay": "float?",
+                               "beta1": "float?", "beta2": "float?", "epsilon": "float?"}))
 
 
 def _updater(mode: str, m: Tensor, v: Tensor, weight: Optional[Tensor], time_step: Optional[Tensor],
@@ -562,7 +566,8 @@ def _var_update_kernel(t, x, r1, r2, *scalars, learning_rate, max_weight_norm):
 
 
 register(OpDef("adam_var_update", _var_update_infer, _var_update_kernel, inplace=0, grad=Grad.STOP,
-               family="var_updates"))
+               family="var_updates",
+               attributes={"learning_rate": "float?", "max_weight_norm": "float?"}))
 
 
 def adam_var_update(t: Tensor, x: Tensor, r1: Tensor, r2: Tensor, learning_rate: Optional[Scalar] = None,

@@ -717,7 +717,7 @@ def test_gathers_and_slices(output_shape):
 def test_all_reduce_across_ipus(identity):
     a, b = rand((3, 4)), rand((3, 4))
     compare_engines(lambda x, y: create_op("all_reduce", [x, y], {"op": "add", "identity": identity,
-                                                                  "backward": False}),
+                                                                  "backward": "all_reduce"}),
                     [a, b], native_ops=["all_reduce"])
 
 

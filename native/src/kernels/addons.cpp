@@ -41,8 +41,8 @@ W through(W v) {
 KernelFactory rotary(float direction) {
   return [direction](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer x = bufs[ins.inputs[0]], sn = bufs[ins.inputs[1]], cs = bufs[ins.inputs[2]], y = bufs[ins.outputs[0]];
-    const int64_t pairs = ins.attrs.at("rotary_dim").i() / 2;
-    const bool halves = ins.attrs.at("pairing").s() == "halves";
+    const int64_t pairs = ins.attr_int("rotary_dim") / 2;
+    const bool halves = ins.attr_str("pairing") == "halves";
     // where the real and imaginary parts of pair p sit in a head: re_step * p + im_at (+ 0 for re)
     const int64_t re_step = halves ? 1 : 2, im_at = halves ? pairs : 1;
     if (x.shape.size() != 4 || sn.shape.size() != 3 || cs.shape.size() != 3)
@@ -227,9 +227,9 @@ int32_t fp8_scaling_bias(const std::vector<float>& share, int64_t low, int64_t h
 const RegisterKernel fp8_mse_scale_op{{"fp8_mse_scale"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer x = bufs[ins.inputs[0]], y = bufs[ins.outputs[0]];
   if (x.dtype != DType::F32 && x.dtype != DType::F16) return nullptr;
-  const int64_t low = ins.attrs.at("min_fp32_exp_index").i();
-  const int64_t high = low + ins.attrs.at("format_span").i();
-  const float q = float(ins.attrs.at("quantisation_error").f());
+  const int64_t low = ins.attr_int("min_fp32_exp_index");
+  const int64_t high = low + ins.attr_int("format_span");
+  const float q = float(ins.attr_float("quantisation_error"));
   // the bin bounds 2**-126 .. 2**127 in the input's type (float16 turns the smallest into 0 and the
   // largest into inf)
   std::vector<double> bounds(kLevels);

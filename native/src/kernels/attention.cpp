@@ -103,7 +103,7 @@ struct Attention {
     stack = int64_t(q.base.size());
     if (std::min({sq, sk, d, dv}) == 0) return false;  // empty products: the NumPy kernel
     if (std::max({sq, sk, d, dv, q.layout.ld, kt.layout.ld, v.layout.ld}) > 0x7fffffff) return false;
-    scale = float(ins.attrs.at("scale").f());
+    scale = float(ins.attr_float("scale"));
     if (with_mask) {
       const Buffer& mb = in(ins, bufs, 3);
       if (mb.dtype != DType::F32) return false;

@@ -361,7 +361,7 @@ struct AllReduce : Collective {
 template <class K>
 unique_ptr<K> collective(const OpInstr& ins) {
   auto k = std::make_unique<K>();
-  k->assignment = ins.attrs.at("groups").ints();
+  k->assignment = ins.attr_ints("groups");
   k->what = ins.type + " '" + ins.name + "'";
   return k;
 }
@@ -372,7 +372,7 @@ KernelFactory all_reduce(bool scatter) {
     k->x = bufs[ins.inputs[0]];
     k->y = bufs[ins.outputs[0]];
     k->scatter = scatter;
-    if (!red_op(ins.attrs.at("op").s(), k->op) || k->x.dtype == DType::Bool ||
+    if (!red_op(ins.attr_str("op"), k->op) || k->x.dtype == DType::Bool ||
         !dispatch_arith(k->x.dtype, [](auto) {}))
       return nullptr;
     return k;
@@ -408,7 +408,7 @@ KernelFactory own_piece(bool sliced) {
     auto k = collective<OwnPiece>(ins);
     k->x = bufs[ins.inputs[0]];
     k->y = bufs[ins.outputs[0]];
-    if (sliced) k->axis = ins.attrs.at("axis").i();
+    if (sliced) k->axis = ins.attr_int("axis");
     return k;
   };
 }
@@ -474,8 +474,8 @@ const RegisterKernel collective_ops[] = {
        auto k = collective<AllGather>(ins);
        k->x = bufs[ins.inputs[0]];
        k->y = bufs[ins.outputs[0]];
-       k->mode = ins.attrs.at("output_shape").s();
-       k->axis = ins.attrs.at("axis").i();
+       k->mode = ins.attr_str("output_shape");
+       k->axis = ins.attr_int("axis");
        return k;
      }},
 };
@@ -510,9 +510,9 @@ KernelFactory operand_reduce(bool add_n) {
   return [add_n](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     RedOp op = RedOp::Add;
     const Buffer& y0 = bufs[ins.outputs[0]];
-    if ((!add_n && !red_op(ins.attrs.at("op").s(), op)) || y0.dtype == DType::Bool || !dispatch_arith(y0.dtype, [](auto) {}))
+    if ((!add_n && !red_op(ins.attr_str("op"), op)) || y0.dtype == DType::Bool || !dispatch_arith(y0.dtype, [](auto) {}))
       return nullptr;
-    const bool identity = !add_n && ins.attrs.at("identity").b();
+    const bool identity = !add_n && ins.attr_bool("identity");
     std::vector<Buffer> xs, ys;
     for (int i : ins.inputs) {  // each operand seen with the output's shape (stride 0 where broadcast)
       Buffer v = bufs[i];

@@ -340,26 +340,26 @@ bool winograd_geometry(const Buffer& w, int64_t groups, const Window& win) {
 // conv and conv_fused (float32 or float16): x, w, [bias, [residual]] -> y.
 std::unique_ptr<Kernel> blocked_conv(const OpInstr& ins, const std::vector<Buffer>& bufs, bool fused) {
   const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
-  const bool residual = fused && ins.attrs.at("residual").b();
+  const bool residual = fused && ins.attr_bool("residual");
   const Buffer* bias = fused ? &bufs[ins.inputs[2]] : nullptr;
   const Buffer* res = residual ? &bufs[ins.inputs[3]] : nullptr;
-  BlockedConvKernel::Spec s{&x, &w, bias, res, &y, ins.attrs.at("groups").i(), window_of(ins, x.shape.size() - 2),
-                            fused && ins.attrs.at("relu").b()};
+  BlockedConvKernel::Spec s{&x, &w, bias, res, &y, ins.attr_int("groups"), window_of(ins, x.shape.size() - 2),
+                            fused && ins.attr_bool("relu")};
   const auto nhwc = nhwc_slots(ins, 3);
   s.nhwc_x = nhwc[0];
   s.nhwc_y = nhwc[1];
   s.nhwc_residual = nhwc[2];
   s.static_w = ins.is_static_input(kWeightsSlot);
-  if (fused && ins.attrs.count("clip") && !ins.attrs.at("clip").is_none()) {
-    const AttrList& bounds = ins.attrs.at("clip").list();
+  if (fused && !ins.attr_is_none("clip")) {
+    const std::vector<double> bounds = ins.attr_floats("clip");
     if (bounds.size() != 2) return nullptr;
-    s.clip = std::make_pair(static_cast<float>(bounds[0].f()), static_cast<float>(bounds[1].f()));
+    s.clip = std::make_pair(static_cast<float>(bounds[0]), static_cast<float>(bounds[1]));
   }
   // nullptr: the op falls back (the loader refuses that for channels-last operands).
   if (!one_float_type({&x, &w, &y, bias, res})) return nullptr;
   s.conv_shape = y.shape;
-  if (fused && ins.attrs.count("pool_kernel")) {
-    const auto kernel = ins.attrs.at("pool_kernel").ints();
+  if (fused && !ins.attr_is_none("pool_kernel")) {
+    const auto kernel = ins.attr_ints("pool_kernel");
     if (kernel.size() != 2 || x.shape.size() != 4) return nullptr;
     // the convolution's result: its pads are exact (no ceil mode)
     for (size_t i = 0; i < 2; ++i) {
@@ -396,7 +396,7 @@ KernelFactory convolution(bool transposed, bool pow2 = false) {
     if (!dnnl_type(x.dtype, t) || !dnnl_type(w.dtype, t) || !dnnl_type(y.dtype, t)) return nullptr;
     if (pow2 != is_fp8(x.dtype) || (!pow2 && (w.dtype != x.dtype || y.dtype != x.dtype))) return nullptr;
     if (x.nelms == 0 || w.nelms == 0 || y.nelms == 0) return nullptr;
-    const int64_t g = ins.attrs.at("groups").i();
+    const int64_t g = ins.attr_int("groups");
     Window win = window_of(ins, x.shape.size() - 2);
     fit_right_padding(win, spatial(x.shape), spatial(w.shape), spatial(y.shape), transposed);
     try {
@@ -552,16 +552,15 @@ const RegisterKernel conv_grad_op{{"conv_grad"}, [](const OpInstr& ins, const st
   const Buffer &x = bufs[ins.inputs[0]], &w = bufs[ins.inputs[1]], &g = bufs[ins.inputs[2]];
   // the outputs the `grads` attribute names, in order (both without it)
   const Buffer *dx = nullptr, *dw = nullptr;
-  auto it = ins.attrs.find("grads");
   size_t out = 0;
-  if (it == ins.attrs.end() || it->second.is_none()) {
+  if (ins.attr_is_none("grads")) {
     dx = &bufs[ins.outputs[0]];
     dw = &bufs[ins.outputs[1]];
   } else {
-    for (const AttrValue& name : it->second.list()) (name.s() == "dx" ? dx : dw) = &bufs[ins.outputs[out++]];
+    for (const std::string& name : ins.attr_strs("grads")) (name == "dx" ? dx : dw) = &bufs[ins.outputs[out++]];
   }
   if (!one_float_type({&x, &w, &g, dx, dw})) return nullptr;
-  const int64_t groups = ins.attrs.at("groups").i();
+  const int64_t groups = ins.attr_int("groups");
   Window win = window_of(ins, x.shape.size() - 2);
   fit_right_padding(win, spatial(x.shape), spatial(w.shape), spatial(g.shape), false);
   // dx of a 3x3 stride-1 convolution is itself one: dy correlated with the weights turned round in

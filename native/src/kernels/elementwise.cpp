@@ -81,8 +81,8 @@ const RegisterKernel scaled_add_op{{"scaled_add", "scaled_add_"},
   [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer x = in(ins, bufs, 0), z = in(ins, bufs, 1), y = out(ins, bufs);
     if (x.dtype != z.dtype) return nullptr;
-    const bool a_t = ins.attrs.at("a").is_none(), b_t = ins.attrs.at("b").is_none();
-    const double a_c = a_t ? 0 : ins.attrs.at("a").f(), b_c = b_t ? 0 : ins.attrs.at("b").f();
+    const bool a_t = ins.attr_is_none("a"), b_t = ins.attr_is_none("b");
+    const double a_c = a_t ? 0 : ins.attr_float("a"), b_c = b_t ? 0 : ins.attr_float("b");
     Buffer sa, sb;
     int next = 2;
     if (a_t) sa = in(ins, bufs, next++);

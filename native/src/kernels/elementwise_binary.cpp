@@ -14,12 +14,13 @@ namespace {
 using std::unique_ptr;
 
 // ---- binary -----------------------------------------------------------------------------------
-// `Out` decides the output type: the operand type (arithmetic) or bool (comparisons).
+// `R` decides the output type: the operand type (arithmetic) or bool (comparisons).
 enum class Result { Same, Bool };
 
-template <class Op>
-KernelFactory binary(Op op, Result result, bool ints_too) {
-  return [op, result, ints_too](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
+// (A template parameter, so each op compiles the one row loop it runs.)
+template <Result R, class Op>
+KernelFactory binary(Op op, bool ints_too) {
+  return [op, ints_too](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer a_ = in(ins, bufs, 0), b_ = in(ins, bufs, 1), y = out(ins, bufs);
     if (a_.dtype != b_.dtype) return nullptr;
     unique_ptr<Kernel> k;
@@ -27,11 +28,10 @@ KernelFactory binary(Op op, Result result, bool ints_too) {
       using T = typename decltype(tag)::type;
       using W = typename Wide<T>::type;
       auto as = broadcast_strides(a_, y.shape), bs = broadcast_strides(b_, y.shape);
-      const bool to_bool = result == Result::Bool;
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         nd_loop<3>(y.shape, {y.strides, as, bs}, {a + y.offset, a + a_.offset, a + b_.offset},
                    [&](const std::array<uint8_t*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
-                     if (to_bool) {
+                     if constexpr (R == Result::Bool) {
                        for (int64_t i = 0; i < n; ++i)
                          at<bool>(p[0], i, s[0]) = op(W(at<T>(p[1], i, s[1])), W(at<T>(p[2], i, s[2])));
                      } else {
@@ -98,48 +98,48 @@ bool shift_in_range(W b) {
 }
 
 const RegisterKernel binary_ops[] = {
-    {{"add", "add_"}, binary([](auto a, auto b) { return wrap_add(a, b); }, Result::Same, true)},
-    {{"sub"}, binary([](auto a, auto b) { return wrap_sub(a, b); }, Result::Same, true)},
-    {{"mul"}, binary([](auto a, auto b) { return wrap_mul(a, b); }, Result::Same, true)},
-    {{"div"}, binary([](auto a, auto b) { return floor_div(a, b); }, Result::Same, true)},
-    {{"fmod"}, binary([](auto a, auto b) { return c_fmod(a, b); }, Result::Same, true)},
-    {{"pow"}, binary([](auto a, auto b) { return power(a, b); }, Result::Same, true)},
-    {{"equal"}, binary([](auto a, auto b) { return a == b; }, Result::Bool, true)},
-    {{"greater"}, binary([](auto a, auto b) { return a > b; }, Result::Bool, true)},
+    {{"add", "add_"}, binary<Result::Same>([](auto a, auto b) { return wrap_add(a, b); }, true)},
+    {{"sub"}, binary<Result::Same>([](auto a, auto b) { return wrap_sub(a, b); }, true)},
+    {{"mul"}, binary<Result::Same>([](auto a, auto b) { return wrap_mul(a, b); }, true)},
+    {{"div"}, binary<Result::Same>([](auto a, auto b) { return floor_div(a, b); }, true)},
+    {{"fmod"}, binary<Result::Same>([](auto a, auto b) { return c_fmod(a, b); }, true)},
+    {{"pow"}, binary<Result::Same>([](auto a, auto b) { return power(a, b); }, true)},
+    {{"equal"}, binary<Result::Bool>([](auto a, auto b) { return a == b; }, true)},
+    {{"greater"}, binary<Result::Bool>([](auto a, auto b) { return a > b; }, true)},
     // unary ops' input gradients from (g, x) or (g, y), in the order of the reference's formulas;
     // relu_grad is g * (x > 0) as a product: an infinite or NaN g gives NaN where x <= 0
     {{"relu_grad"},
-     binary([](auto g, auto x) { return x > decltype(x)(0) ? g : g * decltype(g)(0); }, Result::Same, true)},
-    {{"tanh_grad"}, binary([](auto g, auto y) { return g * (decltype(y)(1) - y * y); }, Result::Same, false)},
-    {{"sigmoid_grad"}, binary([](auto g, auto y) { return g * (y * (decltype(y)(1) - y)); }, Result::Same, false)},
-    {{"logical_and"}, binary([](auto a, auto b) { return bool(a) && bool(b); }, Result::Bool, true)},
-    {{"logical_or"}, binary([](auto a, auto b) { return bool(a) || bool(b); }, Result::Bool, true)},
-    {{"bitwise_and"}, binary(int_bits([](auto a, auto b) { return a & b; }), Result::Same, true)},
-    {{"bitwise_or"}, binary(int_bits([](auto a, auto b) { return a | b; }), Result::Same, true)},
-    {{"bitwise_xor"}, binary(int_bits([](auto a, auto b) { return a ^ b; }), Result::Same, true)},
+     binary<Result::Same>([](auto g, auto x) { return x > decltype(x)(0) ? g : g * decltype(g)(0); }, true)},
+    {{"tanh_grad"}, binary<Result::Same>([](auto g, auto y) { return g * (decltype(y)(1) - y * y); }, false)},
+    {{"sigmoid_grad"}, binary<Result::Same>([](auto g, auto y) { return g * (y * (decltype(y)(1) - y)); }, false)},
+    {{"logical_and"}, binary<Result::Bool>([](auto a, auto b) { return bool(a) && bool(b); }, true)},
+    {{"logical_or"}, binary<Result::Bool>([](auto a, auto b) { return bool(a) || bool(b); }, true)},
+    {{"bitwise_and"}, binary<Result::Same>(int_bits([](auto a, auto b) { return a & b; }), true)},
+    {{"bitwise_or"}, binary<Result::Same>(int_bits([](auto a, auto b) { return a | b; }), true)},
+    {{"bitwise_xor"}, binary<Result::Same>(int_bits([](auto a, auto b) { return a ^ b; }), true)},
     // ONNX's rules: left shifts in unsigned arithmetic (no overflow); right shifts of signed values
     // sign-extend; a negative shift or one by the width or more leaves only the sign fill (C++
     // leaves those undefined)
-    {{"bitshift_left"}, binary(int_bits([](auto a, auto b) {
+    {{"bitshift_left"}, binary<Result::Same>(int_bits([](auto a, auto b) {
        using W = decltype(a);
        if (!shift_in_range(b)) return W(0);
        return W(std::make_unsigned_t<W>(a) << b);
-     }), Result::Same, true)},
-    {{"bitshift_right"}, binary(int_bits([](auto a, auto b) {
+     }), true)},
+    {{"bitshift_right"}, binary<Result::Same>(int_bits([](auto a, auto b) {
        using W = decltype(a);
        if (!shift_in_range(b)) return W(a < 0 ? -1 : 0);
        return W(a >> b);
-     }), Result::Same, true)},
+     }), true)},
 };
 
 // maximum with exactly two operands (NaN propagates, as np.maximum)
 const RegisterKernel maximum_op{{"maximum"}, [](const OpInstr& ins, const std::vector<Buffer>& b) -> unique_ptr<Kernel> {
   if (ins.inputs.size() != 2) return nullptr;
-  return binary([](auto a, auto c) {
+  return binary<Result::Same>([](auto a, auto c) {
     if constexpr (std::is_floating_point_v<decltype(a)>)
       if (std::isnan(a) || std::isnan(c)) return a + c;
     return a > c ? a : c;
-  }, Result::Same, true)(ins, b);
+  }, true)(ins, b);
 }};
 
 // ---- gelu gradients ---------------------------------------------------------------------------

@@ -144,7 +144,7 @@ const RegisterKernel unary_ops[] = {
 // the integers within [lo, hi] (bounds rounded inward, then limited to the dtype's range), as the
 // reference does.
 const RegisterKernel clip_op{{"clip"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
-  const double lo = ins.attrs.at("min").f(), hi = ins.attrs.at("max").f();
+  const double lo = ins.attr_float("min"), hi = ins.attr_float("max");
   return unary([lo, hi](auto v) {
     using W = decltype(v);
     W l, h;

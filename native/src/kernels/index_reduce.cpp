@@ -117,7 +117,7 @@ KernelFactory arg_extreme(bool is_max) {
   return [is_max](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
     if (y.dtype != DType::I32 || x.nelms == 0) return nullptr;
-    const Lines l = lines_of(x.shape, ins.attrs.at("dim"));
+    const Lines l = lines_of(x.shape, ins.attr_value("dim"));
     unique_ptr<Kernel> k;
     dispatch_arith(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -143,7 +143,7 @@ KernelFactory arg_extreme(bool is_max) {
 const RegisterKernel cumsum_op{{"cumsum"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
   if (x.dtype != y.dtype) return nullptr;
-  const Lines l = lines_of(x.shape, ins.attrs.at("dim"));
+  const Lines l = lines_of(x.shape, ins.attr_value("dim"));
   unique_ptr<Kernel> k;
   dispatch_arith(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -182,9 +182,9 @@ const RegisterKernel cumsum_op{{"cumsum"}, [](const OpInstr& ins, const std::vec
 const RegisterKernel topk_op{{"topk"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &x = bufs[ins.inputs[0]], &vals = bufs[ins.outputs[0]], &idx = bufs[ins.outputs[1]];
   if (idx.dtype != DType::I32) return nullptr;
-  const int64_t K = ins.attrs.at("k").i();
-  const bool largest = ins.attrs.at("largest").b(), sorted = ins.attrs.at("sorted").b();
-  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const int64_t K = ins.attr_int("k");
+  const bool largest = ins.attr_bool("largest"), sorted = ins.attr_bool("sorted");
+  const size_t axis = static_cast<size_t>(ins.attr_int("axis"));
   const Lines l{prod(x.shape, 0, axis), x.shape[axis], prod(x.shape, axis + 1)};
   unique_ptr<Kernel> k;
   dispatch_arith(x.dtype, [&](auto tag) {
@@ -239,7 +239,7 @@ const RegisterKernel median_op{{"median"}, [](const OpInstr& ins, const std::vec
   const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
   if (!is_numeric(x.dtype) || x.dtype == DType::Bool) return nullptr;
   std::vector<bool> reduced(x.shape.size(), false);
-  for (auto ax : ins.attrs.at("axis").ints()) reduced[static_cast<size_t>(ax)] = true;
+  for (auto ax : ins.attr_ints("axis")) reduced[static_cast<size_t>(ax)] = true;
   // x as (kept..., reduced...) element strides of the packed input
   const auto st = packed_strides(x.shape, 1);
   std::vector<int64_t> kshape, kstr, rshape, rstr;
@@ -302,8 +302,8 @@ const RegisterKernel histogram_op{{"histogram"}, [](const OpInstr& ins, const st
   const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
   if (!is_numeric(x.dtype) || y.dtype != DType::U32) return nullptr;
   std::vector<double> levels;
-  for (auto& v : ins.attrs.at("levels").list()) levels.push_back(v.f());
-  const bool absolute = ins.attrs.at("absolute_of_input").b();
+  for (double v : ins.attr_floats("levels")) levels.push_back(v);
+  const bool absolute = ins.attr_bool("absolute_of_input");
   auto px = std::make_shared<Packed>(x);
   auto py = std::make_shared<Packed>(y);
   return std::make_unique<FnKernel>([=](uint8_t* a) {

@@ -139,13 +139,85 @@ __attribute__((noinline)) inline void stage_transposed(uint8_t* dst, int64_t pit
 // iterations are spread over OpenMP threads when there is enough work.
 //
 // `sizes` (bytes of one value of each operand; 0: not given) lets an input read as a transposed
-// view be staged (see below).
-template <size_t N, class F>
-void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int64_t>, N>& strides,
-             std::array<uint8_t*, N> base, F&& inner, bool parallel = true, const std::array<int64_t, N>& sizes = {}) {
-  // drop size-1 dims, then merge mergeable neighbours
-  std::vector<int64_t> sh;
+// view be staged (see nd_loop_run).
+//
+// nd_loop is instantiated for every kernel and dtype (hundreds of times in the elementwise
+// families), so it is split in two: the planning and the ways of sharing out the work (merging
+// dimensions, tiles, OpenMP regions) are nd_loop_run, compiled once per operand count N, which
+// calls back into two small functions made for each `inner`: nd_loop_rows (whole rows, `inner`
+// inlined into the row loop) and nd_loop_at (one piece of a row). A call through a pointer per
+// thread's share of rows or per tile row, where a direct call was before, is all that costs at
+// run time; compiling the kernels takes a fraction of the time.
+template <size_t N>
+struct NdLoop {
+  std::vector<int64_t> sh;  // the merged dimensions
   std::array<std::vector<int64_t>, N> st;
+  std::array<uint8_t*, N> base;
+  std::array<int64_t, N> inner_st;
+  size_t rank = 0;
+  int64_t n_inner = 0;
+  std::array<uint8_t*, N> place(int64_t o, int64_t lo) const {  // the operands' element lo of row o
+    std::array<uint8_t*, N> p = base;
+    int64_t rem = o;
+    for (size_t d = rank - 1; d-- > 0;) {
+      const int64_t idx = rem % sh[d];
+      rem /= sh[d];
+      for (size_t k = 0; k < N; ++k) p[k] += idx * st[k][d];
+    }
+    for (size_t k = 0; k < N; ++k) p[k] += lo * inner_st[k];
+    return p;
+  }
+};
+template <size_t N>
+using NdRowsFn = void (*)(const void* inner, const NdLoop<N>& loop, int64_t o0, int64_t o1);
+template <size_t N>
+using NdAtFn = void (*)(const void* inner, const std::array<uint8_t*, N>& p, const std::array<int64_t, N>& s,
+                        int64_t n);
+
+// Whole rows [o0, o1): the first row's place from its index, the next ones' by stepping the
+// outer indices like an odometer (no division per row: short rows would pay it per few elements).
+template <size_t N, class F>
+void nd_loop_rows(const void* fn, const NdLoop<N>& L, int64_t o0, int64_t o1) {
+  if (o0 >= o1) return;
+  F& inner = *const_cast<F*>(static_cast<const F*>(fn));
+  const size_t rank = L.rank;
+  std::array<uint8_t*, N> p = L.base;
+  std::vector<int64_t> idx(rank - 1);
+  int64_t rem = o0;
+  for (size_t d = rank - 1; d-- > 0;) {
+    idx[d] = rem % L.sh[d];
+    rem /= L.sh[d];
+    for (size_t k = 0; k < N; ++k) p[k] += idx[d] * L.st[k][d];
+  }
+  for (int64_t o = o0;;) {
+    inner(p, L.inner_st, L.n_inner);
+    if (++o == o1) return;
+    for (size_t d = rank - 1; d-- > 0;) {
+      if (++idx[d] < L.sh[d]) {
+        for (size_t k = 0; k < N; ++k) p[k] += L.st[k][d];
+        break;
+      }
+      for (size_t k = 0; k < N; ++k) p[k] -= (L.sh[d] - 1) * L.st[k][d];
+      idx[d] = 0;
+    }
+  }
+}
+
+template <size_t N, class F>
+void nd_loop_at(const void* fn, const std::array<uint8_t*, N>& p, const std::array<int64_t, N>& s, int64_t n) {
+  (*const_cast<F*>(static_cast<const F*>(fn)))(p, s, n);
+}
+
+template <size_t N>
+__attribute__((noinline)) void nd_loop_run(const std::vector<int64_t>& shape,
+                                           const std::array<std::vector<int64_t>, N>& strides,
+                                           const std::array<uint8_t*, N>& base, const void* fn, NdRowsFn<N> run_rows,
+                                           NdAtFn<N> run_at, bool parallel, const std::array<int64_t, N>& sizes) {
+  // drop size-1 dims, then merge mergeable neighbours
+  NdLoop<N> L;
+  L.base = base;
+  auto& sh = L.sh;
+  auto& st = L.st;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
     bool merge = !sh.empty();
@@ -163,60 +235,18 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
   if (total == 0) return;
   if (sh.empty()) {
     std::array<int64_t, N> s{};
-    inner(base, s, int64_t{1});
+    run_at(fn, base, s, int64_t{1});
     return;
   }
-  const size_t rank = sh.size();
-  const int64_t n_inner = sh[rank - 1];
-  std::array<int64_t, N> inner_st;
+  const size_t rank = L.rank = sh.size();
+  const int64_t n_inner = L.n_inner = sh[rank - 1];
+  std::array<int64_t, N>& inner_st = L.inner_st;
   for (size_t k = 0; k < N; ++k) inner_st[k] = st[k][rank - 1];
   const int64_t outer = total / n_inner;
-  // `inner` is inlined into run_at and run_rows only, which are not inlined themselves: it is
-  // compiled twice, not once per loop below (nd_loop is instantiated for every kernel and dtype).
-  auto place = [&](int64_t o, int64_t lo) {  // the operands' element lo of row o
-    std::array<uint8_t*, N> p = base;
-    int64_t rem = o;
-    for (size_t d = rank - 1; d-- > 0;) {
-      const int64_t idx = rem % sh[d];
-      rem /= sh[d];
-      for (size_t k = 0; k < N; ++k) p[k] += idx * st[k][d];
-    }
-    for (size_t k = 0; k < N; ++k) p[k] += lo * inner_st[k];
-    return p;
-  };
-  auto run_at = [&](const std::array<uint8_t*, N>& p, const std::array<int64_t, N>& s, int64_t len)
-                    __attribute__((noinline)) { inner(p, s, len); };
-  // Elements [lo, lo + len) of row o.
-  auto run_piece = [&](int64_t o, int64_t lo, int64_t len) { run_at(place(o, lo), inner_st, len); };
-  // Whole rows [o0, o1): the first row's place from its index, the next ones' by stepping the
-  // outer indices like an odometer (no division per row: short rows would pay it per few elements).
-  auto run_rows = [&](int64_t o0, int64_t o1) __attribute__((noinline)) {
-    if (o0 >= o1) return;
-    std::array<uint8_t*, N> p = base;
-    std::vector<int64_t> idx(rank - 1);
-    int64_t rem = o0;
-    for (size_t d = rank - 1; d-- > 0;) {
-      idx[d] = rem % sh[d];
-      rem /= sh[d];
-      for (size_t k = 0; k < N; ++k) p[k] += idx[d] * st[k][d];
-    }
-    for (int64_t o = o0;;) {
-      inner(p, inner_st, n_inner);
-      if (++o == o1) return;
-      for (size_t d = rank - 1; d-- > 0;) {
-        if (++idx[d] < sh[d]) {
-          for (size_t k = 0; k < N; ++k) p[k] += st[k][d];
-          break;
-        }
-        for (size_t k = 0; k < N; ++k) p[k] -= (sh[d] - 1) * st[k][d];
-        idx[d] = 0;
-      }
-    }
-  };
   // A serial loop outside any OpenMP construct: `parallel for if(false)` still sets up a
   // one-thread team, which costs more than a small kernel's work.
   if (!parallel || total <= kParallelElements) {
-    run_rows(0, outer);
+    run_rows(fn, L, 0, outer);
     return;
   }
   // An operand read across its layout (a transposed view: a long stride along the rows, a short
@@ -251,14 +281,14 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
       const int64_t r0 = tr * kTile, c0 = tc * tile_c, rows = std::min(kTile, R - r0),
                     cols = std::min(tile_c, n_inner - c0);
       alignas(32) uint8_t tiles[N][kTile * kTile * 8];
-      const std::array<uint8_t*, N> p0 = place(plane * R + r0, c0);
+      const std::array<uint8_t*, N> p0 = L.place(plane * R + r0, c0);
       for (size_t k = 0; k < N; ++k)
         if (staged[k]) stage_transposed(tiles[k], kTile * sizes[k], p0[k], rows, cols, sizes[k], inner_st[k]);
       for (int64_t r = 0; r < rows; ++r) {
         std::array<uint8_t*, N> p;
         for (size_t k = 0; k < N; ++k)
           p[k] = staged[k] ? tiles[k] + r * kTile * sizes[k] : p0[k] + r * st[k][rank - 2];
-        run_at(p, s, cols);
+        run_at(fn, p, s, cols);
       }
     }
     return;
@@ -271,7 +301,7 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
 #pragma omp parallel
     {
       const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
-      run_rows(outer * t / threads, outer * (t + 1) / threads);
+      run_rows(fn, L, outer * t / threads, outer * (t + 1) / threads);
     }
     return;
   }
@@ -280,8 +310,16 @@ void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int
 #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < outer * pieces; ++w) {
     const int64_t lo = (w % pieces) * piece;
-    if (lo < n_inner) run_piece(w / pieces, lo, std::min(piece, n_inner - lo));
+    if (lo < n_inner) run_at(fn, L.place(w / pieces, lo), inner_st, std::min(piece, n_inner - lo));
   }
+}
+
+template <size_t N, class F>
+void nd_loop(const std::vector<int64_t>& shape, const std::array<std::vector<int64_t>, N>& strides,
+             std::array<uint8_t*, N> base, F&& inner, bool parallel = true, const std::array<int64_t, N>& sizes = {}) {
+  using Fn = std::remove_reference_t<F>;
+  nd_loop_run<N>(shape, strides, base, static_cast<const void*>(std::addressof(inner)), &nd_loop_rows<N, Fn>,
+                 &nd_loop_at<N, Fn>, parallel, sizes);
 }
 
 template <class T> struct Tag { using type = T; };
@@ -652,12 +690,11 @@ struct ScalarArg {
 
 inline ScalarArg scalar_arg(const OpInstr& ins, const std::vector<Buffer>& bufs, const char* name, size_t& next) {
   ScalarArg s;
-  const AttrValue& a = ins.attrs.at(name);
-  if (a.is_none()) {
+  if (ins.attr_is_none(name)) {
     s.tensor = true;
     s.buf = bufs[ins.inputs.at(next++)];
   } else {
-    s.value = a.f();
+    s.value = ins.attr_float(name);
   }
   return s;
 }

@@ -70,7 +70,7 @@ KernelFactory matmul(MatmulKind kind) {
       GemmInto into;
       into.bias = bias;
       into.accumulate = update;
-      if (update) into.alpha = float(ins.attrs.at("b").f());
+      if (update) into.alpha = float(ins.attr_float("b"));
       if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, into)) return gemm;
     }
     if (update) return nullptr;  // operands sgemm cannot read: the NumPy kernel

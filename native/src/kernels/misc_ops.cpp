@@ -65,7 +65,7 @@ KernelFactory remote(Remote which) {
     if (std::vector<int64_t>(region.shape.begin() + 1, region.shape.end()) != tensor.shape ||
         region.dtype != tensor.dtype)
       throw std::logic_error(std::string(op) + " '" + ins.name + "': the tensor does not match its remote buffer's slots");
-    const int64_t id = ins.attrs.at("remote_buffer").i(), entries = region.shape.at(0);
+    const int64_t id = ins.attr_int("remote_buffer"), entries = region.shape.at(0);
     Buffer first = region;  // slot 0; slot k lies k region strides further on
     first.shape.erase(first.shape.begin());
     first.strides.erase(first.strides.begin());
@@ -317,16 +317,16 @@ const RegisterKernel print_tensor_op{{"print_tensor"}, [](const OpInstr& ins, co
   const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
   if (!is_numeric(x.dtype) && !is_fp8(x.dtype)) return nullptr;
   PrintFormat f;
-  f.threshold = ins.attrs.at("summarise_threshold").i();
-  f.edge_items = ins.attrs.at("edge_items").i();
-  f.line_width = ins.attrs.at("max_line_width").i();
-  f.digits = static_cast<int>(std::min<int64_t>(ins.attrs.at("digits").i(), 1 << 20));
-  f.style = float_style(ins.attrs.at("float_format").s());
-  f.separator = ins.attrs.at("separator").s();
-  f.open = ins.attrs.at("open_bracket").s();
-  f.close = ins.attrs.at("close_bracket").s();
-  const bool print_self = ins.attrs.at("print_self").b();
-  const std::string title = ins.attrs.at("title").s();
+  f.threshold = ins.attr_int("summarise_threshold");
+  f.edge_items = ins.attr_int("edge_items");
+  f.line_width = ins.attr_int("max_line_width");
+  f.digits = static_cast<int>(std::min<int64_t>(ins.attr_int("digits"), 1 << 20));
+  f.style = float_style(ins.attr_str("float_format"));
+  f.separator = ins.attr_str("separator");
+  f.open = ins.attr_str("open_bracket");
+  f.close = ins.attr_str("close_bracket");
+  const bool print_self = ins.attr_bool("print_self");
+  const std::string title = ins.attr_str("title");
   return std::make_unique<FnKernel>([=](uint8_t* a) {
     if (print_self) write_stderr(title + ": " + format_tensor(a, x, f) + "\n");
     copy_buffer(a, y, a, x);

@@ -25,7 +25,7 @@ using std::unique_ptr;
 // row is one dense run; otherwise the sums run across the axis for `inner` positions at once.
 const RegisterKernel softmax_grad_op{{"softmax_grad"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &gb = bufs[ins.inputs[0]], &yb = bufs[ins.inputs[1]], &ob = bufs[ins.outputs[0]];
-  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const size_t axis = static_cast<size_t>(ins.attr_int("axis"));
   const int64_t outer = prod(yb.shape, 0, axis), A = yb.shape.at(axis), inner = prod(yb.shape, axis + 1);
   unique_ptr<Kernel> k;
   dispatch_float(yb.dtype, [&](auto tag) {
@@ -132,7 +132,7 @@ struct SoftmaxColumns {
 
 const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &xb = bufs[ins.inputs[0]], &yb = bufs[ins.outputs[0]];
-  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const size_t axis = static_cast<size_t>(ins.attr_int("axis"));
   const int64_t outer = prod(xb.shape, 0, axis), A = xb.shape.at(axis), inner = prod(xb.shape, axis + 1);
   struct State { Packed x, y; };
   auto st = std::make_shared<State>(State{Packed(xb), Packed(yb)});
@@ -217,12 +217,11 @@ struct NllSpec {
 NllSpec nll_spec(const OpInstr& ins, const Buffer& probs) {
   NllSpec s;
   s.op = ins.type;
-  const AttrValue& ig = ins.attrs.at("ignore_index");
+  const AttrValue& ig = ins.attr_value("ignore_index");
   s.has_ignore = !ig.is_none();
   if (s.has_ignore) s.ignore = ig.i();
-  auto lp = ins.attrs.find("log_prob");
-  s.log_prob = lp != ins.attrs.end() && lp->second.b();
-  const std::string& r = ins.attrs.at("reduction").s();
+  s.log_prob = ins.declares("log_prob") && ins.attr_bool("log_prob");  // nll_loss_with_softmax_grad has none
+  const std::string& r = ins.attr_str("reduction");
   s.reduction = r == "none" ? NllSpec::None : r == "sum" ? NllSpec::Sum : NllSpec::Mean;
   s.eps = probs.dtype == DType::F16 ? 6.104e-5 : 1e-7;
   s.C = probs.shape.back();

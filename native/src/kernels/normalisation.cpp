@@ -27,7 +27,7 @@ using std::unique_ptr;
 // ---- batch_norm_inference: scale * (x - mean) / sqrt(var + eps) + bias ----------------------------
 const RegisterKernel batch_norm_op{{"batch_norm_inference"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
-  const double eps = ins.attrs.at("epsilon").f();
+  const double eps = ins.attr_float("epsilon");
   const int64_t N = x.shape[0], C = x.shape[1], S = prod(x.shape, 2);
   unique_ptr<Kernel> k;
   dispatch_wide(x.dtype, [&](auto tag) {
@@ -113,8 +113,8 @@ void group_commit(T* dst, const W* v, int64_t M) {
 KernelFactory group_norm(bool layer) {
   return [layer](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
-    const Groups g = groups_of(x, layer ? 1 : ins.attrs.at("num_groups").i());
-    const double eps = ins.attrs.at("eps").f();
+    const Groups g = groups_of(x, layer ? 1 : ins.attr_int("num_groups"));
+    const double eps = ins.attr_float("eps");
     unique_ptr<Kernel> k;
     dispatch_float(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -172,8 +172,8 @@ const RegisterKernel group_norm_ops[] = {
 // dbias sum dy * xhat and dy per channel over the batch and spatial positions.
 const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer& x = bufs[ins.inputs[0]];
-  const Groups g = groups_of(x, ins.attrs.at("num_groups").i());
-  const double eps = ins.attrs.at("eps").f();
+  const Groups g = groups_of(x, ins.attr_int("num_groups"));
+  const double eps = ins.attr_float("eps");
   unique_ptr<Kernel> k;
   dispatch_float(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -239,8 +239,8 @@ struct Window {
 // `prefix`: "pool_" for the max pool a conv_fused may end with.
 inline Window window_of(const OpInstr& ins, size_t r, const std::string& prefix = "") {
   auto get = [&](const char* name, int64_t dflt) {
-    auto it = ins.attrs.find(prefix + name);
-    return it == ins.attrs.end() ? std::vector<int64_t>(r, dflt) : it->second.ints();
+    const std::string full = prefix + name;
+    return ins.attr_is_none(full.c_str()) ? std::vector<int64_t>(r, dflt) : ins.attr_ints(full.c_str());
   };
   const auto st = get("strides", 1), dl = get("dilations", 1), pads = get("pads", 0);
   Window w;
@@ -287,10 +287,9 @@ inline memory::desc user_desc(const Buffer& b, bool nhwc) { return user_desc(b, 
 // Which operands an op's `layouts` attribute (keep_channels_last) puts in NHWC; all false without it.
 inline std::vector<bool> nhwc_slots(const OpInstr& ins, size_t n) {
   std::vector<bool> out(n, false);
-  auto it = ins.attrs.find("layouts");
-  if (it == ins.attrs.end() || it->second.is_none()) return out;
-  const AttrList& l = it->second.list();
-  for (size_t i = 0; i < n && i < l.size(); ++i) out[i] = l[i].s() == "nhwc";
+  if (!ins.declares("layouts") || ins.attr_is_none("layouts")) return out;
+  const std::vector<std::string> l = ins.attr_strs("layouts");
+  for (size_t i = 0; i < n && i < l.size(); ++i) out[i] = l[i] == "nhwc";
   return out;
 }
 

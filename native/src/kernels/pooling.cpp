@@ -54,7 +54,7 @@ KernelFactory pooling(dnnl::algorithm alg) {
     const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
     memory::data_type t;
     if (!dnnl_type(x.dtype, t) || x.nelms == 0 || y.nelms == 0) return nullptr;
-    const auto kernel = ins.attrs.at("kernel").ints();
+    const auto kernel = ins.attr_ints("kernel");
     Window win = window_of(ins, kernel.size());
     fit_right_padding(win, spatial(x.shape), kernel, spatial(y.shape), false);
     const auto nhwc = nhwc_slots(ins, 2);
@@ -105,8 +105,8 @@ PoolGeom pool_geom(const OpInstr& ins, const Buffer& x, const Buffer& g) {
   PoolGeom G;
   const size_t r = x.shape.size() - 2;
   G.planes = x.shape[0] * x.shape[1];
-  const auto k = ins.attrs.at("kernel").ints(), s = ins.attrs.at("strides").ints(), d = ins.attrs.at("dilations").ints(),
-             p = ins.attrs.at("pads").ints();
+  const auto k = ins.attr_ints("kernel"), s = ins.attr_ints("strides"), d = ins.attr_ints("dilations"),
+             p = ins.attr_ints("pads");
   for (size_t i = 0; i < r; ++i) {
     const size_t j = 3 - r + i;  // right-align the spatial dims in 3
     G.in[j] = x.shape[2 + i];

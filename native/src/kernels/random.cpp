@@ -82,14 +82,14 @@ bool dispatch_f16_f32(DType d, F&& f) {
 }
 
 // ---- random_uniform / random_normal -----------------------------------------------------------
-// Element i takes `per` words; `make_value(attrs)` gives the function from those words to the
+// Element i takes `per` words; `make_value(instruction)` gives the function from those words to the
 // value (float32 or float64), which is rounded once to the output dtype.
 template <int per, class MakeValue>
 KernelFactory draw_kernel(uint32_t purpose, MakeValue make_value) {
   return [=](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer seed = bufs[ins.inputs[0]], y = bufs[ins.outputs[0]];
     if (!seed_ok(seed)) return nullptr;
-    const auto value = make_value(ins.attrs);
+    const auto value = make_value(ins);
     unique_ptr<Kernel> k;
     dispatch_f16_f32(y.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -106,15 +106,15 @@ KernelFactory draw_kernel(uint32_t purpose, MakeValue make_value) {
 }
 
 const RegisterKernel draw_ops[] = {
-    {{"random_uniform"}, draw_kernel<1>(kUniform, [](const Attrs& at) {
-       const float lo = float(at.at("low").f()), hi = float(at.at("high").f());
+    {{"random_uniform"}, draw_kernel<1>(kUniform, [](const OpInstr& at) {
+       const float lo = float(at.attr_float("low")), hi = float(at.attr_float("high"));
        return [lo, hi](const uint32_t* w) {
          const float u = float(w[0] >> 8) * 0x1p-24f;  // exact, in [0, 1)
          return lo + (hi - lo) * u;
        };
      })},
-    {{"random_normal"}, draw_kernel<2>(kNormal, [](const Attrs& at) {
-       const double mean = at.at("mean").f(), stdev = at.at("std").f();
+    {{"random_normal"}, draw_kernel<2>(kNormal, [](const OpInstr& at) {
+       const double mean = at.attr_float("mean"), stdev = at.attr_float("std");
        return [mean, stdev](const uint32_t* w) {  // Box-Muller in float64
          const double u1 = (double(w[0] >> 8) + 1.0) * 0x1p-24;  // (0, 1]: log never sees 0
          const double u2 = double(w[1] >> 8) * 0x1p-24;
@@ -129,8 +129,8 @@ KernelFactory dropout(bool shaped) {
   return [shaped](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer x = bufs[ins.inputs[0]], seed = bufs[ins.inputs[1]], y = bufs[ins.outputs[0]];
     if (!seed_ok(seed) || x.dtype != y.dtype) return nullptr;
-    const double p = ins.attrs.at(shaped ? "ratio" : "p").f();
-    const std::vector<int64_t> mshape = shaped ? ins.attrs.at("shape").ints() : x.shape;
+    const double p = ins.attr_float(shaped ? "ratio" : "p");
+    const std::vector<int64_t> mshape = shaped ? ins.attr_ints("shape") : x.shape;
     Buffer mask;  // the mask as a packed bool buffer, for broadcasting
     mask.shape = mshape;
     mask.dtype = DType::Bool;

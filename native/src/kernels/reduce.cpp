@@ -228,7 +228,7 @@ struct Reduction : Kernel {
 template <class Acc, class T>
 std::unique_ptr<Kernel> make_reduction(Red kind, const OpInstr& ins, const Buffer& x, const Buffer& y) {
   auto k = std::make_unique<Reduction<Acc, T>>();
-  std::vector<int64_t> axes = ins.attrs.at("axis").ints();
+  std::vector<int64_t> axes = ins.attr_ints("axis");
   std::vector<bool> reduced(x.shape.size(), false);
   for (auto ax : axes) reduced[ax] = true;
   // accumulator laid out like the output (C order over kept axes)
@@ -302,7 +302,7 @@ std::unique_ptr<Kernel> row_sum(Red kind, const OpInstr& ins, const Buffer& x, c
       y.dtype != x.dtype || !x.contiguous)
     return nullptr;
   std::vector<bool> reduced(x.shape.size(), false);
-  for (auto ax : ins.attrs.at("axis").ints()) reduced[ax] = true;
+  for (auto ax : ins.attr_ints("axis")) reduced[ax] = true;
   size_t lead = 0;
   while (lead < reduced.size() && reduced[lead]) ++lead;
   for (size_t d = lead; d < reduced.size(); ++d)

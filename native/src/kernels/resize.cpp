@@ -60,16 +60,16 @@ E pick(const std::string& value, std::initializer_list<std::pair<const char*, E>
 
 ResizeSpec resize_spec(const OpInstr& ins) {
   ResizeSpec s;
-  s.mode = pick<Resize>(ins.attrs.at("mode").s(),
+  s.mode = pick<Resize>(ins.attr_str("mode"),
                         {{"nearest", Resize::Nearest}, {"linear", Resize::Linear}, {"cubic", Resize::Cubic}}, "mode");
-  s.rounding = pick<Rounding>(ins.attrs.at("nearest_mode").s(),
+  s.rounding = pick<Rounding>(ins.attr_str("nearest_mode"),
                               {{"round_prefer_floor", Rounding::PreferFloor}, {"round_prefer_ceil", Rounding::PreferCeil},
                                {"floor", Rounding::Floor}, {"ceil", Rounding::Ceil}}, "nearest_mode");
-  s.coords = pick<Coords>(ins.attrs.at("coordinate_transformation_mode").s(),
+  s.coords = pick<Coords>(ins.attr_str("coordinate_transformation_mode"),
                           {{"half_pixel", Coords::HalfPixel}, {"pytorch_half_pixel", Coords::PytorchHalfPixel},
                            {"align_corners", Coords::AlignCorners}, {"asymmetric", Coords::Asymmetric},
                            {"tf_crop_and_resize", Coords::TfCropAndResize}}, "coordinate_transformation_mode");
-  for (auto& f : ins.attrs.at("scale_factor").list()) s.scales.push_back(f.f());
+  for (double f : ins.attr_floats("scale_factor")) s.scales.push_back(f);
   return s;
 }
 
@@ -310,8 +310,8 @@ struct RoiSpec {
 };
 
 RoiSpec roi_spec(const OpInstr& ins) {
-  const auto size = ins.attrs.at("output_size").ints();
-  return {size.at(0), size.at(1), ins.attrs.at("sampling_ratio").i(), ins.attrs.at("spatial_scale").f(), ins.type};
+  const auto size = ins.attr_ints("output_size");
+  return {size.at(0), size.at(1), ins.attr_int("sampling_ratio"), ins.attr_float("spatial_scale"), ins.type};
 }
 
 // Bilinear samples along one side of a box: `bins` bins of `per_bin` samples; sample s reads

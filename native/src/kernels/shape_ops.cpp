@@ -18,7 +18,7 @@ KernelFactory join_or_cut(bool join) {
   return [join](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer whole = bufs[join ? ins.outputs[0] : ins.inputs[0]];
     const auto& part_ids = join ? ins.inputs : ins.outputs;
-    const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i() + (ins.attrs.at("axis").i() < 0 ? whole.shape.size() : 0));
+    const size_t axis = static_cast<size_t>(ins.attr_int("axis") + (ins.attr_int("axis") < 0 ? whole.shape.size() : 0));
     std::vector<std::pair<Buffer, Buffer>> moves;  // (part, window)
     int64_t start = 0;
     for (int id : part_ids) {
@@ -110,14 +110,14 @@ unique_ptr<Kernel> gather_kernel(const Buffer& x, const Buffer& idx, const Buffe
 KernelFactory gather(bool grouped) {
   return [grouped](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &x = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
-    const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i()) + (grouped ? 1 : 0);
+    const size_t axis = static_cast<size_t>(ins.attr_int("axis")) + (grouped ? 1 : 0);
     Gather g;
     g.groups = grouped ? x.shape[0] : 1;
     g.pre = prod(x.shape, grouped ? 1 : 0, axis);
     g.D = x.shape[axis];
     g.K = idx.nelms / std::max<int64_t>(g.groups, 1);
     g.row = prod(x.shape, axis + 1) * static_cast<int64_t>(itemsize(x.dtype));
-    g.wrap = !ins.attrs.at("zero_OOR").b();
+    g.wrap = !ins.attr_bool("zero_OOR");
     return gather_kernel(x, idx, y, g);
   };
 }
@@ -133,10 +133,10 @@ KernelFactory gather_grad(bool grouped) {
   return [grouped](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &g = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
     if (!is_int(idx.dtype) || !is_numeric(g.dtype) || g.dtype == DType::Bool) return nullptr;
-    const size_t first = grouped ? 1 : 0, axis = first + static_cast<size_t>(ins.attrs.at("axis").i());
+    const size_t first = grouped ? 1 : 0, axis = first + static_cast<size_t>(ins.attr_int("axis"));
     const int64_t groups = grouped ? g.shape[0] : 1;
-    const RowScatter rs{groups, prod(g.shape, first, axis), ins.attrs.at("size").i(), prod(idx.shape, first),
-                        prod(g.shape, axis + idx.shape.size() - first), !ins.attrs.at("zero_OOR").b()};
+    const RowScatter rs{groups, prod(g.shape, first, axis), ins.attr_int("size"), prod(idx.shape, first),
+                        prod(g.shape, axis + idx.shape.size() - first), !ins.attr_bool("zero_OOR")};
     unique_ptr<Kernel> k;
     auto make = [&](auto tag) {
       using W = typename decltype(tag)::type;
@@ -175,7 +175,7 @@ const RegisterKernel gather_grad_ops[] = {
 const RegisterKernel scatter_op{{"scatter"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &t = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &vals = bufs[ins.inputs[2]], &y = bufs[ins.outputs[0]];
   if (!is_int(idx.dtype)) return nullptr;
-  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const size_t axis = static_cast<size_t>(ins.attr_int("axis"));
   struct State { Packed idx, vals; std::vector<int64_t> ids; };
   auto st = std::make_shared<State>(State{Packed(idx), Packed(vals), {}});
   return std::make_unique<FnKernel>([=](uint8_t* a) {
@@ -256,7 +256,7 @@ int64_t target(const std::vector<int64_t>& c, size_t axis, int64_t i, const std:
 const RegisterKernel gather_elements_op{{"gather_elements"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &g = bufs[ins.inputs[0]], &idx = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
   if (!is_int(idx.dtype)) return nullptr;
-  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const size_t axis = static_cast<size_t>(ins.attr_int("axis"));
   const auto istr = expanded_index_strides(idx.shape, y.shape, axis), gstr = packed_strides(g.shape, 1);
   struct State { Packed g, idx, y; std::vector<int64_t> ids; };
   auto st = std::make_shared<State>(State{Packed(g), Packed(idx), Packed(y), {}});
@@ -298,9 +298,9 @@ const RegisterKernel scatter_reduce_op{{"scatter_reduce"}, [](const OpInstr& ins
   if (!is_int(idx.dtype)) return nullptr;
   const bool has_init = ins.inputs.size() > 2;
   const Buffer init = has_init ? bufs[ins.inputs[2]] : Buffer{};
-  const std::string& rn = ins.attrs.at("reduction").s();
+  const std::string& rn = ins.attr_str("reduction");
   const Scatter r = rn == "sum" ? Scatter::Sum : rn == "max" ? Scatter::Max : rn == "min" ? Scatter::Min : Scatter::None;
-  const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+  const size_t axis = static_cast<size_t>(ins.attr_int("axis"));
   const auto istr = expanded_index_strides(idx.shape, data.shape, axis), ystr = packed_strides(y.shape, 1);
   unique_ptr<Kernel> k;
   dispatch_arith(data.dtype, [&](auto tag) {
@@ -347,7 +347,7 @@ KernelFactory dynamic(bool update) {
   return [update](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &t = bufs[ins.inputs[0]], &index = bufs[ins.inputs[1]], &y = bufs[ins.outputs[0]];
     if (!is_int(index.dtype)) return nullptr;
-    const Region r{ins.attrs.at("axes").ints(), ins.attrs.at("sizes").ints()};
+    const Region r{ins.attr_ints("axes"), ins.attr_ints("sizes")};
     const Buffer upd = update ? bufs[ins.inputs[2]] : Buffer{};
     struct State { Packed offsets; std::vector<int64_t> ids; };
     auto st = std::make_shared<State>(State{Packed(index), {}});
@@ -372,8 +372,8 @@ const RegisterKernel dynamic_ops[] = {
 const RegisterKernel onehot_op{{"onehot"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
   const Buffer &t = bufs[ins.inputs[0]], &values = bufs[ins.inputs[2]], &y = bufs[ins.outputs[0]];
   if (!is_numeric(t.dtype) || t.dtype == DType::Bool) return nullptr;
-  const int64_t C = ins.attrs.at("num_classes").i(), rank = static_cast<int64_t>(t.shape.size());
-  const int64_t ax = ((ins.attrs.at("axis").i() % (rank + 1)) + rank + 1) % (rank + 1);
+  const int64_t C = ins.attr_int("num_classes"), rank = static_cast<int64_t>(t.shape.size());
+  const int64_t ax = ((ins.attr_int("axis") % (rank + 1)) + rank + 1) % (rank + 1);
   const int64_t pre = prod(t.shape, 0, ax), post = prod(t.shape, ax);
   struct State { Packed t, values, y; std::vector<double> idx; };
   auto st = std::make_shared<State>(State{Packed(t), Packed(values), Packed(y), {}});
@@ -412,9 +412,9 @@ const RegisterKernel increment_mod_op{{"increment_mod", "increment_mod_"},
   [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     const Buffer &x = bufs[ins.inputs[0]], &y = bufs[ins.outputs[0]];
     if (!is_numeric(x.dtype) || x.dtype == DType::Bool) return nullptr;
-    const double inc = ins.attrs.at("increment").f(), mod = ins.attrs.at("modulus").f();
+    const double inc = ins.attr_float("increment"), mod = ins.attr_float("modulus");
     if (is_int(x.dtype)) {
-      const int64_t ii = ins.attrs.at("increment").i(), im = ins.attrs.at("modulus").i();
+      const int64_t ii = ins.attr_int("increment"), im = ins.attr_int("modulus");
       return std::make_unique<FnKernel>([=](uint8_t* a) {
         map_rows<int64_t, 1>(a, y, {x}, [&](int64_t* out, const int64_t* const* in, int64_t n) {
           for (int64_t i = 0; i < n; ++i) {

@@ -77,7 +77,7 @@ const RegisterKernel sparse_accumulate_op{{"sparse_accumulate_"},
     if (!is_int(idx.dtype)) return nullptr;
     size_t next = 3;
     const ScalarArg f = scalar_arg(ins, bufs, "f", next);
-    const size_t axis = static_cast<size_t>(ins.attrs.at("axis").i());
+    const size_t axis = static_cast<size_t>(ins.attr_int("axis"));
     const RowScatter rs{1, prod(t.shape, 0, axis), t.shape[axis], idx.nelms, prod(t.shape, axis + 1), false};
     unique_ptr<Kernel> k;
     with_wide(needs_double({&t, &x}), [&](auto tag) {
@@ -101,7 +101,7 @@ enum class Mode { Adam, Lamb, AdaMax };
 KernelFactory updater(Mode mode) {
   return [mode](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
     if (!all_numeric(ins, bufs)) return nullptr;
-    const bool has_weight = ins.attrs.at("has_weight").b(), has_step = ins.attrs.at("has_step").b();
+    const bool has_weight = ins.attr_bool("has_weight"), has_step = ins.attr_bool("has_step");
     const Buffer m = bufs[ins.inputs[0]], v = bufs[ins.inputs[1]], y = bufs[ins.outputs[0]];
     size_t next = 2;
     const Buffer w = has_weight ? bufs[ins.inputs[next++]] : m;

@@ -99,7 +99,8 @@ def _identical_inputs(**attrs: Any) -> bool:
 # (Ir.applyPreAliasPatterns; popxl-addons' patterns.apply_pre_alias_patterns and autodiff run it).
 for _name in ("replicated_all_reduce_tp", "replicated_all_reduce_strided"):
     register(OpDef(_name, _all_reduce_infer, expand=_all_reduce_expand, identity_when=_identical_inputs,
-                   family=_FAMILY))
+                   family=_FAMILY, attributes={"op": "str", "groups": "ints", "identical_inputs": "bool",
+                                               "identical_grad_inputs": "bool"}))
 
 
 @grad_rule("replicated_all_reduce_tp", "replicated_all_reduce_strided")
@@ -195,7 +196,8 @@ def _all_gather_expand(op):
 
 
 register(OpDef("replicated_all_gather_strided", _all_gather_infer, expand=_all_gather_expand, grad=Grad.STOP,
-               family=_FAMILY))
+               family=_FAMILY,
+               attributes={"groups": "ints"}))
 
 
 def replicated_all_gather_strided(t: Tensor, stride: int = 1, group_size: Optional[int] = None) -> Tensor:
@@ -232,7 +234,8 @@ def _reduce_scatter_expand(op):
 
 
 register(OpDef("replicated_reduce_scatter_strided", _reduce_scatter_infer, expand=_reduce_scatter_expand,
-               grad=Grad.STOP, family=_FAMILY))
+               grad=Grad.STOP, family=_FAMILY,
+               attributes={"op": "str", "groups": "ints", "rts": "bool"}))
 
 
 def replicated_reduce_scatter_strided(t: Tensor, op: object = "add", stride: int = 1,

@@ -72,7 +72,8 @@ def _denominator(x, m):
     return e.sum(axis=1, dtype=_compute_dtype(x.dtype)).astype(x.dtype)
 
 
-register(OpDef("cross_entropy_sharded_denominator", _denominator_infer, _denominator, grad=Grad.RAISE, family=_FAMILY))
+register(OpDef("cross_entropy_sharded_denominator", _denominator_infer, _denominator, grad=Grad.RAISE, family=_FAMILY,
+               attributes={}))
 
 
 def _nll_infer(specs):
@@ -102,7 +103,8 @@ def _nll(x, m, d, indices):
     return nls, _picked(nls, indices)[0]
 
 
-register(OpDef("cross_entropy_sharded_nll", _nll_infer, _nll, grad=Grad.RAISE, family=_FAMILY))
+register(OpDef("cross_entropy_sharded_nll", _nll_infer, _nll, grad=Grad.RAISE, family=_FAMILY,
+               attributes={}))
 
 
 def _grad_infer(specs):
@@ -121,7 +123,8 @@ def _grad(dloss, nls, indices):
     return g
 
 
-register(OpDef("cross_entropy_sharded_grad", _grad_infer, _grad, grad=Grad.RAISE, family=_FAMILY))
+register(OpDef("cross_entropy_sharded_grad", _grad_infer, _grad, grad=Grad.RAISE, family=_FAMILY,
+               attributes={}))
 
 
 def _shard_losses(logits: Sequence[Tensor], indices: Sequence[Tensor], max_of, sum_of) -> Tuple[Tensor, List[Tensor]]:
@@ -152,7 +155,8 @@ def _sharded_expand(op):
     return [loss, nls]
 
 
-register(OpDef("cross_entropy_sharded", _sharded_infer, expand=_sharded_expand, family=_FAMILY))
+register(OpDef("cross_entropy_sharded", _sharded_infer, expand=_sharded_expand, family=_FAMILY,
+               attributes={"groups": "ints", "available_memory_proportion": "float"}))
 
 
 @grad_rule("cross_entropy_sharded")
@@ -228,7 +232,8 @@ def _wr_expand(op):
     return [loss, *nls]
 
 
-register(OpDef("cross_entropy_sharded_wr", _wr_infer, expand=_wr_expand, family=_FAMILY))
+register(OpDef("cross_entropy_sharded_wr", _wr_infer, expand=_wr_expand, family=_FAMILY,
+               attributes={"ipus": "ints"}))
 
 
 @grad_rule("cross_entropy_sharded_wr")

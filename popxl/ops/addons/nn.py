@@ -79,10 +79,12 @@ def _rotate(x, sin, cos, rotary_dim, pairing, direction: int):
 
 
 register(OpDef("rotary_pos_embed", _rotary_infer,
-               lambda x, sin, cos, rotary_dim, pairing: _rotate(x, sin, cos, rotary_dim, pairing, 1), family=_FAMILY))
+               lambda x, sin, cos, rotary_dim, pairing: _rotate(x, sin, cos, rotary_dim, pairing, 1), family=_FAMILY,
+               attributes={"rotary_dim": "int", "pairing": "str"}))
 register(OpDef("rotary_pos_embed_grad", _rotary_infer,
                lambda dy, sin, cos, rotary_dim, pairing: _rotate(dy, sin, cos, rotary_dim, pairing, -1),
-               grad=Grad.RAISE, family=_FAMILY))
+               grad=Grad.RAISE, family=_FAMILY,
+               attributes={"rotary_dim": "int", "pairing": "str"}))
 
 
 @grad_rule("rotary_pos_embed")
@@ -166,7 +168,8 @@ def _ln_expand(op):
     return [_narrow(y, x), _narrow(mean, x), _narrow(inv_std, x)]
 
 
-register(OpDef("layer_norm_distributed", _ln_infer, expand=_ln_expand, family=_FAMILY))
+register(OpDef("layer_norm_distributed", _ln_infer, expand=_ln_expand, family=_FAMILY,
+               attributes={"epsilon": "float", "groups": "ints"}))
 
 
 @grad_rule("layer_norm_distributed")
@@ -235,7 +238,8 @@ def _square_add_expand(op):
 
 
 register(OpDef("grad_reduce_square_add", _square_add_infer, expand=_square_add_expand, grad=Grad.STOP,
-               family=_FAMILY))
+               family=_FAMILY,
+               attributes={}))
 
 
 def grad_reduce_square_add(t: Tensor, scale: Tensor) -> Tensor:
@@ -263,7 +267,8 @@ def _linear_layout_infer(specs, bs):
 
 
 register(OpDef("linear_layout", _linear_layout_infer, expand=lambda op: create_op("identity", [op.inputs[0]]),
-               grad=Grad.STOP, family=_FAMILY))
+               grad=Grad.STOP, family=_FAMILY,
+               attributes={"bs": "int"}))
 
 
 def linear_layout(t: Tensor, bs: int = 1) -> Tensor:

@@ -52,7 +52,8 @@ def _decompress_expand(op):
 
 
 register(OpDef("group_quantize_decompress", _decompress_infer, expand=_decompress_expand, grad=Grad.STOP,
-               family=_FAMILY))
+               family=_FAMILY,
+               attributes={}))
 
 
 def group_quantize_decompress(t: Tensor, group_scale: Tensor, group_bias: Tensor) -> Tensor:
@@ -134,7 +135,8 @@ def _errors(share, limit, q, low, high):
     return errors
 
 
-register(OpDef("fp8_mse_scale", _fp8_infer, _fp8_mse_scale, grad=Grad.STOP, family=_FAMILY))
+register(OpDef("fp8_mse_scale", _fp8_infer, _fp8_mse_scale, grad=Grad.STOP, family=_FAMILY,
+               attributes={"min_fp32_exp_index": "int", "format_span": "int", "quantisation_error": "float"}))
 
 
 def fp8_mse_scale(src: Tensor, min_fp32_exp_index: int, format_span: int, quantisation_error: float) -> Tensor:

@@ -132,9 +132,11 @@ def _all_reduce(xs, j, op):
 
 
 register(OpDef("replicated_all_reduce", _all_reduce_infer, _per_group(_all_reduce), collective=True,
-               grad=Grad.STOP, family="collectives"))
+               grad=Grad.STOP, family="collectives",
+               attributes={"op": "str", "groups": "ints"}))
 register(OpDef("replicated_all_reduce_", _all_reduce_infer, _per_group(_all_reduce), collective=True,
-               inplace=0, grad=Grad.STOP, family="collectives"))
+               inplace=0, grad=Grad.STOP, family="collectives",
+               attributes={"op": "str", "groups": "ints"}))
 
 
 def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: Optional[ReplicaGrouping] = None) -> Tensor:
@@ -193,7 +195,8 @@ def _reduce_scatter_infer(specs, op, groups, rts):
 
 register(OpDef("replicated_reduce_scatter", _reduce_scatter_infer,
                _per_group(lambda xs, j, op, rts: _shard(_all_reduce(xs, j, op), j, len(xs))),
-               collective=True, grad=Grad.RAISE, family="collectives"))
+               collective=True, grad=Grad.RAISE, family="collectives",
+               attributes={"op": "str", "groups": "ints", "rts": "bool"}))
 
 
 def replicated_reduce_scatter(t: Tensor, op: CollectiveOps = "add", group: Optional[ReplicaGrouping] = None,
@@ -229,7 +232,8 @@ def _sharded_slice_infer(specs, groups):
 
 
 register(OpDef("replica_sharded_slice", _sharded_slice_infer,
-               _per_group(lambda xs, j: _shard(xs[j], j, len(xs))), collective=True, family="collectives"))
+               _per_group(lambda xs, j: _shard(xs[j], j, len(xs))), collective=True, family="collectives",
+               attributes={"groups": "ints"}))
 
 
 def replica_sharded_slice(t: Tensor, group: Optional[ReplicaGrouping] = None) -> Tensor:
@@ -269,7 +273,8 @@ def _replicated_slice_infer(specs, axis, groups):
 
 register(OpDef("replicated_slice", _replicated_slice_infer,
                _per_group(lambda xs, j, axis: np.split(xs[j], len(xs), axis=axis)[j].copy()),
-               collective=True, family="collectives"))
+               collective=True, family="collectives",
+               attributes={"axis": "int", "groups": "ints"}))
 
 
 def replicated_slice(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] = None) -> Tensor:
@@ -334,7 +339,8 @@ def _all_gather(xs, j, axis, output_shape, meta_shape):
 
 register(OpDef("replicated_all_gather", _all_gather_infer,
                _per_group(_all_gather),
-               collective=True, family="collectives"))
+               collective=True, family="collectives",
+               attributes={"axis": "int", "groups": "ints", "output_shape": "str", "meta_shape": "ints"}))
 
 
 def replicated_all_gather(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] = None,
@@ -398,7 +404,8 @@ def _all_reduce_ipus(*xs, op, identity, backward):
     return tuple(r.copy() for _ in xs)
 
 
-register(OpDef("all_reduce", _all_reduce_ipus_infer, _all_reduce_ipus, family="collectives"))
+register(OpDef("all_reduce", _all_reduce_ipus_infer, _all_reduce_ipus, family="collectives",
+               attributes={"op": "str", "identity": "bool", "backward": "str"}))
 
 
 def _ipu_all_reduce(ts: List[Tensor], ipus: Optional[List[int]], op: CollectiveOps, identity: bool,

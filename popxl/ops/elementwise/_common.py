@@ -3,7 +3,7 @@ broadcasting ops, computing narrow floats in float32, and registering and tracin
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -59,9 +59,12 @@ def in_float(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], n
 erf_of = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf; an object array, cast by the caller
 
 
-def register_elementwise(name: str, infer: Callable, kernel: Callable, grad: Optional[str] = None) -> OpDef:
-    """Register an op whose every output value depends on the inputs at its position alone."""
-    return register(OpDef(name, infer, kernel, grad=grad, family="elementwise", elementwise=True))
+def register_elementwise(name: str, infer: Callable, kernel: Callable, grad: Optional[str] = None,
+                         attributes: Optional[Dict[str, str]] = None) -> OpDef:
+    """Register an op whose every output value depends on the inputs at its position alone; it takes
+    no attributes unless it declares some (``attributes``, see popxl.op.OpDef)."""
+    return register(OpDef(name, infer, kernel, grad=grad, family="elementwise", elementwise=True,
+                          attributes=attributes or {}))
 
 
 def register_unary(name: str, kernel: Callable, kind: str, out_dtype: Optional[dtypes.dtype] = None,
@@ -71,7 +74,7 @@ def register_unary(name: str, kernel: Callable, kind: str, out_dtype: Optional[d
     register_elementwise(name, unary_infer(kind, out_dtype), kernel, grad)
     if inplace:
         register(OpDef(name + "_", unary_infer(kind, out_dtype), kernel, inplace=0, grad=Grad.STOP,
-                       family="elementwise"))
+                       family="elementwise", attributes={}))
 
 
 def unary(opname: str, t: Tensor) -> Tensor:

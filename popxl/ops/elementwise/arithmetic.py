@@ -35,11 +35,12 @@ def _nary_infer(specs):  # maximum and add_n: one or more tensors of one dtype, 
 
 
 register_elementwise("add", arith_infer(), np.add)
-register(OpDef("add_", _inplace_infer(arith_infer()), np.add, inplace=0, grad=Grad.STOP, family="elementwise"))
+register(OpDef("add_", _inplace_infer(arith_infer()), np.add, inplace=0, grad=Grad.STOP, family="elementwise",
+               attributes={}))
 # Internal N-ary sum (PopART's Sum): autodiff adds up several gradient contributions with it;
 # transforms.decompose_sum turns it into binary adds.
 register(OpDef("add_n", _nary_infer, lambda *xs: np.sum(np.broadcast_arrays(*xs), axis=0, dtype=xs[0].dtype),
-               family="elementwise"))
+               family="elementwise", attributes={}))
 
 
 def add(lhs: Tensor, rhs: Tensor) -> Tensor:
@@ -263,7 +264,7 @@ def _pow_grad(ctx):
 
 
 register(OpDef("maximum", _nary_infer, lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs)) if len(xs) > 1
-               else xs[0].copy(), family="elementwise"))
+               else xs[0].copy(), family="elementwise", attributes={}))
 
 
 def maximum(*ts: Tensor) -> Tensor:
@@ -312,9 +313,11 @@ def _scaled_add_infer(specs, a, b):
 
 
 register(OpDef("scaled_add", _scaled_add_infer, _scaled_add_kernel, grad=Grad.STOP, family="elementwise",
-               elementwise=True))
+               elementwise=True,
+               attributes={"a": "float?", "b": "float?"}))
 register(OpDef("scaled_add_", _scaled_add_infer, _scaled_add_kernel, inplace=0, grad=Grad.STOP,
-               family="elementwise"))
+               family="elementwise",
+               attributes={"a": "float?", "b": "float?"}))
 
 
 def _scaled_add(opname: str, X: Tensor, Y: Tensor, a, b) -> Tensor:

@@ -20,7 +20,8 @@ def _cast_infer(specs, data_type):
 
 
 register(OpDef("cast", _cast_infer, lambda x, data_type: convert(x, dtypes.ml_dtype(data_type)),
-               family="elementwise"))
+               family="elementwise",
+               attributes={"data_type": "dtype"}))
 
 
 def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:
@@ -59,7 +60,8 @@ def _same_infer(specs, **_):
     return [spec(specs[0].shape, specs[0].dtype, specs[0].meta_shape)]
 
 
-register(OpDef("identity", _same_infer, lambda x: x.copy(), view=lambda x: x, copy=True, family="elementwise"))
+register(OpDef("identity", _same_infer, lambda x: x.copy(), view=lambda x: x, copy=True, family="elementwise",
+               attributes={}))
 
 
 def identity(t: Tensor, output_name: Optional[str] = None) -> Tensor:
@@ -88,7 +90,8 @@ def _identity_grad(ctx):
 
 
 register(OpDef("detach", _same_infer, lambda x: x.copy(), view=lambda x: x, copy=True, grad=Grad.STOP,
-               family="elementwise"))
+               family="elementwise",
+               attributes={}))
 
 
 def detach(t: Tensor) -> Tensor:
@@ -107,7 +110,8 @@ def detach(t: Tensor) -> Tensor:
     return create_op("detach", [t])[0]
 
 
-register(OpDef("detach_", _same_infer, lambda x: x, view=lambda x: x, grad=Grad.STOP, family="elementwise"))
+register(OpDef("detach_", _same_infer, lambda x: x, view=lambda x: x, grad=Grad.STOP, family="elementwise",
+               attributes={}))
 
 
 def detach_(t: Tensor) -> Tensor:

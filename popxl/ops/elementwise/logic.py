@@ -134,7 +134,8 @@ def _where_infer(specs):
     return [spec(broadcast_shapes(c.shape, a.shape, b.shape), dt)]
 
 
-register(OpDef("where", _where_infer, lambda c, a, b: np.where(c.astype(bool), a, b), family="elementwise"))
+register(OpDef("where", _where_infer, lambda c, a, b: np.where(c.astype(bool), a, b), family="elementwise",
+               attributes={}))
 
 
 def where(condition: Tensor, lhs: Tensor, rhs: Tensor) -> Tensor:

@@ -398,7 +398,7 @@ def _clip_infer(specs, min, max):
     return [spec(specs[0].shape, specs[0].dtype)]
 
 
-register_elementwise("clip", _clip_infer, _clip_kernel)
+register_elementwise("clip", _clip_infer, _clip_kernel, attributes={"min": "float", "max": "float"})
 
 
 def clip(t: Tensor, min: float = float("-inf"), max: float = float("inf")) -> Tensor:
