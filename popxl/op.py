@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, 
 
 import attrs
 
-from popxl import _pb
+from popxl import _pb, dtypes
 from popxl.context import Context, get_current_context
 from popxl.tensor import Tensor
 from popxl.tensorlocation import ExecutionContext
@@ -72,7 +72,6 @@ def _is_number(v: Any) -> bool:
 
 
 def _conforms(kind: str, v: Any) -> bool:
-    from popxl import dtypes
     if kind in ("ints", "floats", "strs"):
         return isinstance(v, (list, tuple)) and all(_conforms(kind[:-1], x) for x in v)
     if kind == "int":

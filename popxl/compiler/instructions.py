@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, TypedDict
 
+from popxl.op import REGISTRY, check_attributes
+
 __all__ = ["FIELDS", "OPTIONAL_FIELDS", "BRANCH_FIELDS", "op", "copy", "call", "repeat", "if_", "host_load",
            "host_store", "branch", "check_program", "op_attributes", "check_op_attrs"]
 
@@ -98,7 +100,6 @@ def check_program(program: Sequence[Mapping[str, Any]], where: str = "program") 
 def op_attributes(graphs: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, str]]:
     """The attribute declarations (popxl.op.OpDef.attributes) of the op types run by ``graphs``'
     op instructions, for the executable: op type -> {name: type}; ops that declare none are left out."""
-    from popxl.op import REGISTRY
     table: Dict[str, Dict[str, str]] = {}
     for g in graphs:
         for instr in g["program"]:
@@ -113,7 +114,6 @@ def check_op_attrs(graphs: Sequence[Mapping[str, Any]], op_attrs: Mapping[str, M
     """Raise ValueError naming the op and the attribute if an op instruction's attributes differ
     from its type's declaration in ``op_attrs`` (an executable's): an attribute it does not declare,
     one it declares missing, or a value not of the declared type. The native loader checks the same."""
-    from popxl.op import check_attributes
     for g in graphs:
         for instr in g["program"]:
             if instr["kind"] == "op":
