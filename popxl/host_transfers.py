@@ -101,9 +101,9 @@ class HostTransfers:
         return watched
 
     def output_allocator(self, layout: List[tuple]) -> Callable[[], Dict[Any, np.ndarray]]:
-        """A function making host output arrays for ``layout`` entries ``(stream, dtype, host shape,
-        engine shape)``: zeros where a run may leave slices unwritten, else uninitialised (every slice
-        is written). Decided once: it is called on every ``Session.run``."""
+        """A function making host output arrays for ``layout`` entries ``(stream, dtype, host shape)``:
+        zeros where a run may leave slices unwritten, else uninitialised (every slice is written).
+        Decided once: it is called on every ``Session.run``."""
         plan = [(s, np.zeros if unwritten else np.empty, shape, dtype)
-                for (s, dtype, shape, _), unwritten in zip(layout, self.may_leave_unwritten)]
+                for (s, dtype, shape), unwritten in zip(layout, self.may_leave_unwritten)]
         return lambda: {s: make(shape, dtype) for s, make, shape, dtype in plan}

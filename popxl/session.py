@@ -241,11 +241,11 @@ class Session:
         streams = {s.tensor_id: s for s in (*ir.get_all_h2d_streams(), *ir.get_all_d2h_streams())}
         self._h2d = [streams[s["name"]] for s in self._exe.h2d]
         self._d2h = [streams[s["name"]] for s in self._exe.d2h]
-        # Per stream: (stream, host dtype, host shape, engine shape), for run's fast path and
+        # Per stream: (stream, host dtype, host shape), for run's fast path and
         # create_host_outputs. Float8 streams (structured host dtypes) always take the checked path.
         self._in_layout = [self._layout(s) for s in self._h2d]
         self._out_layout = [self._layout(s) for s in self._d2h]
-        self._exact_ok = not any(d.names for _, d, _, _ in (*self._in_layout, *self._out_layout))
+        self._exact_ok = not any(d.names for _, d, _ in (*self._in_layout, *self._out_layout))
         self._new_outputs = self._transfers.output_allocator(self._out_layout)
 
     def _write_final_dot_checkpoint(self) -> None:
@@ -280,8 +280,7 @@ class Session:
                 f"Its largest tensors: {largest}.")
 
     def _layout(self, s) -> tuple:
-        nht, rf = self.ir.num_host_transfers, self.ir.instance_replication_factor
-        return s, np.dtype(s.dtype.as_numpy()), self._host_shape(s), (nht, rf) + tuple(s.shape)
+        return s, np.dtype(s.dtype.as_numpy()), self._host_shape(s)
 
     # properties -----------------------------------------------------------------------------------
     @property
@@ -634,7 +633,8 @@ class Session:
         return arr
 
     def _device_view(self, s, arr: np.ndarray, is_input: bool) -> np.ndarray:
-        """Check one host buffer and view it as (num_host_transfers, replicas, *shape)."""
+        """Check one host buffer; the C-contiguous array the engine reads or writes (a copy where the
+        user's is strided, or read-only for an input)."""
         nht, rf = self.ir.num_host_transfers, self.ir.instance_replication_factor
         expected = self._host_shape(s)
         want_dtype = s.dtype.as_numpy()
@@ -666,7 +666,7 @@ class Session:
         # TensorProto's data) is copied too.
         if not arr.flags.c_contiguous or (is_input and not arr.flags.writeable):
             arr = np.array(arr, order="C")
-        return arr.reshape((nht, rf) + tuple(s.shape))
+        return arr  # engines take any C-contiguous shape of the right size
 
     def run_with_outputs(self, inputs: Optional[h2dStreamBufferMaps] = None,
                          outputs: Optional[d2hStreamBufferMaps] = None, downcast_inputs: bool = True) -> None:
@@ -753,7 +753,7 @@ class Session:
         if len(given) != len(layout):
             return None
         arrays = []
-        for (s, dtype, shape, _), (key, a) in zip(layout, given.items()):
+        for (s, dtype, shape), (key, a) in zip(layout, given.items()):
             if key is not s:
                 a = given.get(s)
             if (type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous
