@@ -157,6 +157,9 @@ def test_every_addons_binding_creates_its_op():
                                         params=params, settings=ctx._get_op_settings("p"))
             assert popxl.Tensor._from_pb_tensor(op.outTensor(0)).shape == shape and op.params is params
             assert cls.default_opid().type == cls.op_type
+            if cls is bindings.DenseSparseMatMulOp:  # PopART's IPU planning hint: taken and recorded only
+                op.setAvailableMemoryProportion(0.25)
+                assert op._available_memory_proportion == 0.25
     assert len(bindings.MODULES) == 13
 
 

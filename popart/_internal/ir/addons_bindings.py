@@ -8,7 +8,7 @@ C++ binding's, and the params classes take the C++ constructors' arguments.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence, Type
+from typing import Any, Dict, Optional, Sequence, Type
 
 from popxl.ops.addons import collectives as _collectives
 from popxl.ops.addons.collectives import groups_of
@@ -21,9 +21,13 @@ __all__ = ["MODULES", "Fp8ScalingBiasParams", "LinearLayoutParams", "DenseSparse
 _DOMAIN = "popxl.addons.ops"
 
 
-def _memory_proportion(op: CustomOp, value: Any) -> None:
-    """PopART's ``setAvailableMemoryProportion``: a planning hint for IPU memory; recorded only."""
-    op._available_memory_proportion = value
+class _MemoryProportionHint:
+    """PopART's ``setAvailableMemoryProportion`` of an op: a planning hint for IPU memory; recorded only."""
+
+    _available_memory_proportion: Optional[float] = None
+
+    def setAvailableMemoryProportion(self, value: float) -> None:
+        self._available_memory_proportion = value
 
 
 # collectives ---------------------------------------------------------------------------------------
@@ -69,10 +73,9 @@ class ReplicatedReduceScatterStridedOp(CustomOp):
 
 
 # losses -----------------------------------------------------------------------------------------------
-class CrossEntropyShardedOp(CustomOp):
+class CrossEntropyShardedOp(_MemoryProportionHint, CustomOp):
     popxl_type, op_type = "cross_entropy_sharded", "CrossEntropySharded"
     arguments = ("group", "availableMemoryProportion")
-    setAvailableMemoryProportion = _memory_proportion
 
     @classmethod
     def attributes(cls, graph: Any, group: Any, availableMemoryProportion: float) -> Dict[str, Any]:
@@ -132,9 +135,8 @@ class DenseSparseMatMulParams:
         self.nz, self.cols, self.rows, self.output_cols = nz, cols, rows, output_cols
 
 
-class DenseSparseMatMulOp(ParameterizedOp):
+class DenseSparseMatMulOp(_MemoryProportionHint, ParameterizedOp):
     popxl_type, op_type, domain = "dense_sparse_matmul", "SparseMatmul", _DOMAIN
-    setAvailableMemoryProportion = _memory_proportion
 
     @classmethod
     def attributes(cls, graph: Any, params: DenseSparseMatMulParams) -> Dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import operator
+from types import MappingProxyType
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 
 from popxl.errors import popart_exception
@@ -142,6 +143,7 @@ class CustomOp(Op):
     popxl_type: ClassVar[str] = ""
     op_type: ClassVar[str] = ""
     arguments: ClassVar[Tuple[str, ...]] = ()
+    _arguments: Mapping[str, Any] = MappingProxyType({})  # createOpInGraph's, bound (none for other views)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -149,8 +151,10 @@ class CustomOp(Op):
             register_view_class(cls.popxl_type, cls)
 
     @classmethod
-    def attributes(cls, graph: Any, **arguments: Any) -> Dict[str, Any]:
-        """The popxl op's attributes for PopART's creation ``arguments`` in popxl graph ``graph``."""
+    def attributes(cls, graph: Any, *args: Any, **arguments: Any) -> Dict[str, Any]:
+        """The popxl op's attributes for PopART's creation ``arguments`` in popxl graph ``graph``.
+        createOpInGraph passes them by the names in ``arguments``; a subclass takes them as its own
+        parameters (``*args`` is there so that it may: nothing passes values by position)."""
         return dict(arguments)
 
     def opType(self) -> str:
@@ -163,16 +167,16 @@ class CustomOp(Op):
         whose ids ``inputs`` maps by input index, naming its outputs as ``outputs`` maps them, with
         this class's ``arguments`` (positional or by name) and ``settings`` last."""
         where = f"{cls.__name__}.createOpInGraph"
-        args, kwargs = list(args), dict(kwargs)
-        settings = kwargs.pop("settings", None)
-        if settings is None and args and isinstance(args[-1], Settings):
-            settings = args.pop()
+        positional, named = list(args), dict(kwargs)
+        settings = named.pop("settings", None)
+        if settings is None and positional and isinstance(positional[-1], Settings):
+            settings = positional.pop()
         if not isinstance(settings, Settings):
             raise TypeError(f"{where}: needs the op's settings (ctx._get_op_settings(name)) as its last argument.")
-        kwargs.pop("opid", None)
-        if args and isinstance(args[0], OperatorIdentifier):
-            args.pop(0)
-        bound = cls._bind_arguments(where, args, kwargs)
+        named.pop("opid", None)
+        if positional and isinstance(positional[0], OperatorIdentifier):
+            positional.pop(0)
+        bound = cls._bind_arguments(where, positional, named)
         g = popxl_object(graph, XlGraph)
         if settings.graph._popxl is not g:
             raise popart_exception(f"{where}: the settings belong to graph {settings.graph._popxl.id!r}, "
@@ -278,4 +282,4 @@ class ParameterizedOp(CustomOp):
     @property
     def params(self) -> Any:
         """The params object the op was created with (None for a view made otherwise)."""
-        return getattr(self, "_arguments", {}).get("params")
+        return self._arguments.get("params")

@@ -89,9 +89,6 @@ class Tensor(View):
     def id(self) -> str:
         return self._popxl.id
 
-    def str(self) -> str:
-        return self._popxl.id
-
     def __repr__(self) -> str:
         return f"<popart._internal.ir.Tensor {self._popxl.id!r}>"
 
@@ -143,3 +140,7 @@ class Tensor(View):
         root = id(storage_root(self._popxl))
         written = any(root in written_roots(popxl_object(op, XlOp)) for op in ops)
         return [Region.getFull(self._popxl.shape) if written else Region.getEmpty(self._popxl.rank)]
+
+    # last in the class body: the method's name would hide the builtin in the annotations below it
+    def str(self) -> str:
+        return self._popxl.id

@@ -11,6 +11,10 @@ __all__ = ["Region"]
 class Region:
     """All of a tensor of some shape (``getFull``) or none of it (``getEmpty``)."""
 
+    _rank: int
+    _full: bool
+    _shape: Tuple[int, ...]  # the tensor's shape, for a full region
+
     def __init__(self) -> None:
         raise TypeError("view.Region is made with Region.getFull(shape) or Region.getEmpty(rank).")
 

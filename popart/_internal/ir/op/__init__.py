@@ -75,7 +75,7 @@ class Op(View):
     def _xl(self) -> Any:
         """The popxl op (placing a cloned op in its graph first)."""
         if self._clone is not None:
-            self._place()
+            self._place(self._clone)
         return self._popxl
 
     _popxl_for_unwrap = _xl
@@ -114,9 +114,6 @@ class Op(View):
 
     def debugName(self) -> str:
         return f"{self.opType()}({self.name()})"
-
-    def str(self) -> str:
-        return f"{self.id} ({self.opType()})"
 
     def getGraph(self) -> "Graph":
         return view_of(self._clone.graph if self._clone is not None else self._popxl.graph)
@@ -291,8 +288,7 @@ class Op(View):
                                    f"{self.opType()} needs them at 0..{len(indices) - 1} without gaps.")
         return [clone.inputs[i] for i in indices], dict(clone.source.attrs)
 
-    def _place(self) -> None:
-        clone = self._clone
+    def _place(self, clone: _Clone) -> None:
         inputs, attrs = self._clone_inputs(clone)
         if clone.source_ipu is not None and "source" in attrs:
             attrs["source"] = clone.source_ipu
@@ -311,6 +307,10 @@ class Op(View):
             _set_id(clone.graph, new.outputs[j], wanted)
         new.__dict__["_pb_view"] = self
         self._popxl, self._clone = new, None
+
+    # last in the class body: the method's name would hide the builtin in the annotations below it
+    def str(self) -> str:
+        return f"{self.id} ({self.opType()})"
 
 
 def _name_in(graph: Any, tensor_id: str) -> str:
