@@ -13,7 +13,7 @@ opset to tell attribute forms from input forms (a Reduce op's axes, say).
 from __future__ import annotations
 
 import itertools
-from typing import Collection, Dict, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Optional, Protocol, Sequence, Tuple, Union, cast
 
 import onnx
 from onnx import defs, helper
@@ -43,10 +43,32 @@ def _value_types(model: onnx.ModelProto) -> Dict[str, onnx.TypeProto]:
     return types
 
 
+class _FunctionSchema(Protocol):
+    """The members of an ONNX op schema (``onnx.defs.OpSchema``) that give the op's function body.
+    onnx's type stub of OpSchema leaves them out; its run-time class has them (bodies are serialized
+    FunctionProtos)."""
+
+    has_function: bool
+    function_opset_versions: Sequence[int]
+    has_context_dependent_function: bool
+    context_dependent_function_opset_versions: Sequence[int]
+
+    def get_function_with_opset_version(self, version: int) -> Union[bytes, onnx.FunctionProto]: ...
+
+    def get_context_dependent_function_with_opset_version(
+            self, version: int, node: bytes, input_types: Sequence[bytes]) -> Union[bytes, onnx.FunctionProto]: ...
+
+
+def _function_schema(node: onnx.NodeProto, opset: int) -> _FunctionSchema:
+    """The schema of ``node``'s op at ``opset`` (onnx raises if there is none)."""
+    # the stub's OpSchema lacks the function members (see _FunctionSchema)
+    return cast(_FunctionSchema, defs.get_schema(node.op_type, opset, node.domain))
+
+
 def _context_dependent(node: onnx.NodeProto, opset: int) -> bool:
     """Whether the standard body of ``node`` is generated for its input types."""
     try:
-        return bool(defs.get_schema(node.op_type, opset, node.domain).has_context_dependent_function)
+        return bool(_function_schema(node, opset).has_context_dependent_function)
     except Exception:
         return False
 
@@ -56,10 +78,10 @@ def _standard_body(node: onnx.NodeProto, opset: int,
     """The ONNX standard's function body for ``node`` at ``opset``, or None if it has none (or it
     needs an input type nobody knows)."""
     try:
-        schema = defs.get_schema(node.op_type, opset, node.domain)
+        schema = _function_schema(node, opset)
     except Exception:
         return None
-    body = None
+    body: Union[bytes, onnx.FunctionProto, None] = None
     if schema.has_context_dependent_function:
         versions = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
         present = [x for x in node.input]

@@ -6,18 +6,19 @@ through them like any other node. They are never folded at import (ONNX's refere
 does not know the domain)."""
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List
 
 
 import popxl
 import popxl.ops as ops
 from popxl import dtypes
+from popxl.ops.negative_log_likelihood import REDUCTION_TYPE
 from popart.losses import GRAPHCORE_DOMAIN, ReductionType, reduction_of
 from popart.onnx.table import OPS, Entry, Node, Value
 
 __all__: List[str] = []
 
-_POPXL_REDUCTION = {ReductionType.Sum: "sum", ReductionType.Mean: "mean", ReductionType.NoReduction: "none"}
+_POPXL_REDUCTION: Dict[ReductionType, REDUCTION_TYPE] = {ReductionType.Sum: "sum", ReductionType.Mean: "mean", ReductionType.NoReduction: "none"}
 
 
 def _reduce(x: popxl.Tensor, reduction: ReductionType) -> popxl.Tensor:

@@ -25,7 +25,7 @@ def _gather(n: Node) -> List[Value]:
         idx = np.asarray(idx)
         if idx.size and (idx.min() < -d or idx.max() >= d):
             raise n.fail(f"indices out of range [-{d}, {d}) for axis {axis} of shape {x.shape}")
-        idx_t = popxl.constant(np.where(idx < 0, idx + d, idx).astype(np.int32))
+        idx_t: popxl.Tensor = popxl.constant(np.where(idx < 0, idx + d, idx).astype(np.int32))
     else:
         idx_t = n.x(1)  # popxl's gather also counts negative indices from the end
     return [ops.gather(x, idx_t, axis)]

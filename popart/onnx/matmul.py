@@ -129,7 +129,7 @@ def _einsum_diagonal(x: popxl.Tensor, labels: Labels, n: Node) -> Tuple[popxl.Te
     unique = list(dict.fromkeys(labels))
     if len(unique) == len(labels):
         return x, labels
-    dims = {}
+    dims: Dict[str, int] = {}
     for label, d in zip(labels, x.shape):
         if dims.setdefault(label, d) != d:
             raise n.fail(f"repeated index {label!r} spans axes of different lengths {dims[label]} and {d}")

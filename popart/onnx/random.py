@@ -37,9 +37,13 @@ def _random_seed(n: Node) -> popxl.Tensor:
 @onnx_op(*RANDOM_OPS, foldable=False)
 def _random(n: Node) -> List[Value]:
     like = n.op_type.endswith("Like") or n.op_type == "Bernoulli"
-    if not like and n.ints("shape") is None:
-        raise n.fail("the shape attribute is required")
-    shape = tuple(n.shape(0)) if like else tuple(n.ints("shape"))
+    if like:
+        shape = tuple(n.shape(0))
+    else:
+        given = n.ints("shape")
+        if given is None:
+            raise n.fail("the shape attribute is required")
+        shape = tuple(given)
     code = n.attr("dtype")
     out = _popxl_dtype_of_onnx(code) if code is not None else n.x(0).dtype if like else dtypes.float32
     draw = out if out in (dtypes.float16, dtypes.float32) else dtypes.float32

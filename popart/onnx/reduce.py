@@ -93,7 +93,7 @@ def _cumulative(n: Node) -> List[Value]:
 
 
 @onnx_fold("CumSum", "CumProd")
-def _cumulative_at_import(n: Node, x: np.ndarray, axis: np.ndarray) -> List[np.ndarray]:
+def _cumulative_at_import(n: Node, x: np.ndarray, axis_input: np.ndarray) -> List[np.ndarray]:
     # ONNX's reference CumSum refuses the one-element 1-D axis the entry (and ONNX Runtime) take.
     axis = _axis(n.static_int(1, "axis"), x.ndim, n, scalar_axis=False)
     y = np.flip(x, axis) if n.attr("reverse", 0) else x

@@ -25,7 +25,7 @@ def _dft_matrix(rows: int, cols: int, length: int, complex_in: bool, complex_out
     # Reduce j*k modulo length before scaling, so angles stay small and exact multiples of pi/2
     # land on exact zeros and ones after rounding off float64 noise.
     theta = 2 * np.pi * ((j * k) % length) / length
-    cos, sin = np.round(np.cos(theta), 15), np.round(np.sin(theta), 15)
+    cos, sin = np.cos(theta).round(15), np.sin(theta).round(15)
     sign = 1.0 if inverse else -1.0
     scale = np.ones((rows, 1))
     if hermitian:  # all bins but 0 and length/2 have a mirror image, which doubles their weight
@@ -143,7 +143,8 @@ def _mel_weight_matrix(n: Node) -> List[Value]:
     spectrogram_bins = length // 2 + 1
     # Band edges evenly spaced in mel (bands + 2 steps between the two edges, as ONNX's reference
     # does), mapped to spectrogram bins floor((dft_length + 1) f / sample_rate).
-    mel = _hz_to_mel(lo) + np.arange(bands + 2) * (_hz_to_mel(hi) - _hz_to_mel(lo)) / (bands + 2)
+    mel_lo, mel_hi = _hz_to_mel(np.array([lo, hi]))
+    mel = mel_lo + np.arange(bands + 2) * (mel_hi - mel_lo) / (bands + 2)
     edges = np.floor((length + 1) * _mel_to_hz(mel) / rate).astype(np.int64)
     if edges[-2] >= spectrogram_bins or edges[-1] > spectrogram_bins:  # bins written: up to max(centre, right - 1)
         last = int(max(edges[-2], edges[-1] - 1))

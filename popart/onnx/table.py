@@ -15,9 +15,10 @@ Nodes whose inputs are all known at import never reach their entry: the importer
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 
 import popxl
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover  (the importer, the top of popart.onnx, im
 __all__ = ["OPS", "Node", "Entry", "Value", "onnx_op", "onnx_fold"]
 
 Value = Union[np.ndarray, popxl.Tensor]
+Dims = Union[Sequence[int], npt.NDArray[np.integer]]  # a shape, or lengths of some axes
 
 
 # The dtype kinds a single value read at import must have when asked for exactly, and its name.
@@ -64,7 +66,14 @@ class Node:
         v = self._attrs.get(name, default)
         return v.decode() if isinstance(v, bytes) else v
 
+    @overload
+    def ints(self, name: str) -> Optional[List[int]]: ...
+
+    @overload
+    def ints(self, name: str, default: Sequence[int]) -> List[int]: ...
+
     def ints(self, name: str, default: Optional[Sequence[int]] = None) -> Optional[List[int]]:
+        """Attribute ``name`` as a list of ints; ``default`` (None if not given) when the node has none."""
         v = self._attrs.get(name)
         return [int(i) for i in v] if v is not None else (list(default) if default is not None else None)
 
@@ -201,8 +210,9 @@ def _as_tensor(v: Value) -> popxl.Tensor:
 
 def _stack(values: Sequence[Value], axis: int = 0) -> Value:
     """``values`` (all of one shape) stacked along a new ``axis``; a NumPy array if all are."""
-    if all(isinstance(v, np.ndarray) for v in values):
-        return np.stack(values, axis)
+    arrays = [v for v in values if isinstance(v, np.ndarray)]
+    if len(arrays) == len(values):
+        return np.stack(arrays, axis)
     ts = [_as_tensor(v) for v in values]
     shape = tuple(ts[0].shape)
     parts = [ops.reshape(t, shape[:axis] + (1,) + shape[axis:]) for t in ts]
@@ -219,7 +229,7 @@ def _unstack(v: Value, axis: int = 0) -> List[Value]:
     return [ops.reshape(p, rest) for p in parts]
 
 
-def _i32(value: np.ndarray) -> popxl.Tensor:
+def _i32(value: npt.ArrayLike) -> popxl.Tensor:
     return popxl.constant(np.asarray(value).astype(np.int32))
 
 
@@ -227,12 +237,12 @@ def _as_int32(t: popxl.Tensor) -> popxl.Tensor:
     return t if t.dtype == dtypes.int32 else ops.cast(t, dtypes.int32)
 
 
-def _strides(shape: Sequence[int]) -> np.ndarray:
+def _strides(shape: Dims) -> np.ndarray:
     """Row-major element strides of ``shape``."""
     return np.cumprod((tuple(shape[1:]) + (1,))[::-1])[::-1].astype(np.int64)
 
 
-def _prod(shape: Sequence[int]) -> int:
+def _prod(shape: Dims) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 

@@ -433,8 +433,10 @@ def _check_against_schema(node: onnx.NodeProto, desc: str, opset: int, where: st
             raise fail(f"{op} has no attribute {a.name!r} (its attributes: {known}).")
         if a.ref_attr_name:
             continue  # a reference to an attribute of the enclosing function, resolved when it is expanded
-        if int(a.type) != int(spec.type):
-            raise fail(f"attribute {a.name!r} must be of type {_attribute_type_name(int(spec.type))}, not "
+        # OpSchema.AttrType is an IntEnum at run time; onnx's stub declares a class without __int__
+        expected = int(spec.type)  # type: ignore[call-overload]
+        if int(a.type) != expected:
+            raise fail(f"attribute {a.name!r} must be of type {_attribute_type_name(expected)}, not "
                        f"{_attribute_type_name(a.type)}.")
     missing = sorted(name for name, spec in schema.attributes.items() if spec.required and name not in seen)
     if missing:
