@@ -99,10 +99,10 @@ def _unsqueeze(n: Node) -> List[Value]:
 @onnx_op("Squeeze")
 def _squeeze(n: Node) -> List[Value]:
     x = n.x(0)
-    axes = _ints_arg(n, "axes", 13)
-    if axes is None:
-        axes = [i for i, d in enumerate(x.shape) if d == 1]
-    axes = {_axis(a, x.rank, n, "axes", scalar_axis=False) for a in axes}
+    given = _ints_arg(n, "axes", 13)
+    if given is None:
+        given = [i for i, d in enumerate(x.shape) if d == 1]
+    axes = {_axis(a, x.rank, n, "axes", scalar_axis=False) for a in given}
     bad = [a for a in axes if x.shape[a] != 1]
     if bad:
         raise n.fail(f"cannot squeeze axes {bad} of shape {x.shape}: their length is not 1")
@@ -141,7 +141,7 @@ def _split(n: Node) -> List[Value]:
             if d % parts:
                 raise n.fail(f"axis {axis} of length {d} does not split into {parts} equal outputs")
             split = [d // parts] * parts
-    return ops.split(x, split, axis)
+    return list(ops.split(x, split, axis))
 
 
 @onnx_op("Slice")
@@ -271,13 +271,14 @@ def _pad_args(n: Node, rank: int) -> Tuple[List[int], str]:
 def _pad(n: Node) -> List[Value]:
     x = n.x(0)
     pads, mode = _pad_args(n, x.rank)
+    value: Union[float, popxl.Tensor]
     if n.has(2) and n.imp.static(n.proto.input[2]) is None:
         # The pad value is computed on the device: a scalar tensor (it does not change any shape).
         v = n.x(2)
         value = ops.reshape(v if v.dtype == x.dtype else ops.cast(v, x.dtype), ())
     else:
-        value = n.optional_static(2, "constant_value")
-        value = 0.0 if value is None or value.size == 0 else value.reshape(-1)[0].item()
+        given = n.optional_static(2, "constant_value")
+        value = 0.0 if given is None or given.size == 0 else given.reshape(-1)[0].item()
     return [_pad_tensor(x, pads, mode, value, n)]
 
 
@@ -311,8 +312,8 @@ def _resize(n: Node) -> List[Value]:
         raise n.fail("antialias=1 is not supported")
     if n.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
         raise n.fail("keep_aspect_ratio_policy other than 'stretch' is not supported")
-    axes = n.ints("axes") if n.opset >= 18 else None
-    axes = list(range(x.rank)) if axes is None else [_axis(a, x.rank, n, "axes") for a in axes]
+    given_axes = n.ints("axes") if n.opset >= 18 else None
+    axes = list(range(x.rank)) if given_axes is None else [_axis(a, x.rank, n, "axes") for a in given_axes]
     scales = n.optional_static(2, "scales")
     sizes = n.optional_static_ints(3, "sizes")
     if scales is not None and scales.size == 0:
@@ -321,13 +322,17 @@ def _resize(n: Node) -> List[Value]:
         raise n.fail(f"scales {scales.tolist()} must be finite and positive")
     if (scales is None) == (sizes is None):
         raise n.fail("exactly one of scales and sizes must be given")
+    what, values = ("scales", scales.reshape(-1).tolist()) if scales is not None else ("sizes", sizes)
+    if values is not None and len(values) != len(axes):
+        of = f"attribute axes {given_axes}" if given_axes is not None else f"the rank-{x.rank} input"
+        raise n.fail(f"{what} {values} must have {len(axes)} entries, one for each axis of {of}")
     factor = [1.0] * x.rank
     want = list(x.shape)
     if scales is not None:
         for a, s in zip(axes, scales.reshape(-1)):
             factor[a] = float(s)
             want[a] = int(math.floor(x.shape[a] * float(s)))
-    else:
+    elif sizes is not None:  # (one of the two is given: checked above)
         for a, s in zip(axes, sizes):
             want[a] = s
             f = float(s) / x.shape[a]
@@ -374,10 +379,10 @@ def _trilu(n: Node) -> List[Value]:
     if n.has(1) and n.imp.static(n.proto.input[1]) is None:
         # k computed on the device (it does not change the shape): keep where col - row >= k
         # (upper) or <= k (lower), comparing against the constant grid of col - row.
-        k = n.x(1)
-        k = ops.reshape(k if k.dtype == dtypes.int32 else ops.cast(k, dtypes.int32), ())
+        k_in = n.x(1)
+        k_t = ops.reshape(k_in if k_in.dtype == dtypes.int32 else ops.cast(k_in, dtypes.int32), ())
         diag = popxl.constant((np.arange(cols)[None, :] - np.arange(rows)[:, None]).astype(np.int32))
-        keep_t = ops.logical_not(_less(diag, k)) if upper else ops.logical_not(ops.greater(diag, k))
+        keep_t = ops.logical_not(_less(diag, k_t)) if upper else ops.logical_not(ops.greater(diag, k_t))
         return [ops.where(keep_t, x, n.scalar(0, x))]
     k = n.static_int(1, "k") if n.has(1) else 0
     keep = np.ones((rows, cols), np.bool_)

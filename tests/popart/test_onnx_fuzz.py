@@ -149,6 +149,16 @@ X3 = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
      {"scales": np.array([1, 1e-3, 3.4e38], np.float32)}, 18,
      r"node 'n' \(Resize, opset 18\): ops.interpolate: shape \(2, 0, 13599\d+\) has dimension 13599\d+; dimensions "
      r"must be from 0 to 9223372036854775807 \(int64\)"),
+    # Resize by scales or sizes of the wrong length: the extra values were dropped, the missing axes kept
+    ([onnx.helper.make_node("Resize", ["x", "", "scales"], ["y"], name="n")],
+     {"scales": np.array([1, 2], np.float32)}, 18,
+     r"node 'n' \(Resize, opset 18\): scales \[1.0, 2.0\] must have 3 entries, one for each axis of the rank-3 input"),
+    ([onnx.helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="n")],
+     {"sizes": np.array([2, 3, 8, 5], np.int64)}, 18,
+     r"node 'n' \(Resize, opset 18\): sizes \[2, 3, 8, 5\] must have 3 entries, one for each axis of the rank-3 input"),
+    ([onnx.helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="n", axes=[2])],
+     {"sizes": np.array([2, 6], np.int64)}, 18,
+     r"node 'n' \(Resize, opset 18\): sizes \[2, 6\] must have 1 entries, one for each axis of attribute axes \[2\]"),
     # a uint64 shape beyond int64: OverflowError in popxl's reshape
     ([onnx.helper.make_node("Reshape", ["x", "shape"], ["y"], name="n")],
      {"shape": np.array([2 ** 64 - 1], np.uint64)}, 17,
