@@ -35,6 +35,7 @@ from popart.devices import DeviceInfo
 from popart.errors import TRACE, popart_exception
 from popart.losses import Loss, ReductionType, reduction_of
 from popart.onnx.importer import ModelLike
+from popart.onnx.protos import all_nodes
 from popart.optimizers import Optimizer
 from popart.options import Patterns, SessionOptions
 from popart.rounding import StochasticRounder
@@ -96,7 +97,7 @@ class TrainingSession(InferenceSession):
 
     # the model --------------------------------------------------------------------------------------
     def _needs_random(self) -> bool:
-        return super()._needs_random() or any(n.op_type == "Dropout" for n in self._model.graph.node)
+        return super()._needs_random() or any(n.op_type == "Dropout" for n in all_nodes(self._importer.graph))
 
     @property
     def _loss_ids(self) -> List[str]:

@@ -28,7 +28,8 @@ from popart.errors import OnnxImportError
 from popart.onnx.functions import expand_functions
 from popart.onnx.ops import OPS, Node
 from popart.onnx.protos import device_array, device_dtype, op_key
-from popart.onnx.table import Value
+from popart.onnx.table import Entry, Value
+from popart.rounding import StochasticRounder
 from popart.onnx.validate import (MIN_OPSET, check_element_type, check_graph, check_tensor_size, check_text,
                                   model_opset, newest_opset, tensor_array, unsupported_dtype_message)
 
@@ -121,7 +122,7 @@ class GraphImporter:
         self._check_supported()
         self.inputs = self._resolve_inputs(dict(input_shapes or {}))
 
-    def _setup(self, model: onnx.ModelProto, opset: int, table: Mapping[str, Any]) -> None:
+    def _setup(self, model: onnx.ModelProto, opset: int, table: Mapping[str, Entry]) -> None:
         """What every importer (of a model or of a subgraph) starts with: the model with its functions
         expanded, and an empty walk state."""
         self.opset = opset
@@ -141,7 +142,7 @@ class GraphImporter:
         # statistics here, (weight name, new value), for the session to write back.
         self.training = False
         # A source of fresh random seeds in the current graph (``split()``), for dropout when training.
-        self.random: Optional[Any] = None
+        self.random: Optional[StochasticRounder] = None
         self.stat_updates: List[Tuple[str, popxl.Tensor]] = []
         self.popxl_graph: Optional[popxl.Graph] = None  # the popxl graph the nodes are lowered into
         self._lowering: List[str] = []  # the nodes being lowered, innermost last (subgraph walks nest)
@@ -171,7 +172,8 @@ class GraphImporter:
                 + "\n".join(lines) + f"\nSupported op types: {', '.join(sorted(self._ops))}.")
 
     def _resolve_inputs(self, given: Dict[str, Tuple[Sequence[int], Any]]) -> List[InputSpec]:
-        specs, unknown = [], []
+        specs: List[InputSpec] = []
+        unknown: List[Tuple[str, onnx.ValueInfoProto]] = []
         for vi in self.graph.input:
             if vi.name in self.initializers:
                 continue  # older exporters also list initializers as inputs: they are weights
@@ -183,11 +185,11 @@ class GraphImporter:
             if kind not in (None, "tensor_type"):
                 raise OnnxImportError(f"model input {vi.name!r} is declared as a {kind.replace('_type', '')} value; "
                                       f"popart feeds tensors only.")
-            shape = _declared_shape(vi)
-            if shape is None:
+            declared = _declared_shape(vi)
+            if declared is None:
                 unknown.append((vi.name, vi))
                 continue
-            specs.append(InputSpec(vi.name, shape, check_element_type(vi.type.tensor_type.elem_type,
+            specs.append(InputSpec(vi.name, declared, check_element_type(vi.type.tensor_type.elem_type,
                                                                       f"model input {vi.name!r}")))
         if unknown:
             desc = ", ".join(f"{n!r} (declared {onnx.helper.printable_type(vi.type) or 'without a type'})"
@@ -238,6 +240,9 @@ class GraphImporter:
             return v
         if v is None and name in self.initializers:
             if name not in self._weights:
+                if self._materialize_weight is None:
+                    raise OnnxImportError(f"GraphImporter.tensor: {name!r} is a weight, made on the device by "
+                                          f"lower(); it has no tensor before lower() is called.")
                 self._weights[name] = self._materialize_weight(name, self.initializers[name])
             return self._weights[name]
         if v is None:
@@ -287,9 +292,14 @@ class GraphImporter:
         control ops' entries (``popart.onnx.control``) import their subgraphs through it."""
         return SubgraphImporter(self, graph, opset, capture)
 
+    def known(self, name: str) -> Optional[np.ndarray]:
+        """``name``'s import-time value if it may be computed with (see ``is_foldable``), else None."""
+        return self.static(name) if self.is_foldable(name) else None
+
     def value(self, name: str) -> Value:
         """``name``'s value: a NumPy array if it is known at import (see ``is_foldable``), else a Tensor."""
-        return self.static(name) if self.is_foldable(name) else self.tensor(name)
+        known = self.known(name)
+        return known if known is not None else self.tensor(name)
 
     def _walk(self) -> None:
         """Lower (or fold) the nodes of ``self.graph`` in order, recording their outputs."""
@@ -300,11 +310,12 @@ class GraphImporter:
                     raise OnnxImportError(f"node {node.name or i!r} ({node.op_type}) reads tensor {x!r}, which no "
                                           f"earlier node, input or initializer defines.")
             n = Node(self, node, i)
-            outs = self._fold(node, n) if all(self.is_foldable(x) for x in present) and n.entry.foldable else None
+            outs: Optional[Sequence[Optional[Value]]] = \
+                self._fold(node, n) if all(self.is_foldable(x) for x in present) and n.entry.foldable else None
             if outs is None:
                 self._lowering.append(n.describe())
                 try:
-                    outs = self._lower_rounded(n) if self.rounder is not None else list(n.entry(n))
+                    outs = self._lower_rounded(n, self.rounder) if self.rounder is not None else list(n.entry(n))
                 except OnnxImportError:
                     raise
                 except MemoryError as e:  # a request for more memory than there is (never allocated)
@@ -318,13 +329,14 @@ class GraphImporter:
             for k, name in enumerate(wanted):
                 if not name:
                     continue
-                if k >= len(outs) or outs[k] is None:
+                out = outs[k] if k < len(outs) else None
+                if out is None:
                     raise OnnxImportError(f"{n.describe()}: output {k} ({name!r}) is not supported.")
-                self._set(name, outs[k])
+                self._set(name, out)
 
-    def _lower_rounded(self, n: Any) -> List[Value]:
+    def _lower_rounded(self, n: Node, rounder: Callable[[popxl.Tensor], popxl.Tensor]) -> List[Optional[Value]]:
         """Lower a node so that its float16 results are rounded stochastically: float16 inputs are
-        computed with in float32 and the float32 results rounded to float16 by ``self.rounder``.
+        computed with in float32 and the float32 results rounded to float16 by ``rounder``.
         Nodes that only move data produce exact values and are lowered as they are."""
         node = n.proto
         if node.op_type in _EXACT_OPS or node.op_type in _CONTROL_OPS:  # control ops: their bodies' nodes round
@@ -334,12 +346,12 @@ class GraphImporter:
             x = self.tensor(node.input[0])
             if outs[0] is not None and isinstance(outs[0], popxl.Tensor) and outs[0].dtype == dtypes.float16 \
                     and x.dtype == dtypes.float32:
-                return [self.rounder(x)]
+                return [rounder(x)]
             return outs
         halves: Dict[str, popxl.Tensor] = {}
         for x in dict.fromkeys(i for i in node.input if i):
-            if self.is_foldable(x):  # an import-time value: widened exactly, as a constant
-                v = self.static(x)
+            v = self.known(x)
+            if v is not None:  # an import-time value: widened exactly, as a constant
                 if v.dtype == np.float16:
                     halves[x] = popxl.constant(v.astype(np.float32), name=_safe(x))
                 continue
@@ -353,9 +365,9 @@ class GraphImporter:
             outs = list(n.entry(n))
         finally:
             self._promoted = {}
-        return [self.rounder(o) if isinstance(o, popxl.Tensor) and o.dtype == dtypes.float32 else o for o in outs]
+        return [rounder(o) if isinstance(o, popxl.Tensor) and o.dtype == dtypes.float32 else o for o in outs]
 
-    def _fold(self, node: onnx.NodeProto, n: Any) -> Optional[List[np.ndarray]]:
+    def _fold(self, node: onnx.NodeProto, n: Node) -> Optional[List[Optional[np.ndarray]]]:
         """Compute a node whose inputs are all known: by its entry's own import-time evaluation where
         it has one (``ops.onnx_fold``), else with ONNX's reference implementation. None when the
         reference has no implementation of the op at the node's opset: the node is then lowered
@@ -363,7 +375,7 @@ class GraphImporter:
         with np.errstate(all="ignore"):  # inf and NaN are results like any other (1 / 0 is inf)
             return self._evaluate(node, n)
 
-    def _evaluate(self, node: onnx.NodeProto, n: Any) -> Optional[List[np.ndarray]]:
+    def _evaluate(self, node: onnx.NodeProto, n: Node) -> Optional[List[Optional[np.ndarray]]]:
         if n.entry.fold is not None:
             try:
                 outs = n.entry.fold(n, *[self.static(x) if x else None for x in node.input])
@@ -488,12 +500,14 @@ class SubgraphImporter(GraphImporter):
             return self.captured[name][1]
         if name in self._consts:
             return self._consts[name]
-        if self.parent.is_foldable(name):  # known at import: a constant of this graph
-            self._consts[name] = popxl.constant(_device_value(name, self.parent.static(name)), name=_safe(name))
+        known = self.parent.known(name)
+        if known is not None:  # known at import: a constant of this graph
+            self._consts[name] = popxl.constant(_device_value(name, known), name=_safe(name))
             return self._consts[name]
         if not self.parent.has_value(name):
             raise OnnxImportError(f"subgraph {self.graph.name!r} reads tensor {name!r}, which neither it nor "
                                   f"an enclosing scope defines.")
+        assert self.parent.popxl_graph is not None, "a subgraph is captured while its parent is lowered"
         with self.parent.popxl_graph:
             outer = self.parent.tensor(name)
         inner = popxl.graph_input(outer.shape, outer.dtype, name=_safe(name))

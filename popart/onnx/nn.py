@@ -325,7 +325,7 @@ def _batch_norm_training(n: Node) -> List[Value]:
     y = ops.mul(d, _reciprocal(ops.sqrt(ops.add(var, n.scalar(float(n.attr("epsilon", 1e-5)), var)))))
     y = ops.add(ops.mul(y, ops.reshape(n.x(1), channel)), ops.reshape(n.x(2), channel))
     m = float(n.attr("momentum", 0.9))
-    stats = []
+    stats: List[Value] = []
     for k, batch in ((3, mean), (4, var)):
         running = n.x(k)
         new = ops.add(ops.mul(running, n.scalar(m, running)),
@@ -391,7 +391,7 @@ def _group_norm(n: Node) -> List[Value]:
 
 
 @onnx_op("Dropout")
-def _dropout(n: Node) -> List[Value]:
+def _dropout(n: Node) -> List[Optional[Value]]:
     training = n.optional_static(2, "training_mode") if n.opset >= 12 else None
     x = n.x(0)
     if n.imp.training and (training is None or bool(training)):
@@ -399,6 +399,9 @@ def _dropout(n: Node) -> List[Value]:
         ratio = n.static_float(1, "ratio") if n.opset >= 12 and n.has(1) else float(n.attr("ratio", 0.5))
         if ratio == 0.0:
             return [x, np.ones(x.shape, np.bool_)]
+        if n.imp.random is None:  # the session's seed reaches the top-level graph and bodies imported inline
+            raise n.fail("dropout when training is not supported in a body lowered as a graph of its own (a "
+                         "branch of an If whose condition is computed on the device): it has no random seed")
         return [ops.dropout(x, n.imp.random.split(), ratio), None]
     if training is not None and bool(training):
         raise n.fail("training_mode=true is not supported by an inference session")

@@ -87,9 +87,9 @@ def _pool_attrs(opname, t, kernel_size, stride, padding, out_pads, dilation, in_
         raise op_error(opname, e) from None
 
 
-def average_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]] = None,
-                 padding: Optional[Tuple[int]] = None, out_pads: Optional[Tuple[int]] = None,
-                 dilation: Optional[Tuple[int]] = None, in_dilations: Optional[Tuple[int]] = None,
+def average_pool(t: Tensor, kernel_size: Tuple[int, ...], stride: Optional[Tuple[int, ...]] = None,
+                 padding: Optional[Tuple[int, ...]] = None, out_pads: Optional[Tuple[int, ...]] = None,
+                 dilation: Optional[Tuple[int, ...]] = None, in_dilations: Optional[Tuple[int, ...]] = None,
                  auto_pad: Optional[PadType] = "not_set", ceil_mode: bool = False) -> Tensor:
     """Mean over each window of the spatial dimensions, as ONNX AveragePool.
 
@@ -121,9 +121,9 @@ def average_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]
     return create_op("average_pool", [t], attrs)[0]
 
 
-def max_pool(t: Tensor, kernel_size: Tuple[int], stride: Optional[Tuple[int]] = None,
-             padding: Optional[Tuple[int]] = None, out_pads: Optional[Tuple[int]] = None,
-             dilation: Optional[Tuple[int]] = None, in_dilations: Optional[Tuple[int]] = None,
+def max_pool(t: Tensor, kernel_size: Tuple[int, ...], stride: Optional[Tuple[int, ...]] = None,
+             padding: Optional[Tuple[int, ...]] = None, out_pads: Optional[Tuple[int, ...]] = None,
+             dilation: Optional[Tuple[int, ...]] = None, in_dilations: Optional[Tuple[int, ...]] = None,
              auto_pad: Optional[PadType] = "not_set", ceil_mode: bool = False,
              storage_order: Literal["row", "column"] = "row") -> Tensor:
     """Maximum over each (optionally dilated) window of the spatial dimensions, as ONNX MaxPool.

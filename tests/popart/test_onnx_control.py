@@ -392,3 +392,62 @@ def test_unseeded_random_op_in_an_unrolled_loop_draws_from_the_session_seed():
     (y,) = run_session(make_model(nodes, feeds, ["y"]), feeds, ["y"])
     # the sum of three independent uniform [0, 1) draws: in [0, 3), mean 1.5, not three equal draws
     assert (y >= 0).all() and (y < 3).all() and abs(y.mean() - 1.5) < 0.3 and np.unique(y).size > 32
+
+
+def _train_and_anchor(model, feeds, anchor):
+    """One step of a TrainingSession (loss "loss", learning rate 0): the anchor's value."""
+    s = popart.TrainingSession(model.SerializeToString(), popart.DataFlow(1, {anchor: popart.AnchorReturnType("ALL")}),
+                               "loss", popart.ConstSGD(0.0), popart.DeviceManager().createCpuDevice())
+    s.setRandomSeed(5)
+    s.prepareDevice()
+    s.weightsFromHost()
+    out = s.initAnchorArrays()
+    s.run(popart.PyStepIO(dict(feeds), out))
+    return out[anchor]
+
+
+def _dropout_if(cond_nodes):
+    """y = If(c): Dropout(x * w, ratio 0.25), else: x; loss = sum(y). x = 3 and w = 1 everywhere."""
+    then_g = _graph("then", [helper.make_node("Mul", ["x", "w"], ["m"]), helper.make_node("Dropout", ["m", "r"], ["t"])],
+                    ["t"])
+    else_g = _graph("else", [helper.make_node("Identity", ["x"], ["e"])], ["e"])
+    nodes = list(cond_nodes) + [_const("r", np.float32(0.25)),
+                                helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g),
+                                helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    feeds = {"x": np.full(2000, 3.0, np.float32)}
+    return make_model(nodes, feeds, ["loss"], initializers={"w": np.ones(2000, np.float32)}), feeds
+
+
+def test_dropout_in_a_branch_imported_inline_drops_when_training():
+    # The session made a random seed only for a Dropout at the top level of the graph; one in a
+    # branch found none ("'NoneType' object has no attribute 'split'").
+    y = _train_and_anchor(*_dropout_if([_const("c", np.array(True))]), "y")
+    assert set(np.unique(y)) == {0.0, 4.0}  # kept values scaled by 1 / (1 - 0.25)
+    assert abs(np.mean(y == 0) - 0.25) < 0.04
+
+
+def test_dropout_in_an_unrolled_loop_draws_a_mask_per_iteration():
+    body = helper.make_graph([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                              helper.make_node("Dropout", ["x", "r"], ["d"]),
+                              helper.make_node("Add", ["acc", "d"], ["acc_out"]),
+                              helper.make_node("Identity", ["d"], ["scan"])],
+                             "body", [_vi("i", I64, []), _vi("cond_in", B, []), _vi("acc", F, [2000])],
+                             [_vi("cond_out", B, []), _vi("acc_out", F, [2000]), _vi("scan", F, [2000])])
+    nodes = [_const("M", np.int64(3)), _const("c", np.array(True)), _const("r", np.float32(0.5)),
+             helper.make_node("Loop", ["M", "c", "acc0"], ["y", "s"], body=body),
+             helper.make_node("Mul", ["y", "w"], ["yw"]), helper.make_node("ReduceSum", ["yw"], ["loss"], keepdims=0)]
+    feeds = {"x": np.full(2000, 3.0, np.float32), "acc0": np.zeros(2000, np.float32)}
+    model = make_model(nodes, feeds, ["loss"], initializers={"w": np.ones(2000, np.float32)})
+    masks = _train_and_anchor(model, feeds, "s")
+    assert masks.shape == (3, 2000) and set(np.unique(masks)) == {0.0, 6.0}
+    assert all(abs(np.mean(m == 0) - 0.5) < 0.05 for m in masks)
+    assert not np.array_equal(masks[0], masks[1]) and not np.array_equal(masks[1], masks[2])
+
+
+def test_dropout_in_a_branch_on_a_device_condition_is_refused_when_training():
+    # the branch is a graph of its own, without the session's seed: a clear error, not an AttributeError
+    cond = [helper.make_node("ReduceSum", ["x"], ["sx"], keepdims=0), _const("zero", np.float32(0)),
+            helper.make_node("Greater", ["sx", "zero"], ["c"])]
+    with pytest.raises(popart.OnnxImportError, match=r"\(Dropout, opset 17\): dropout when training is not supported "
+                                                     r"in a body lowered as a graph of its own \(a branch of an If"):
+        _train_and_anchor(*_dropout_if(cond), "y")
