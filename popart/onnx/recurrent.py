@@ -5,7 +5,7 @@ the ops differ only in the cell (number of gates and of states) and in their def
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -43,13 +43,17 @@ def _make_activation(name: str, alpha: Optional[float], beta: Optional[float]) -
         return ops.tanh
     if name == "Sigmoid":
         return sigmoid
-    if name == "Affine":
-        return lambda x: ops.add(ops.mul(x, _scalar(alpha, x)), _scalar(beta, x))
-    if name == "ScaledTanh":
-        return lambda x: ops.mul(_scalar(alpha, x), ops.tanh(ops.mul(x, _scalar(beta, x))))
-    if name == "LeakyRelu":
-        return lambda x: ops.where(_less(x, _scalar(0.0, x)), ops.mul(x, _scalar(alpha, x)), x)
+    # the parameters the function takes: those its spec has a default for (_activations gives them)
     attrs = {k: v for k, v in (("alpha", alpha), ("beta", beta)) if v is not None}
+    if name == "Affine":
+        a, b = attrs["alpha"], attrs["beta"]
+        return lambda x: ops.add(ops.mul(x, _scalar(a, x)), _scalar(b, x))
+    if name == "ScaledTanh":
+        a, b = attrs["alpha"], attrs["beta"]
+        return lambda x: ops.mul(_scalar(a, x), ops.tanh(ops.mul(x, _scalar(b, x))))
+    if name == "LeakyRelu":
+        a = attrs["alpha"]
+        return lambda x: ops.where(_less(x, _scalar(0.0, x)), ops.mul(x, _scalar(a, x)), x)
     return lambda x: _activation(name, x, attrs.get)
 
 
@@ -97,7 +101,8 @@ class _Direction(NamedTuple):
     clip: Optional[float]
     peep: Optional[List[popxl.Tensor]]  # LSTM: P split into [Pi, Po, Pf], each [hidden]
     r_bias_h: Optional[popxl.Tensor]  # GRU with linear_before_reset: Rbh, [hidden]
-    extra: Dict[str, object]
+    r_split: Optional[Tuple[popxl.Tensor, popxl.Tensor]]  # GRU otherwise: (R_zr^T, R_h^T)
+    input_forget: bool  # LSTM: the forget gate is coupled to the input gate
 
 
 # A cell: (x projection of one step [batch, gates*hidden], previous states, direction) -> new states.
@@ -125,7 +130,8 @@ def _gru_cell(xg: popxl.Tensor, states: List[popxl.Tensor], d: _Direction) -> Li
         r = f(_clipped(ops.add(xr, hr), d.clip))
         cand = g(_clipped(ops.add(xh, ops.mul(r, ops.add(hh, d.r_bias_h))), d.clip))
     else:  # r scales H before its product with R_h (whose bias is in the x projection)
-        r_zr_t, r_h_t = d.extra["r_zr_t"], d.extra["r_h_t"]
+        assert d.r_split is not None, "a GRU direction has Rb_h (linear_before_reset) or R split in two"
+        r_zr_t, r_h_t = d.r_split
         hz, hr = ops.split(ops.matmul(h, r_zr_t), [hidden, hidden], axis=1)
         z = f(_clipped(ops.add(xz, hz), d.clip))
         r = f(_clipped(ops.add(xr, hr), d.clip))
@@ -143,7 +149,7 @@ def _lstm_cell(xg: popxl.Tensor, states: List[popxl.Tensor], d: _Direction) -> L
         i = ops.add(i, ops.mul(p_i, c))
         fg = ops.add(fg, ops.mul(p_f, c))
     i = f(_clipped(i, d.clip))
-    if d.extra.get("input_forget"):
+    if d.input_forget:
         fg = ops.sub(_scalar(1.0, i), i)  # the forget gate coupled to the input gate
     else:
         fg = f(_clipped(fg, d.clip))
@@ -175,44 +181,47 @@ def _expect_shape(n: Node, i: int, what: str, want: Tuple[int, ...]) -> None:
         raise n.fail(f"{what} (input {i}) must have shape {list(want)}, got {list(got)}")
 
 
-def _seq_lens(n: Node, seq: int, batch: int) -> Tuple[Optional[np.ndarray], Optional[popxl.Tensor]]:
-    """sequence_lens as (import-time value, device tensor); (None, None) when every entry is full length."""
+# sequence_lens: known at import (int64 [batch]), computed on the device (int32 [batch]), or None
+# when every entry is full length
+Lengths = Union[np.ndarray, popxl.Tensor, None]
+
+
+def _seq_lens(n: Node, seq: int, batch: int) -> Lengths:
+    """sequence_lens, as ``Lengths`` says."""
     if not n.has(4):
-        return None, None
+        return None
     _expect_shape(n, 4, "sequence_lens", (batch,))
-    known = n.imp.static(n.proto.input[4])
-    if known is None:
-        return None, _as_int32(n.x(4))
-    known = np.asarray(known).astype(np.int64).reshape(batch)
+    given = n.imp.static(n.proto.input[4])
+    if given is None:
+        return _as_int32(n.x(4))
+    known = np.asarray(given).astype(np.int64).reshape(batch)
     if (known < 0).any() or (known > seq).any():
         raise n.fail(f"sequence_lens must lie in [0, {seq}], got {known.tolist()}")
-    return (None, None) if (known == seq).all() else (known, None)
+    return None if (known == seq).all() else known
 
 
-def _reverse_index(seq: int, batch: int, known: Optional[np.ndarray],
-                   lens: Optional[popxl.Tensor]) -> popxl.Tensor:
+def _reverse_index(seq: int, batch: int, lens: Union[np.ndarray, popxl.Tensor]) -> popxl.Tensor:
     """Row indices into [seq * batch] rows that reverse each batch entry within its own length:
     step k of entry b reads time lens[b] - 1 - k; steps past the length read themselves (unused)."""
     k = np.arange(seq).reshape(seq, 1)
     col = np.arange(batch).reshape(1, batch)
-    if known is not None:
-        t = np.where(k < known.reshape(1, batch), known.reshape(1, batch) - 1 - k, k)
+    if isinstance(lens, np.ndarray):
+        t = np.where(k < lens.reshape(1, batch), lens.reshape(1, batch) - 1 - k, k)
         return popxl.constant((t * batch + col).astype(np.int32))
     row_lens = ops.reshape(lens, (1, batch))
     k_t = popxl.constant(np.broadcast_to(k, (seq, batch)).astype(np.int32))
-    t = ops.where(ops.greater(row_lens, k_t), ops.sub(ops.sub(row_lens, _scalar(1, lens)), k_t), k_t)
-    return ops.add(ops.mul(t, _scalar(batch, lens)), popxl.constant(col.astype(np.int32)))
+    t_t = ops.where(ops.greater(row_lens, k_t), ops.sub(ops.sub(row_lens, _scalar(1, lens)), k_t), k_t)
+    return ops.add(ops.mul(t_t, _scalar(batch, lens)), popxl.constant(col.astype(np.int32)))
 
 
-def _step_masks(seq: int, batch: int, known: Optional[np.ndarray],
-                lens: Optional[popxl.Tensor]) -> List[Optional[popxl.Tensor]]:
+def _step_masks(seq: int, batch: int, lens: Lengths) -> List[Optional[popxl.Tensor]]:
     """Per step, a [batch, 1] bool mask of the entries still within their length (None: all are)."""
-    if known is None and lens is None:
+    if lens is None:
         return [None] * seq
-    if known is not None:
-        return [None if (known > k).all() else popxl.constant((known > k).reshape(batch, 1)) for k in range(seq)]
+    if isinstance(lens, np.ndarray):
+        return [None if (lens > k).all() else popxl.constant((lens > k).reshape(batch, 1)) for k in range(seq)]
     k = popxl.constant(np.arange(seq, dtype=np.int32).reshape(seq, 1, 1))
-    return _unstack(ops.greater(ops.reshape(lens, (1, batch, 1)), k))  # [seq, batch, 1] by step
+    return list(_unstack(ops.greater(ops.reshape(lens, (1, batch, 1)), k)))  # [seq, batch, 1] by step
 
 
 def _recurrent(n: Node) -> List[Optional[Value]]:
@@ -256,17 +265,16 @@ def _recurrent(n: Node) -> List[Optional[Value]]:
         if lbr:  # Rb_h is added inside the reset-gate product, not here
             rb_zr, rb_h = ops.split(rb, [2 * hidden, hidden], axis=1)
             rb = ops.concat([rb_zr, popxl.constant(np.zeros((D, hidden), dtype))], axis=1)
-            r_bias_h = _unstack(rb_h)
+            r_bias_h = list(_unstack(rb_h))
         proj = ops.add(proj, ops.reshape(ops.add(wb, rb), (1, D * G * hidden)))
     elif lbr:
         r_bias_h = [popxl.constant(np.zeros((hidden,), dtype))] * D
     proj = ops.reshape(proj, (seq * batch, D, G * hidden))
     projs = _unstack(proj, 1)
 
-    known_lens, lens = _seq_lens(n, seq, batch)
-    masks = _step_masks(seq, batch, known_lens, lens)
-    ragged = known_lens is not None or lens is not None
-    rev_index = _reverse_index(seq, batch, known_lens, lens) if ragged and direction != "forward" else None
+    lens = _seq_lens(n, seq, batch)
+    masks = _step_masks(seq, batch, lens)
+    rev_index = _reverse_index(seq, batch, lens) if lens is not None and direction != "forward" else None
 
     def per_direction(i: int, what: str, shape: Tuple[int, ...], state: bool = False) -> List[popxl.Tensor]:
         """Optional input ``i`` split by direction (zeros when absent); ``state``: an initial state,
@@ -291,10 +299,12 @@ def _recurrent(n: Node) -> List[Optional[Value]]:
     for d in range(D):
         reverse = direction == "reverse" or d == 1
         r_t = ops.transpose(rs[d], (1, 0))
-        extra: Dict[str, object] = {"input_forget": bool(n.attr("input_forget", 0))}
+        r_split = None
         if n.op_type == "GRU" and not lbr:
-            extra["r_zr_t"], extra["r_h_t"] = ops.split(r_t, [2 * hidden, hidden], axis=1)
-        cfg = _Direction(r_t, acts[d], clip, ops.split(peeps[d], 3, axis=0) if peeps else None, r_bias_h[d], extra)
+            r_zr_t, r_h_t = ops.split(r_t, [2 * hidden, hidden], axis=1)
+            r_split = (r_zr_t, r_h_t)
+        cfg = _Direction(r_t, acts[d], clip, ops.split(peeps[d], 3, axis=0) if peeps else None, r_bias_h[d],
+                         r_split, bool(n.attr("input_forget", 0)))
 
         p = projs[d]
         if reverse and rev_index is not None:  # each entry runs back from its own last valid step
@@ -306,11 +316,11 @@ def _recurrent(n: Node) -> List[Optional[Value]]:
 
         states = [s[d] for s in states0]
         outs: List[popxl.Tensor] = []
-        for k, xg in enumerate(steps):
+        for xg, mask in zip(steps, masks):
             new = op.cell(xg, states, cfg)
-            if masks[k] is not None:  # entries past their length keep their state and output zeros
-                new = [ops.where(masks[k], s_new, s_old) for s_new, s_old in zip(new, states)]
-                outs.append(ops.where(masks[k], new[0], zero) if want_y else new[0])
+            if mask is not None:  # entries past their length keep their state and output zeros
+                new = [ops.where(mask, s_new, s_old) for s_new, s_old in zip(new, states)]
+                outs.append(ops.where(mask, new[0], zero) if want_y else new[0])
             else:
                 outs.append(new[0])
             states = new

@@ -208,6 +208,14 @@ def _as_tensor(v: Value) -> popxl.Tensor:
     return v if isinstance(v, popxl.Tensor) else popxl.constant(device_array(np.asarray(v)))
 
 
+@overload
+def _stack(values: Sequence[popxl.Tensor], axis: int = 0) -> popxl.Tensor: ...
+
+
+@overload
+def _stack(values: Sequence[Value], axis: int = 0) -> Value: ...
+
+
 def _stack(values: Sequence[Value], axis: int = 0) -> Value:
     """``values`` (all of one shape) stacked along a new ``axis``; a NumPy array if all are."""
     arrays = [v for v in values if isinstance(v, np.ndarray)]
@@ -219,7 +227,15 @@ def _stack(values: Sequence[Value], axis: int = 0) -> Value:
     return ops.concat(parts, axis) if len(parts) > 1 else parts[0]
 
 
-def _unstack(v: Value, axis: int = 0) -> List[Value]:
+@overload
+def _unstack(v: popxl.Tensor, axis: int = 0) -> List[popxl.Tensor]: ...
+
+
+@overload
+def _unstack(v: np.ndarray, axis: int = 0) -> List[np.ndarray]: ...
+
+
+def _unstack(v: Value, axis: int = 0) -> Union[List[np.ndarray], List[popxl.Tensor]]:
     """The slices of ``v`` along ``axis``, each without that axis (the inverse of ``_stack``)."""
     if isinstance(v, np.ndarray):
         return [np.asarray(np.take(v, i, axis)) for i in range(v.shape[axis])]
