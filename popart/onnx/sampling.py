@@ -74,7 +74,7 @@ def _cubic_weights(f: popxl.Tensor) -> List[popxl.Tensor]:
 
 
 def _grid_taps(u: popxl.Tensor, size: int, mode: str, padding: str, align: bool
-               ) -> Tuple[List[popxl.Tensor], List[Optional[popxl.Tensor]], List[Optional[popxl.Tensor]]]:
+               ) -> Tuple[List[popxl.Tensor], Optional[List[popxl.Tensor]], Optional[List[popxl.Tensor]]]:
     """Along one spatial axis of length ``size``: the taps of each sample at pixel coordinate
     ``u`` as (indices, weights, in-range masks), one entry per tap (weights None for nearest,
     masks None unless padding is zeros)."""
@@ -86,8 +86,9 @@ def _grid_taps(u: popxl.Tensor, size: int, mode: str, padding: str, align: bool
         u = ops.where(_outside(u, lo, hi), ops.clip(u, 0.0, size - 1.0), u)
     elif padding == "reflection":
         u = ops.where(_outside(u, lo, hi), _reflect(u, lo, hi), u)
+    weights: Optional[List[popxl.Tensor]] = None
     if mode == "nearest":
-        positions, weights = [u], [None]
+        positions = [u]
     else:
         base = ops.floor(u)
         f = ops.sub(u, base)
@@ -97,15 +98,10 @@ def _grid_taps(u: popxl.Tensor, size: int, mode: str, padding: str, align: bool
             positions = [ops.add(base, _c(float(k))) for k in (-1, 0, 1, 2)]
             weights = _cubic_weights(f)
     # Taps that fall off the image read the padding: 0 (masked), the border, or the reflection.
-    indices, masks = [], []
-    for p in positions:
-        mask = None
-        if padding == "zeros":
-            mask = ops.logical_not(_outside(p, -0.5, size - 0.5))
-        elif padding == "reflection":
-            p = ops.where(_outside(p, lo, hi), _reflect(p, lo, hi), p)
-        indices.append(_to_index(ops.clip(p, 0.0, size - 1.0)))
-        masks.append(mask)
+    masks = [ops.logical_not(_outside(p, -0.5, size - 0.5)) for p in positions] if padding == "zeros" else None
+    if padding == "reflection":
+        positions = [ops.where(_outside(p, lo, hi), _reflect(p, lo, hi), p) for p in positions]
+    indices = [_to_index(ops.clip(p, 0.0, size - 1.0)) for p in positions]
     return indices, weights, masks
 
 
@@ -145,15 +141,16 @@ def _grid_sample(n: Node) -> List[Value]:
         # Normalised [-1, 1] to pixel coordinates: onto the corner centres, or the corner edges.
         u = (ops.mul(ops.add(comp, one), _c((size - 1) / 2.0)) if align
              else ops.div(ops.sub(ops.mul(ops.add(comp, one), _c(float(size))), one), _c(2.0)))
-        idx, w, m = _grid_taps(u, size, mode, padding, align)
+        idx, ws, ms = _grid_taps(u, size, mode, padding, align)
         term = ops.mul(_stack_taps(idx, k, r), _i32(strides[k]))
         index = term if index is None else ops.add(index, term)
-        if w[0] is not None:
-            w = _stack_taps(w, k, r)
+        if ws is not None:
+            w = _stack_taps(ws, k, r)
             weight = w if weight is None else ops.mul(weight, w)
-        if m[0] is not None:
-            m = _stack_taps(m, k, r)
+        if ms is not None:
+            m = _stack_taps(ms, k, r)
             mask = m if mask is None else ops.logical_and(mask, m)
+    assert index is not None, "X has a spatial axis (checked above)"
     # Each batch item reads its own image: add the first row of image n.
     batch = np.arange(nb, dtype=np.int64).reshape((nb,) + (1,) * len(out)) * _prod(spatial)
     index = ops.add(index, _i32(batch))
@@ -278,7 +275,7 @@ def _roi_align(n: Node) -> List[Value]:
     grids = _adaptive_grid(np.asarray(static), out_hw, scale, half_pixel)
     if len(set(grids)) == 1 and min(grids[0]) > 0:
         return [_roi_align_composed(x, rois, batch, out_hw, grids[0], scale, half_pixel, mode)]
-    parts = []
+    parts: List[popxl.Tensor] = []
     for i, g in enumerate(grids):  # boxes with different grids: one at a time
         if min(g) == 0:  # an empty box (half_pixel) has no samples: its bins are 0
             parts.append(popxl.constant(np.zeros((1, x.shape[1]) + out_hw, x.dtype.as_numpy())))

@@ -111,7 +111,7 @@ register(OpDef("roi_align", _roi_align_infer, _roi_align_kernel, family="nn",
                attributes={"output_size": "ints", "spatial_scale": "float", "sampling_ratio": "int"}))
 
 
-def roi_align(t: Tensor, rois: Tensor, batch_index: Tensor, output_size: Tuple[int], spatial_scale: float,
+def roi_align(t: Tensor, rois: Tensor, batch_index: Tensor, output_size: Tuple[int, int], spatial_scale: float,
               sampling_ratio: int) -> Tensor:
     """Average RoI align: a grid of bins over each box, each bin the mean of bilinear samples.
 
