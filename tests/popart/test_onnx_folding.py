@@ -466,3 +466,20 @@ def test_64_bit_values_known_at_import_saturate_on_the_device(op, bound, want):
     c = case(f"{op.lower()}_sentinel", op, _i64(5, -3), np.asarray(bound, np.int64))
     (got,) = at_run_time(c, fed=("x0",))
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_weight_has_a_tensor_once_lowered():
+    # Before lower() the importer has nothing to make a weight's device tensor with ("'NoneType'
+    # object is not callable" then); after it, the weight is the tensor lower() made.
+    w = _floats(3)
+    graph = helper.make_graph([helper.make_node("Neg", ["w"], ["y"])], "g", [],
+                              [helper.make_empty_tensor_value_info("y")], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    importer = GraphImporter(model)
+    with pytest.raises(popart.OnnxImportError, match=r"GraphImporter.tensor: 'w' is a weight, made on the device by "
+                                                     r"lower\(\); it has no tensor before lower\(\) is called"):
+        importer.tensor("w")
+    with popxl.Ir().main_graph:
+        importer.lower({}, lambda name, value: popxl.variable(value, name=name))
+    assert importer.weights["w"] is importer.tensor("w") and importer.tensor("w").shape == (3,)
