@@ -3,6 +3,7 @@ return, and how often), ``TensorInfo`` / ``InputShapeInfo`` (shapes the ONNX mod
 the step IO objects ``PyStepIO`` / ``PyStepIOCallback`` that carry the buffers of one ``run``."""
 from __future__ import annotations
 
+import builtins
 from enum import Enum
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
@@ -37,6 +38,7 @@ class AnchorReturnType:
         if key not in ("ALL", "FINAL", "SUM", "EVERYN"):
             raise popart_exception(f"AnchorReturnType: unknown return type {artString!r}; use 'All', 'Final', "
                                    f"'Sum' or 'EveryN' (case-insensitive).")
+        period = 0
         if key == "EVERYN":
             if returnPeriod is None:
                 raise popart_exception("AnchorReturnType('EveryN') needs a return period N: "
@@ -44,12 +46,13 @@ class AnchorReturnType:
             if isinstance(returnPeriod, bool) or not isinstance(returnPeriod, (int, np.integer)) or returnPeriod < 1:
                 raise popart_exception(f"AnchorReturnType('EveryN', N): N must be a positive int, "
                                        f"not {returnPeriod!r}.")
+            period = int(returnPeriod)
         elif returnPeriod is not None and not isinstance(returnPeriod, (int, np.integer)):
             # PopART's positional (artString, tileSet) form: the second argument is not a period.
             tileSet, returnPeriod = returnPeriod, None
         self._id = AnchorReturnTypeId[key]
         self._str = str(artString)
-        self._rp = int(returnPeriod) if key == "EVERYN" else 0
+        self._rp = period
         self._tile_set = tileSet
         self._exchange_strategy = exchangeStrategy
 
@@ -62,7 +65,8 @@ class AnchorReturnType:
             raise popart_exception(f"AnchorReturnType({self._str!r}) has no return period; only EveryN has one.")
         return self._rp
 
-    def str(self) -> str:
+    # PopART's method ``str`` hides the builtin in this class's body: annotations here say builtins.str.
+    def str(self) -> builtins.str:
         return self._str
 
     def tileSet(self) -> object:
@@ -77,7 +81,7 @@ class AnchorReturnType:
     def __hash__(self) -> int:
         return hash((self._id, self._rp))
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> builtins.str:
         return f"AnchorReturnType({self._id.name}{', ' + str(self._rp) if self._rp else ''})"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 from enum import Enum
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Literal, Mapping, Optional
 
 from popart.errors import popart_exception
 
@@ -113,7 +113,7 @@ class DeviceInfo:
         return dict(self._options)
 
     @property
-    def _popxl_device(self) -> str:
+    def _popxl_device(self) -> Literal["cpu", "ipu_model"]:
         """The popxl engine device this runs on: the CPU device is popxl's 'cpu', everything else
         (IPU Model, or hardware emulated under POPXL_IPU_HW=cpu) is 'ipu_model'."""
         return "cpu" if self._type is DeviceType.Cpu else "ipu_model"

@@ -102,7 +102,8 @@ class L1Loss(Loss):
         self.lmbda = float(lmbda)
 
     def node(self) -> onnx.NodeProto:
-        return loss_node("L1", self._inputs, self._output, self.reduction, **{"lambda": self.lmbda})
+        # ``lambda`` (a Python keyword) comes in a ** dict, so ``name`` goes by position.
+        return loss_node("L1", self._inputs, self._output, self.reduction, "", **{"lambda": self.lmbda})
 
 
 class IdentityLoss(Loss):

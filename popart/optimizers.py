@@ -107,7 +107,8 @@ class Optimizer:
 
     def value(self, name: str, weight: Optional[str] = None) -> OptimizerValue:
         """The value of hyper-parameter ``name`` for ``weight`` (its specific one, else the default)."""
-        return self._specific.get(weight, {}).get(name, self._values[name])
+        own = self._specific.get(weight, {}) if weight is not None else {}
+        return own.get(name, self._values[name])
 
     def hyper_keys(self) -> List[Tuple[str, Optional[str]]]:
         """Every (name, weight) with a value of its own: the defaults (weight None), then specifics."""
@@ -294,6 +295,7 @@ class Adam(Optimizer):
             raise popart_exception(f"Adam: unknown arguments {sorted(kwargs)}.")
 
     def _check_structure(self, other: Optimizer) -> None:
+        assert isinstance(other, Adam), "compatible() compares the kinds first"
         if (other.mode, other.weight_decay_mode) != (self.mode, self.weight_decay_mode):
             raise popart_exception("updateOptimizerFromHost: the Adam mode and weight decay mode cannot change.")
 
@@ -313,16 +315,17 @@ class Adam(Optimizer):
         g32 = _decayed(g32, w32, hyper("wd"), wd_present and l2)
         ops.var_updates.accumulate_moving_average_(m, g32, hyper("b1"))
         decoupled = wd_present and not l2
-        decay = dict(weight=w32 if decoupled else None, weight_decay=hyper("wd") if decoupled else None)
+        decay_weight, decay = (w32, hyper("wd")) if decoupled else (None, None)
         if self.mode is AdamMode.AdaMax:
             ops.var_updates.copy_var_update_(v, ops.maximum(_scaled(v, hyper("b2")), ops.abs(g32)))
-            term = ops.var_updates.adamax_updater(m, v, time_step=step, beta1=hyper("b1"), epsilon=hyper("eps"),
-                                                  **decay)
+            term = ops.var_updates.adamax_updater(m, v, weight=decay_weight, time_step=step, weight_decay=decay,
+                                                  beta1=hyper("b1"), epsilon=hyper("eps"))
         else:
             ops.var_updates.accumulate_moving_average_square_(v, g32, hyper("b2"))
             lamb = self.mode in (AdamMode.Lamb, AdamMode.LambNoBias)
             updater = ops.var_updates.lamb_updater if lamb else ops.var_updates.adam_updater
-            term = updater(m, v, time_step=step, beta1=hyper("b1"), beta2=hyper("b2"), epsilon=hyper("eps"), **decay)
+            term = updater(m, v, weight=decay_weight, time_step=step, weight_decay=decay, beta1=hyper("b1"),
+                           beta2=hyper("b2"), epsilon=hyper("eps"))
             if lamb:  # the trust ratio, from the squared norms of the weight and of the term
                 ops.var_updates.adam_var_update(w, term, ops.lamb_square(w32),
                                                 ops.lamb_square(term), learning_rate=hyper("lr"),

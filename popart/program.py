@@ -15,7 +15,7 @@ The inference program:
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import onnx
@@ -26,13 +26,17 @@ from popxl import dtypes
 from popxl.distributed import launch_environment
 from popxl.transforms import pipeline
 
-from popart.dataflow import AnchorReturnTypeId, InputShapeInfo
+from popart.dataflow import AnchorReturnType, AnchorReturnTypeId, DataFlow, InputShapeInfo
 from popart.errors import popart_exception
-from popart.losses import GRAPHCORE_DOMAIN
+from popart.losses import GRAPHCORE_DOMAIN, Loss
+from popart.onnx.importer import GraphImporter, InputSpec
 from popart.onnx.ops import RANDOM_OPS
 from popart.onnx.protos import all_nodes, device_array
 from popart.options import SessionOptions
 from popart.rounding import StochasticRounder, seed_value
+
+if TYPE_CHECKING:  # the session's layer, above this one (.importlinter)
+    from popart.weights import HostWeights
 
 __all__ = ["ProgramBuilder", "ByRef", "Anchor", "drop_ones", "safe_name", "PER_BATCH"]
 
@@ -55,7 +59,9 @@ class ByRef:
     ``graph`` passes in."""
 
     def __init__(self, graphs: Sequence[popxl.Graph]) -> None:
-        self._levels = [(g, {}, {}) for g in graphs]
+        # per level: its graph, the main-graph tensors' inputs in it, and what its call binds to them
+        self._levels: List[Tuple[popxl.Graph, Dict[popxl.Tensor, popxl.Tensor], Dict[popxl.Tensor, popxl.Tensor]]] = \
+            [(g, {}, {}) for g in graphs]
 
     def __call__(self, var: popxl.Tensor, name: str, depth: Optional[int] = None) -> popxl.Tensor:
         """``var`` as a tensor of the graph ``depth`` levels in (default: the innermost)."""
@@ -76,13 +82,14 @@ class ByRef:
 class Anchor:
     """One anchored tensor: how it is returned and its device stream."""
 
-    def __init__(self, name: str, art: Any, tensor: popxl.Tensor) -> None:
+    def __init__(self, name: str, art: AnchorReturnType, tensor: popxl.Tensor,
+                 stream: popxl.DeviceToHostStream) -> None:
         self.name = name
         self.art = art
         self.kind: AnchorReturnTypeId = art.id()
         self.shape: Tuple[int, ...] = tuple(tensor.shape)
         self.dtype: np.dtype = tensor.dtype.as_numpy()
-        self.stream: Optional[popxl.DeviceToHostStream] = None
+        self.stream = stream
 
     @property
     def every(self) -> int:
@@ -96,6 +103,24 @@ class ProgramBuilder:
     ``accumulationFactor``, replication factors, ``_importer`` (the model's nodes as popxl ops),
     ``_inputs`` and ``_loss_objects``, and fills ``_ir``, ``_in_streams`` (one per model input),
     ``_anchors`` (``Anchor`` by name), ``_seed_var`` and the weights (``_weights.add``)."""
+
+    # set by the session's constructor before ``_build``
+    options: SessionOptions
+    dataFlow: DataFlow
+    batchesPerStep: int
+    accumulationFactor: int
+    replicationFactor: int  # this instance's replicas
+    globalReplicationFactor: int  # every instance's (poprun)
+    _loss_objects: List[Loss]
+    _model: onnx.ModelProto
+    _importer: GraphImporter
+    _inputs: List[InputSpec]
+    _weights: HostWeights
+    _anchors: Dict[str, Anchor]
+    # set by ``_build``
+    _ir: popxl.Ir
+    _in_streams: Dict[str, popxl.HostToDeviceStream]
+    _seed_var: Optional[popxl.Variable]
 
     # the model ----------------------------------------------------------------------------------------
     def _prepare_model(self, model: onnx.ModelProto, inputShapeInfo: Optional[InputShapeInfo]) -> onnx.ModelProto:
@@ -195,7 +220,7 @@ class ProgramBuilder:
             n.op_type in RANDOM_OPS for n in all_nodes(self._importer.graph))
 
     def _make_seed(self, main: popxl.Graph) -> None:
-        self._seed_var: Optional[popxl.Variable] = None
+        self._seed_var = None
         if self._needs_random():
             with main:
                 self._seed_var = popxl.variable(seed_value(None), name="random_seed")
@@ -209,6 +234,7 @@ class ProgramBuilder:
 
     def _store_seed(self, rounder: Optional[StochasticRounder], thread: ByRef, depth: Optional[int] = None) -> None:
         if rounder is not None:
+            assert self._seed_var is not None, "a rounder is made only with the seed variable (_rounder)"
             ops.var_updates.copy_var_update_(thread(self._seed_var, "random_seed", depth), rounder.seed)
 
     def _input_streams(self, main: popxl.Graph) -> Dict[str, popxl.HostToDeviceStream]:
@@ -236,10 +262,10 @@ class ProgramBuilder:
         """Send anchor ``name`` (value ``t`` in the current graph) to the host: a ``host_store`` per
         batch (ALL, EVERYN) or an update of a main-graph accumulator (SUM adds, FINAL copies),
         stored after the loop by ``_finish_main``."""
-        a = Anchor(name, self.dataFlow.art(name), t)
-        self._anchors[name] = a
         with main:
-            a.stream = popxl.d2h_stream(t.shape, t.dtype, safe_name(name))
+            stream = popxl.d2h_stream(t.shape, t.dtype, safe_name(name))
+        a = Anchor(name, self.dataFlow.art(name), t, stream)
+        self._anchors[name] = a
         if a.kind in PER_BATCH:
             ops.host_store(a.stream, t)
             return

@@ -11,13 +11,14 @@ evenly. Memory figures are exact: they come from the static memory plan of the c
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 import popxl
 from popxl import dtypes
 from popxl.compiler.executable import Executable
+from popart.options import SessionOptions
 
 __all__ = ["Report", "OpProfile", "IpuMemory", "measurement_note", "SessionProfile"]
 
@@ -68,7 +69,7 @@ class Report:
     """A profile: ``memory`` (one ``IpuMemory`` per IPU), ``ops`` (one ``OpProfile`` per op and
     IPU; empty when execution profiling is off), ``runSeconds`` (wall-clock time of each run)."""
 
-    def __init__(self, memory: List[IpuMemory], ops: List[OpProfile], runSeconds: List[float],
+    def __init__(self, memory: List[IpuMemory], ops: List[OpProfile], runSeconds: Sequence[float],
                  measuredBy: Optional[str], executionSteps: Optional[List[str]] = None) -> None:
         self.memory = memory
         self.executionSteps = list(executionSteps or [])
@@ -158,7 +159,7 @@ class SessionProfile:
         options: The session's ``SessionOptions`` (read when asked: their engine options decide).
     """
 
-    def __init__(self, options: Any) -> None:
+    def __init__(self, options: SessionOptions) -> None:
         self._options = options
         self._px: Optional[popxl.Session] = None
         self.run_seconds: List[float] = []
@@ -207,7 +208,7 @@ class SessionProfile:
             f", total {sum(times) * 1e3:.3f} ms, mean {np.mean(times) * 1e3:.3f} ms per run, "
             f"{sum(times) * 1e3 / (len(times) * batches_per_step):.3f} ms per batch." if times else ".")]
         op_times = self.op_times()
-        if op_times:
+        if op_times and self._px is not None:  # op times come from a connected session
             report = build_report(self._px.executable, op_times, times, self._px.op_profiler.engine)
             lines.append(f"Per-op times ({report.header}); slowest ops:")
             lines += [f"  {o!r}" for o in report.opsByTime()[:10]]

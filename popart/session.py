@@ -104,7 +104,7 @@ class InferenceSession(ProgramBuilder):
 
     def setRandomSeed(self, seedValue: int) -> None:
         """Seed the session's random numbers (stochastic rounding, dropout)."""
-        if getattr(self, "_seed_var", None) is not None:
+        if self._seed_var is not None:  # set by _build
             self._weights.set({self._seed_var: seed_value(seedValue)})
 
     # shapes ---------------------------------------------------------------------------------------------
@@ -261,9 +261,9 @@ class InferenceSession(ProgramBuilder):
         results, to_copy = self._io.results(outputs, given)
         if self.options.enableFloatingPointChecks:
             self._check_floating_point(results)
-        if given is not None:
+        if isinstance(stepio, PyStepIO):
             for name in to_copy:
-                given[name][...] = results[name]
+                stepio.outputs[name][...] = results[name]
         else:
             self._io.outputs_to_callbacks(stepio, results)
 

@@ -203,7 +203,7 @@ class HostIO:
         values, to_copy = {}, []
         for name, a in self.anchors.items():
             buf = written[a.stream]
-            if buf is not self._buffers[a.stream]:
+            if given is not None and buf is not self._buffers[a.stream]:
                 values[name] = given[name]  # written in place
                 continue
             values[name] = self._anchor_value(a, buf)

@@ -75,10 +75,14 @@ class TrainingSession(InferenceSession):
         if not isinstance(optimizer, Optimizer) or type(optimizer) is Optimizer:  # the base class has no rule
             raise popart_exception(f"TrainingSession: optimizer must be a popart optimiser (ConstSGD, SGD, Adam), "
                                    f"not {optimizer!r}.")
-        if (loss is None) == (losses is None):
+        specs: List[LossArg]
+        if loss is not None and losses is None:
+            specs = [loss]
+        elif losses is not None and loss is None:
+            specs = list(losses)
+        else:
             raise popart_exception("TrainingSession: give the loss tensor id as loss=..., or loss objects as "
                                    "losses=[...] (one of the two).")
-        specs: List[LossArg] = [loss] if loss is not None else list(losses)
         if not specs:
             raise popart_exception("TrainingSession: losses is empty.")
         for spec in specs:
@@ -106,7 +110,7 @@ class TrainingSession(InferenceSession):
     def _loss_tensor(self) -> popxl.Tensor:
         """The scalar loss (the sum of several losses), checked."""
         known = set(self._importer.names())
-        total = None
+        total: Optional[popxl.Tensor] = None
         for lid in self._loss_ids:
             if lid not in known:
                 raise popart_exception(f"TrainingSession: the loss {lid!r} is not a tensor of the model (its outputs "
@@ -121,6 +125,7 @@ class TrainingSession(InferenceSession):
                     f"Reduce it, e.g. builder.aiGraphcore.identityloss([{lid!r}], popart.ReductionType.Mean).")
             t = ops.reshape(t, ()) if t.shape != () else t
             total = t if total is None else ops.add(total, t)
+        assert total is not None, "the constructor refuses an empty list of losses"
         return total
 
     # building ---------------------------------------------------------------------------------------
@@ -274,6 +279,7 @@ class TrainingSession(InferenceSession):
         bound.update({weight_inputs[n]: local[n] for n in weight_inputs})
         rounder = self._rounder(thread)
         if rounder is not None:
+            assert self._fwd_seed is not None, "_build gives the forward graph a seed input when there is a seed"
             bound[self._fwd_seed] = rounder.split()
             self._store_seed(rounder, thread)
         info = ops.call_with_info(fwd, inputs_dict=bound)

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 from popdist.supervisor import Supervisor
 
 __all__ = ["main", "build_command", "find_mpiexec"]
@@ -116,7 +116,8 @@ def find_mpiexec() -> str:
         dist = importlib.metadata.distribution("mpich")
         for f in dist.files or ():
             if str(f).endswith("bin/mpiexec.hydra") or str(f).endswith("bin/mpiexec"):
-                path = Path(dist.locate_file(f)).resolve()
+                # typeshed says SimplePath; an installed wheel's distribution gives a filesystem path
+                path = Path(str(dist.locate_file(f))).resolve()
                 if path.exists():
                     return str(path)
     except importlib.metadata.PackageNotFoundError:
@@ -127,7 +128,16 @@ def find_mpiexec() -> str:
     return found
 
 
-def _layout(args: argparse.Namespace) -> Dict[str, object]:
+class Layout(NamedTuple):
+    """How a launch places its instances and replicas."""
+    instances: int
+    total: int  # replicas of the launch
+    local: int  # replicas per instance
+    hosts: List[str]
+    per_host: int  # instances per host
+
+
+def _layout(args: argparse.Namespace) -> Layout:
     n = args.num_instances
     total = n if args.num_replicas is None else args.num_replicas
     if n < 1:
@@ -140,13 +150,13 @@ def _layout(args: argparse.Namespace) -> Dict[str, object]:
     hosts = [h for h in (args.hosts or "").split(",") if h] or ["localhost"]
     if n % len(hosts):
         raise SystemExit(f"poprun: {n} instances cannot be spread evenly over {len(hosts)} hosts {hosts}.")
-    return {"instances": n, "total": total, "local": total // n, "hosts": hosts, "per_host": n // len(hosts)}
+    return Layout(instances=n, total=total, local=total // n, hosts=hosts, per_host=n // len(hosts))
 
 
 def build_command(args: argparse.Namespace, mpiexec: str, supervisor_env: Dict[str, str]) -> List[str]:
     """The mpiexec command: one section per instance, each with its own POPDIST_* variables."""
     lay = _layout(args)
-    hosts, per_host = lay["hosts"], lay["per_host"]
+    hosts, per_host = lay.hosts, lay.per_host
     # Hydra kills every instance as soon as one exits with an error; the others should rather learn
     # it from the supervisor and stop with an error naming it (poprun ends the launch if they do not:
     # _wait). -disable-auto-cleanup covers exit statuses, but not a process ended by a signal, so
@@ -155,7 +165,7 @@ def build_command(args: argparse.Namespace, mpiexec: str, supervisor_env: Dict[s
     if hosts != ["localhost"]:
         cmd += ["-hosts", ",".join(hosts), "-ppn", str(per_host)]
     cmd += shlex.split(args.mpi_global_args)
-    common = {"POPDIST_NUM_TOTAL_REPLICAS": lay["total"], "POPDIST_NUM_LOCAL_REPLICAS": lay["local"],
+    common = {"POPDIST_NUM_TOTAL_REPLICAS": lay.total, "POPDIST_NUM_LOCAL_REPLICAS": lay.local,
               "POPDIST_NUM_IPUS_PER_REPLICA": args.ipus_per_replica, **supervisor_env}
     if args.timeout is not None:
         common["POPDIST_TIMEOUT"] = args.timeout
@@ -165,10 +175,10 @@ def build_command(args: argparse.Namespace, mpiexec: str, supervisor_env: Dict[s
     for name, value in common.items():
         cmd += ["-genv", name, str(value)]
     local_args = shlex.split(args.mpi_local_args)
-    for i in range(lay["instances"]):
+    for i in range(lay.instances):
         if i:
             cmd.append(":")
-        cmd += ["-n", "1", "-env", "POPDIST_REPLICA_INDEX_OFFSET", str(i * lay["local"]),
+        cmd += ["-n", "1", "-env", "POPDIST_REPLICA_INDEX_OFFSET", str(i * lay.local),
                 "-env", "POPDIST_LOCAL_INSTANCE_INDEX", str(i % per_host), *local_args, *_INSTANCE_SHELL,
                 *args.command]
     return cmd
@@ -176,11 +186,11 @@ def build_command(args: argparse.Namespace, mpiexec: str, supervisor_env: Dict[s
 
 def _topology(args: argparse.Namespace) -> str:
     lay = _layout(args)
-    lines = [f"poprun: {lay['instances']} instance(s) x {lay['local']} replica(s) = {lay['total']} replicas"]
-    for i in range(lay["instances"]):
-        first = i * lay["local"]
-        lines.append(f"  instance {i} (MPI rank {i}) on {lay['hosts'][i // lay['per_host']]}: replicas "
-                     f"{first}..{first + lay['local'] - 1}")
+    lines = [f"poprun: {lay.instances} instance(s) x {lay.local} replica(s) = {lay.total} replicas"]
+    for i in range(lay.instances):
+        first = i * lay.local
+        lines.append(f"  instance {i} (MPI rank {i}) on {lay.hosts[i // lay.per_host]}: replicas "
+                     f"{first}..{first + lay.local - 1}")
     return "\n".join(lines)
 
 
@@ -191,8 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.command:
         _parser().error("the program to run is missing (e.g. poprun --num-instances 2 python prog.py)")
     lay = _layout(args)
-    one_host = lay["hosts"] == ["localhost"]
-    supervisor = Supervisor(lay["instances"], bind_host="127.0.0.1" if one_host else "0.0.0.0", grace=args.grace)
+    one_host = lay.hosts == ["localhost"]
+    supervisor = Supervisor(lay.instances, bind_host="127.0.0.1" if one_host else "0.0.0.0", grace=args.grace)
     advertised = args.supervisor_host or ("127.0.0.1" if one_host else socket.gethostname())
     cmd = build_command(args, find_mpiexec(), supervisor.environment(advertised))
     if args.print_topology == "yes":

@@ -138,7 +138,7 @@ class Supervisor:
                     sock.setblocking(False)
                     self._connections[sock] = _Connection(sock, peer=f"{address[0]}:{address[1]}")
                     self._selector.register(sock, selectors.EVENT_READ)
-                else:
+                elif isinstance(key.fileobj, socket.socket):  # a client, registered above
                     conn = self._connections.get(key.fileobj)
                     if conn is None:
                         continue
@@ -275,8 +275,8 @@ class Supervisor:
             return "\n".join(f"poprun: {r.describe()} stopped: {r.message}" for r in stopped) or None
         verb = "failed" if first.state == "failed" else "died"
         others = [r for r in self.records if r is not first]
-        stopped = [r.index for r in others if r.state == "stopped"]
-        tail = f" Instance(s) {stopped} stopped because of it." if stopped else ""
+        stopped_ids = [r.index for r in others if r.state == "stopped"]
+        tail = f" Instance(s) {stopped_ids} stopped because of it." if stopped_ids else ""
         return f"poprun: {first.describe()} {verb} first: {first.message}.{tail}"
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -56,8 +56,9 @@ def launch_environment() -> LaunchEnvironment:
     """The launch this process is part of, as poprun describes it (``popdist.launch_environment``)."""
     return popdist.launch_environment()
 
-# An entry of device state: what `read(entry, local replica)` reads (the Session decides).
-Entry = Hashable
+# An entry of device state: what `read(entry, local replica)` reads (the Session decides; instances
+# exchange entries, so they are picklable).
+Entry = TypeVar("Entry", bound=Hashable)
 
 
 class Launch:
@@ -68,7 +69,7 @@ class Launch:
         self.local = ir.instance_replication_factor
         self.global_replicas = ir.replication_factor
         self.offset = self.index * self.local
-        self.backend = None
+        self.backend: Optional[popdist.backend.Backend] = None  # with several instances only
         self._comms: List[Any] = []
         if self.count == 1:
             return
@@ -78,27 +79,28 @@ class Launch:
         self.fingerprint = hashlib.sha256(exe.to_json().encode() + layout).hexdigest()
         self.engine_kind = f"{engine.name} engine (build {engine.build})"
 
-    @property
-    def several(self) -> bool:
-        return self.count > 1
-
     def owner(self, replica: int) -> int:
         """The instance running global replica ``replica``."""
         return replica // self.local
 
     def local_index(self, replica: int) -> Optional[int]:
         """This instance's index of global replica ``replica``, or None when another instance runs it."""
-        return replica - self.offset if self.owner(replica) == self.index else None
+        return self._here(replica) if self.owner(replica) == self.index else None
+
+    def _here(self, replica: int) -> int:
+        """This instance's index of global replica ``replica``, which it runs."""
+        return replica - self.offset
 
     # attach / detach ------------------------------------------------------------------------------
     def join(self, engine: Any, what: str) -> None:
         """Join the other instances (collective over all of them): new communicators, the programs
         compared, the engine linked."""
-        if not self.several:
+        backend = self.backend
+        if backend is None:  # one instance
             return
-        engine_comm = self.backend.new_comm(f"attaching {what}")
-        self._comms = [engine_comm, self.backend.new_comm(f"attaching {what}")]
-        everyone = self.backend.allgather(self._comms[1], (self.engine_kind, self.fingerprint), f"attaching {what}")
+        engine_comm = backend.new_comm(f"attaching {what}")
+        self._comms = [engine_comm, backend.new_comm(f"attaching {what}")]
+        everyone = backend.allgather(self._comms[1], (self.engine_kind, self.fingerprint), f"attaching {what}")
         kinds, prints = [k for k, _ in everyone], [p for _, p in everyone]
         other_engine = [i for i, k in enumerate(kinds) if k != kinds[0]]
         differ = [i for i, f in enumerate(prints) if f != prints[0]]
@@ -113,10 +115,10 @@ class Launch:
                 f"{what}: the instances run different programs: the executable of instance(s) {differ} differs from "
                 f"instance 0's (fingerprints {', '.join(f'{i}: {p[:12]}' for i, p in enumerate(prints))}). Every "
                 f"instance must build the same program (ops, shapes, constants, replication) in the same order.")
-        engine.join(engine_comm, self.backend, self.gather_replicas)
+        engine.join(engine_comm, backend, self.gather_replicas)
 
     def leave(self, engine: Any) -> None:
-        if not self._comms:
+        if not self._comms or self.backend is None:  # not joined
             return
         engine.leave()
         if not self.backend.MPI.Is_finalized():  # a Session detached at interpreter exit comes after MPI's end
@@ -128,9 +130,9 @@ class Launch:
     def guard(self, run: Callable[..., None]) -> Callable[..., None]:
         """``run`` (an engine's), reporting how it fails to the launch: with several instances a
         failed run leaves them out of step, so the others must stop too."""
-        if not self.several:
-            return run
         backend = self.backend
+        if backend is None:  # one instance
+            return run
         native = sys.modules.get("popxl._native")
         native_error = native.InstanceError if native is not None else InstanceError
 
@@ -149,6 +151,7 @@ class Launch:
     # values on other instances --------------------------------------------------------------------
     def gather_replicas(self, local: Dict[int, Any], what: str) -> Dict[int, Any]:
         """Every instance's ``{global replica: value}``, merged (a collective of all instances)."""
+        assert self.backend is not None, "the engine gathers only after join (several instances)"
         merged: Dict[int, Any] = {}
         for part in self.backend.allgather(self._comms[1], local, what):
             merged.update(part)
@@ -163,19 +166,20 @@ class Launch:
         def source(candidates: Sequence[int], instance: int) -> int:
             return next((r for r in candidates if self.owner(r) == instance), candidates[0])
 
-        out = {entry: read(entry, self.local_index(source(c, self.index))) for entry, c in plan
+        out = {entry: read(entry, self._here(source(c, self.index))) for entry, c in plan
                if self.owner(source(c, self.index)) == self.index}
-        if not self.several or all(self.owner(source(c, k)) == k for _, c in plan for k in range(self.count)):
+        backend = self.backend
+        if backend is None or all(self.owner(source(c, k)) == k for _, c in plan for k in range(self.count)):
             return out
         sends: Dict[int, Dict[Entry, np.ndarray]] = {}
         for k in range(self.count):
             for entry, c in plan:
                 r = source(c, k)
                 if k != self.index and self.owner(r) == self.index:
-                    sends.setdefault(k, {})[entry] = read(entry, self.local_index(r))
+                    sends.setdefault(k, {})[entry] = read(entry, self._here(r))
         needs = {self.owner(source(c, self.index)) for entry, c in plan if entry not in out}
         others = [k for k in range(self.count) if k != self.index]
-        got = self.backend.exchange(self._comms[1], {k: sends.get(k, {}) for k in others}, others, what)
+        got = backend.exchange(self._comms[1], {k: sends.get(k, {}) for k in others}, others, what)
         for k in needs:
             out.update(got[k])
         return out

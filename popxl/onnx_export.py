@@ -34,6 +34,7 @@ from popxl.visualize.listing import format_attr
 
 if TYPE_CHECKING:  # pragma: no cover
     from popxl.op import Op
+    from popxl.tensor import Constant, Variable
 
 __all__ = ["export_onnx", "GRAPHCORE_DOMAIN", "GRAPHS_DOMAIN", "OPSET"]
 
@@ -240,25 +241,27 @@ class _Exporter:
         body = _Body(self, is_function=False)
         inputs, outputs = [], []
         written: Dict[str, int] = {}
-        for t in (*main.variables, *main.constants):
+        held: List[Union[Variable, Constant]] = [*main.variables, *main.constants]
+        for t in held:
             body.add_const(t._host_data_value, self.name(t))
         seen_streams = set()
         for op in main.ops:
-            stream = op.attrs.get("stream")
+            if op.type not in ("host_load", "host_store"):
+                self.op(op, body)
+                continue
+            stream = op.attrs["stream"]
             if op.type == "host_load":
                 if stream.tensor_id not in seen_streams:
                     seen_streams.add(stream.tensor_id)
                     inputs.append(helper.make_tensor_value_info(stream.tensor_id, _onnx_type(stream.dtype),
                                                                 list(stream.shape)))
                 body.node("Identity", [stream.tensor_id], [self.name(op.outputs[0])])
-            elif op.type == "host_store":
+            else:
                 n = written.get(stream.tensor_id, 0)
                 written[stream.tensor_id] = n + 1
                 name = stream.tensor_id if n == 0 else f"{stream.tensor_id}__{n}"
                 body.node("Identity", [self.name(op.inputs[0])], [name])
                 outputs.append(helper.make_tensor_value_info(name, _onnx_type(stream.dtype), list(stream.shape)))
-            else:
-                self.op(op, body)
         return helper.make_graph(body.nodes, f"popxl_ir_{ir.id}", inputs, outputs, body.initializers)
 
 

@@ -213,6 +213,9 @@ class Op:
     """One op in a graph: its definition, input and output tensors, attributes and placement.
     ``id`` is unique in its Ir and counts from 100 (PopART's OpId, which its graph edits take)."""
 
+    # set by popxl.transforms.merge_exchange on the transfers it merges (other ops have none)
+    exchange_group: int
+
     def __init__(self, opdef: OpDef, graph: "Graph", inputs: Tuple["Tensor", ...],
                  attrs_: Dict[str, Any], name: str, location: str) -> None:
         ctx = get_current_context()
@@ -221,7 +224,7 @@ class Op:
         self.graph = graph
         self.inputs: Tuple["Tensor", ...] = inputs
         self.outputs: Tuple["Tensor", ...] = ()
-        self.attrs = attrs_
+        self.attrs: Dict[str, Any] = attrs_
         self.name = name
         self.location = location
         self.ipu: int = ctx.ipu_id

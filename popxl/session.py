@@ -104,6 +104,9 @@ def _check_sites(ir: Ir) -> None:
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
+# An entry of weights_to_host's read plan: (variable's position, its group | ("replica", r) | (group, chunk))
+_ReadEntry = Tuple[int, Union[int, Tuple[str, int], Tuple[int, int]]]
+
 
 def _serialised(method: _Method) -> _Method:
     """One call at a time per Session: a run from another thread, or a detach, weight read or write
@@ -394,8 +397,9 @@ class Session:
         self._remote.sync_mirrors(self._engine)
         index = {v: i for i, v in enumerate(self._variables)}
         every = [*self._variables, *self._remote.variables]
-        plan = []  # (entry, candidate replicas); entries (picklable: instances exchange them) are
+        # (entry, candidate replicas); entries (picklable: instances exchange them) are
         # (position in `every`, group | ("replica", r) | (group, chunk))
+        plan: List[Tuple[_ReadEntry, List[int]]] = []
         for k, v in enumerate(every):
             rg = v.replica_grouping
             if v in self._remote:
@@ -406,7 +410,7 @@ class Session:
                 members = rg._members()
                 plan += [((k, g), members[g]) for g in range(rg.num_groups)]
 
-        def read(entry: tuple, replica: int) -> np.ndarray:
+        def read(entry: _ReadEntry, replica: int) -> np.ndarray:
             v = every[entry[0]]
             if v in self._remote:
                 return self._remote.slot(self._engine, v, replica)
@@ -488,7 +492,7 @@ class Session:
             self._check_own(t, "get_tensor_data")
         if self.is_attached and self._host_stale and any(isinstance(t, Variable) for t in tensors):
             self.weights_to_host()
-        out = {}
+        out: Dict[Union[Variable, Constant], np.ndarray] = {}
         for t in tensors:
             if isinstance(t, Variable) and self._reads_all_replicas(t):
                 out[t] = self._replica_values_of(t)
@@ -605,7 +609,7 @@ class Session:
             if unexpected:
                 parts.append(f"unexpected {what} for {unexpected} (no host_{'load' if what == 'inputs' else 'store'} "
                              f"in the program reads/writes them)")
-            by_name = {}
+            by_name: Dict[str, Union[HostToDeviceStream, DeviceToHostStream]] = {}
             for s in expected:
                 by_name.setdefault(s.tensor_id, s)
                 by_name.setdefault(getattr(s, "name", s.tensor_id), s)

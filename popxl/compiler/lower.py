@@ -81,8 +81,10 @@ def _view_desc(op: Op, src: Desc) -> Desc:
             a = a.base
         return a
 
+    view_of = op.opdef.view
+    assert view_of is not None, f"{op.type} is not a view op"
     try:
-        view = op.opdef.view(fake, **op.attrs)
+        view = view_of(fake, **op.attrs)
         copied = root(view) is not root(fake)
     except ValueError:
         copied = True
@@ -162,7 +164,8 @@ class _Lowering:
         (layouts follow from the views between a tensor and its root; roots are contiguous)."""
         blocked: Set[Op] = set()  # copies kept because a view op downstream needs a layout they lack
         while True:
-            self.elided, failed = set(), None
+            self.elided: Set[Op] = set()
+            failed: Optional[Op] = None
             for g in self.graphs:
                 failed = self._elide_in(g, blocked)
                 if failed is not None:
@@ -184,10 +187,9 @@ class _Lowering:
             return layout[t] if t in layout else _contiguous_desc(0, t)
         for op in g.schedule():
             d = op.opdef
-            if not op.outputs:
+            if not op.outputs or not op.inputs:  # nothing to alias
                 continue
-            src, out = (op.inputs[d.inplace] if d.inplace is not None else op.inputs[0] if op.inputs else None,
-                        op.outputs[0])
+            src, out = op.inputs[d.inplace if d.inplace is not None else 0], op.outputs[0]
             if d.inplace is not None:
                 layout[out] = place(src)
             if d.view is None or (d.copy and (op in blocked or op.type == "broadcast_to" or root[src] in written

@@ -472,10 +472,10 @@ def scatter_reduce(data: Tensor, indices: Tensor, reduction: str, initial_values
         ValueError: If ``reduction`` is unknown, neither ``axis_size`` nor ``initial_values`` gives
             the output length, the shapes disagree, or a tensor is not in the current graph.
     """
-    if initial_values is None and axis_size is None:
-        raise ValueError("ops.scatter_reduce: give initial_values or axis_size (the output's axis length)")
     ax = _axis_of("scatter_reduce", data.rank, axis)
     if axis_size is None:
+        if initial_values is None:
+            raise ValueError("ops.scatter_reduce: give initial_values or axis_size (the output's axis length)")
         axis_size = initial_values.shape[ax]
     elif initial_values is not None and initial_values.rank == data.rank and initial_values.shape[ax] != axis_size:
         raise ValueError(f"ops.scatter_reduce: axis_size {axis_size} does not match initial_values "

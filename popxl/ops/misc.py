@@ -153,13 +153,12 @@ def format_tensor(x: np.ndarray, summarise_threshold: int = 1000, edge_items: in
     """The text print_tensor shows for the values ``x``."""
     if x.dtype.kind == "f" or x.dtype.kind == "V":
         x = x.astype(np.float64)
-        formatter = {"float_kind": _FLOAT_FORMATS[float_format](digits)}
-    elif x.dtype.kind == "b":
-        formatter = {"bool": lambda v: "true" if v else "false"}
-    else:
-        formatter = {"int_kind": str}
+    kind = x.dtype.kind
+    # one literal per kind, so that each is checked against NumPy's formatter keys
     text = np.array2string(x, max_line_width=max_line_width, threshold=summarise_threshold, edgeitems=edge_items,
-                           separator=_SEP, formatter=formatter, prefix="")
+                           separator=_SEP, prefix="",
+                           formatter={"float_kind": _FLOAT_FORMATS[float_format](digits)} if kind == "f" else
+                           {"bool": lambda v: "true" if v else "false"} if kind == "b" else {"int_kind": str})
     text = text.replace("[", _OPEN).replace("]", _CLOSE)
     text = text.replace(_OPEN, open_bracket).replace(_CLOSE, close_bracket).replace(_SEP, separator)
     return "\n".join(line.rstrip() for line in text.split("\n"))

@@ -152,7 +152,7 @@ def _check_shape(shape) -> Tuple[int, ...]:
 
 
 def _check_probability(value, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) < 1.0:
         raise ValueError(f"{what} must be a number in [0, 1), got {value!r}")
 
 

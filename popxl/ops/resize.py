@@ -77,13 +77,14 @@ def _resize_axis(a: np.ndarray, axis: int, n_out: int, scale: float, mode: str, 
         taps, weights = _cubic_taps(x)
     bshape = [1] * a.ndim
     bshape[axis] = n_out
-    out = None
-    for p, w in zip(taps, weights):
-        vals = np.take(a, np.clip(p, 0, n_in - 1).astype(np.int64), axis=axis)
-        if mode == "nearest":
-            return vals
-        term = vals * w.reshape(bshape)
-        out = term if out is None else out + term
+
+    def tap(p: np.ndarray) -> np.ndarray:
+        return np.take(a, np.clip(p, 0, n_in - 1).astype(np.int64), axis=axis)
+    if mode == "nearest":  # one tap, weight 1
+        return tap(taps[0])
+    out = tap(taps[0]) * weights[0].reshape(bshape)
+    for p, w in zip(taps[1:], weights[1:]):
+        out = out + tap(p) * w.reshape(bshape)
     return out
 
 
@@ -118,7 +119,10 @@ register(OpDef("interpolate", _interpolate_infer, _interpolate_kernel, family="s
                attributes={"scale_factor": "floats", "mode": "str", "nearest_mode": "str", "coordinate_transformation_mode": "str"}))
 
 
-def interpolate(t: Tensor, scale_factor: Optional[Tuple[float, ...]] = (1.0, 1.0, 1.0, 1.0),
+_DEFAULT_SCALE = (1.0, 1.0, 1.0, 1.0)
+
+
+def interpolate(t: Tensor, scale_factor: Optional[Tuple[float, ...]] = _DEFAULT_SCALE,
                 mode: Optional[str] = "nearest", nearest_mode: Optional[str] = "round_prefer_floor",
                 coordinate_transformation_mode: Optional[str] = "half_pixel") -> Tensor:
     """Resize a tensor by scale factors, as ONNX Resize.
@@ -128,6 +132,7 @@ def interpolate(t: Tensor, scale_factor: Optional[Tuple[float, ...]] = (1.0, 1.0
     Args:
         t: The tensor resized.
         scale_factor: One factor per dimension; an output length is ``floor(length * factor)``.
+            None: the default.
         mode: "nearest", "linear" (multi-linear) or "cubic" (Keys kernel, a = -0.75).
         nearest_mode: How "nearest" rounds: round_prefer_floor, round_prefer_ceil, floor or ceil.
         coordinate_transformation_mode: How output positions map to input ones: half_pixel,
@@ -141,7 +146,7 @@ def interpolate(t: Tensor, scale_factor: Optional[Tuple[float, ...]] = (1.0, 1.0
         ValueError: If a mode is unknown, ``scale_factor`` does not have one entry per dimension, or
             ``t`` is not in the current graph.
     """
-    scale_factor = tuple(float(f) for f in scale_factor)
+    scale_factor = tuple(float(f) for f in (_DEFAULT_SCALE if scale_factor is None else scale_factor))
     return create_op("interpolate", [t], {
         "scale_factor": scale_factor, "mode": "nearest" if mode is None else mode,
         "nearest_mode": "round_prefer_floor" if nearest_mode is None else nearest_mode,

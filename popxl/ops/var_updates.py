@@ -137,10 +137,10 @@ for _name, (_takes_x, _param, _formula) in _ACCUMULATORS.items():
                    attributes={} if _param is None else {_param: "float?"}))
 
 
-def _accumulate(opname: str, t: Tensor, X: Optional[Tensor] = None, **scalar: Any) -> Tensor:
+def _accumulate(opname: str, operands: List[Tensor], **scalar: Any) -> Tensor:
+    """``opname`` on ``operands`` (t, and X when the op takes one) and its scalar arguments."""
     tensors, attrs = _scalar_args(opname, **scalar)
-    ins = [t] + ([X] if _ACCUMULATORS[opname][0] else []) + tensors
-    return create_op(opname, ins, attrs)[0]
+    return create_op(opname, operands + tensors, attrs)[0]
 
 
 def accumulate_(t: Tensor, X: Tensor, f: Optional[Scalar] = None) -> Tensor:
@@ -161,7 +161,7 @@ def accumulate_(t: Tensor, X: Tensor, f: Optional[Scalar] = None) -> Tensor:
         ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
             current graph.
     """
-    return _accumulate("accumulate_", t, X, f=1.0 if f is None else f)
+    return _accumulate("accumulate_", [t, X], f=1.0 if f is None else f)
 
 
 def accumulate_square_(t: Tensor, X: Tensor, f: Scalar = 1.0) -> Tensor:
@@ -182,7 +182,7 @@ def accumulate_square_(t: Tensor, X: Tensor, f: Scalar = 1.0) -> Tensor:
         ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
             current graph.
     """
-    return _accumulate("accumulate_square_", t, X, f=f)
+    return _accumulate("accumulate_square_", [t, X], f=f)
 
 
 def accumulate_mean_(t: Tensor, X: Tensor, step: Scalar) -> Tensor:
@@ -203,7 +203,7 @@ def accumulate_mean_(t: Tensor, X: Tensor, step: Scalar) -> Tensor:
         ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
             current graph.
     """
-    return _accumulate("accumulate_mean_", t, X, step=step)
+    return _accumulate("accumulate_mean_", [t, X], step=step)
 
 
 def accumulate_moving_average_(t: Tensor, X: Tensor, f: Scalar) -> Tensor:
@@ -224,7 +224,7 @@ def accumulate_moving_average_(t: Tensor, X: Tensor, f: Scalar) -> Tensor:
         ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
             current graph.
     """
-    return _accumulate("accumulate_moving_average_", t, X, f=f)
+    return _accumulate("accumulate_moving_average_", [t, X], f=f)
 
 
 def accumulate_moving_average_square_(t: Tensor, X: Tensor, f: Scalar) -> Tensor:
@@ -245,7 +245,7 @@ def accumulate_moving_average_square_(t: Tensor, X: Tensor, f: Scalar) -> Tensor
         ValueError: If the shapes differ, a scale tensor is not a scalar, or a tensor is not in the
             current graph.
     """
-    return _accumulate("accumulate_moving_average_square_", t, X, f=f)
+    return _accumulate("accumulate_moving_average_square_", [t, X], f=f)
 
 
 def accumulator_scale_(t: Tensor, f: Scalar) -> Tensor:
@@ -265,7 +265,7 @@ def accumulator_scale_(t: Tensor, f: Scalar) -> Tensor:
         ValueError: If a scale tensor is not a scalar, or a tensor is not in the
             current graph.
     """
-    return _accumulate("accumulator_scale_", t, f=f)
+    return _accumulate("accumulator_scale_", [t], f=f)
 
 
 def accumulator_zero_(t: Tensor) -> Tensor:
@@ -283,7 +283,7 @@ def accumulator_zero_(t: Tensor) -> Tensor:
         TypeError: If ``t`` is not a Tensor.
         ValueError: If ``t`` is not in the current graph.
     """
-    return _accumulate("accumulator_zero_", t)
+    return _accumulate("accumulator_zero_", [t])
 
 
 def copy_var_update_(t: Tensor, X: Tensor) -> Tensor:
@@ -302,7 +302,7 @@ def copy_var_update_(t: Tensor, X: Tensor) -> Tensor:
         TypeError: If ``t`` or ``X`` is not a Tensor.
         ValueError: If the shapes differ, or a tensor is not in the current graph.
     """
-    return _accumulate("copy_var_update_", t, X)
+    return _accumulate("copy_var_update_", [t, X])
 
 
 # sparse accumulate -------------------------------------------------------------------------------
@@ -429,8 +429,11 @@ def _updater(mode: str, m: Tensor, v: Tensor, weight: Optional[Tensor], time_ste
     # PopXL wires the weight in only for a weight decay that is a tensor or not 0; the update term
     # then has the weight's type, else the first moment's
     has_weight = weight_decay is not None and not (isinstance(weight_decay, numbers.Real) and weight_decay == 0.0)
-    if has_weight and weight is None:
-        raise ValueError(f"{where}: weight_decay needs the weight tensor (weight=...)")
+    ins = [m, v]
+    if has_weight:
+        if weight is None:
+            raise ValueError(f"{where}: weight_decay needs the weight tensor (weight=...)")
+        ins.append(weight)
     if time_step is not None:
         betas = (("beta1", beta1),) if mode == "adamax" else (("beta1", beta1), ("beta2", beta2))
         missing = [n for n, b in betas if b is None]
@@ -443,7 +446,6 @@ def _updater(mode: str, m: Tensor, v: Tensor, weight: Optional[Tensor], time_ste
     tensors, attrs = _scalar_args(opname, weight_decay=0.0 if weight_decay is None else weight_decay,
                                   beta1=0.0 if beta1 is None else beta1, beta2=0.0 if beta2 is None else beta2,
                                   epsilon=epsilon)
-    ins = [m, v] + ([weight] if has_weight else [])
     if time_step is not None:
         # The step is counted first: the update of step k (k = 1, 2, ...) uses b**k.
         ins.append(add_(time_step, constant(1, dtype=time_step.dtype)))

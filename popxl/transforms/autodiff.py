@@ -384,13 +384,19 @@ class _GradBuilder:
 def _clone(graph: Graph) -> Graph:
     copy = graph.ir.create_empty_graph(f"{graph.name}_copy")
     values: Dict[Tensor, Tensor] = {}
+
+    def value(t: Tensor) -> Tensor:
+        """The copy's tensor for ``t``; a constant of ``graph`` is copied at each use."""
+        if t in values:
+            return values[t]
+        assert isinstance(t, Constant), "a subgraph reads its inputs, its ops' outputs and constants"
+        return constant(t._host_data_value, t.dtype, name=t.name)
     with copy:
         for t in graph.inputs:
             values[t] = graph_input(t.shape, t.dtype, t.name, by_ref=graph.is_input_by_ref(t),
                                     meta_shape=t.meta_shape)
         for op in graph.schedule():
-            ins = [values[t] if t in values else constant(t._host_data_value, t.dtype, name=t.name)
-                   for t in op.inputs]
+            ins = [value(t) for t in op.inputs]
             new = create_op(op.type, ins, dict(op.attrs), output_names=[o.name for o in op.outputs], return_op=True)
             values.update(zip(op.outputs, new.outputs))
         for t in graph.outputs:

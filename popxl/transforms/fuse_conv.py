@@ -37,7 +37,7 @@ store of an anchor) is never fused away.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -80,7 +80,9 @@ def _replace(graph: Graph, old: Sequence[Op], build: Callable[[], Tensor]) -> Op
     """Replace the chain ``old`` (its last op's output is the chain's result) with the ops
     ``build`` traces (Graph.replace_ops); returns the op that now makes the result."""
     graph.replace_ops(old, build)
-    return old[-1].outputs[0].producer
+    made = old[-1].outputs[0].producer
+    assert made is not None, "replace_ops gives the result's tensor to the op making its replacement"
+    return made
 
 
 def _per_channel(t: Tensor, rank: int) -> Tensor:
@@ -155,7 +157,7 @@ def fuse_conv_bias(graph: Graph) -> Graph:
         reader = _only_reader(graph, y)
         reshapes = _channel_bias(graph, reader, y) if reader is not None and reader.type == "add" else None
         x, w, c = conv.inputs[0], conv.inputs[1], y.shape[1]
-        if reshapes is not None:
+        if reader is not None and reshapes is not None:
             (b,) = [t for t in reader.inputs if t is not y]
             bias = reshapes[0].inputs[0] if reshapes else None
 
@@ -164,8 +166,9 @@ def fuse_conv_bias(graph: Graph) -> Graph:
             _replace(graph, sorted([conv, reader] + reshapes, key=graph.schedule().index), build)
         elif reader is not None and _takes_as_post_op(reader, y) and y.dtype in _CHANNELS_LAST_DTYPES:
             # no bias: a zero one, so that what follows fuses (and the activations stay channels-last)
-            _replace(graph, [conv], lambda attrs=conv.attrs: conv_fused(
-                x, w, constant(np.zeros(c, y.dtype.as_numpy())), **attrs))
+            def zero_bias(attrs: Dict[str, Any] = conv.attrs) -> Tensor:
+                return conv_fused(x, w, constant(np.zeros(c, y.dtype.as_numpy())), **attrs)
+            _replace(graph, [conv], zero_bias)
     return graph
 
 
@@ -200,10 +203,11 @@ def fuse_conv_post_ops(graph: Graph) -> Graph:
                 attrs.update(conv_pool_attrs(reader.attrs))
             else:
                 break
+            x, w, b = inputs[:3]
             residual = inputs[3] if attrs.pop("residual") else None
             conv_attrs = {k: v for k, v in attrs.items() if k not in ("relu", "clip")}
             op = _replace(graph, [op, reader],
-                          lambda: conv_fused(*inputs[:3], residual=residual, relu=attrs["relu"], clip=attrs.get("clip"),
+                          lambda: conv_fused(x, w, b, residual=residual, relu=attrs["relu"], clip=attrs.get("clip"),
                                              **conv_attrs))
     return graph
 
@@ -224,7 +228,9 @@ def global_pools_as_pools(graph: Graph) -> Graph:
         if (x.rank != 4 or x.dtype not in _CHANNELS_LAST_DTYPES or x.producer is None
                 or x.producer.type not in _LAYOUT_INPUTS or tuple(op.attrs["axis"]) != (2, 3) or not op.attrs["keepdims"]):
             continue
-        _replace(graph, [op], lambda pool=pools[op.type], x=x: pool(x, kernel_size=tuple(x.shape[2:])))
+        def as_pool(pool: Callable[..., Tensor] = pools[op.type], x: Tensor = x) -> Tensor:
+            return pool(x, kernel_size=tuple(x.shape[2:]))
+        _replace(graph, [op], as_pool)
     return graph
 
 
@@ -256,7 +262,7 @@ def keep_channels_last(graph: Graph) -> Graph:
     """
     graph.ir._check_mutable()
     aware = [op for op in graph.schedule() if op.type in _LAYOUT_INPUTS and op.outputs[0].rank == 4]
-    readers = {}
+    readers: Dict[str, List[Op]] = {}  # by tensor id
     for op in graph.schedule():
         for t in op.inputs:
             readers.setdefault(t.id, []).append(op)
@@ -269,8 +275,8 @@ def keep_channels_last(graph: Graph) -> Graph:
         reads = readers.get(y.id, [])
         if y.dtype not in _CHANNELS_LAST_DTYPES or y.id in outputs or not reads:
             continue
-        slots = [_layout_slot(r, y) for r in reads]
-        if any(s is None for s in slots):
+        slots = [s for s in (_layout_slot(r, y) for r in reads) if s is not None]
+        if len(slots) != len(reads):
             continue
         layouts[id(op)][1] = "nhwc"
         for r, s in zip(reads, slots):

@@ -21,7 +21,7 @@ intermediates are read by the gradient graph, so a training program keeps its ch
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set, Tuple, TypeGuard
 
 import numpy as np
 
@@ -50,8 +50,8 @@ def fuse_decomposed(ir):
 
 
 # matching helpers ---------------------------------------------------------------------------------
-def _scalar(t: Tensor) -> Optional[float]:
-    """The value of a one-element constant, else None."""
+def _scalar(t: Optional[Tensor]) -> Optional[float]:
+    """The value of ``t`` if it is a one-element constant, else None."""
     if isinstance(t, Constant):
         data = np.asarray(t._host_data_value)
         if data.size == 1:
@@ -64,7 +64,7 @@ class _Readers:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.by_tensor = {}
+        self.by_tensor: Dict[int, List[Op]] = {}  # by id() of the tensor
         for op in graph.schedule():
             for t in op.inputs:
                 self.by_tensor.setdefault(id(t), []).append(op)
@@ -100,14 +100,14 @@ def _last_axis_mean(op: Op) -> bool:
             and op.attrs["keepdims"])
 
 
-def _row_vector(t: Optional[Tensor], x: Tensor) -> bool:
+def _row_vector(t: Optional[Tensor], x: Tensor) -> TypeGuard[Tensor]:
     """One value per position of x's last axis (shape (D,) or (1, ..., D)), of x's dtype."""
     return (t is not None and t.dtype == x.dtype and t.rank >= 1 and t.rank <= x.rank and t.shape[-1] == x.shape[-1]
             and all(n == 1 for n in t.shape[:-1]))
 
 
 # 1. layer norm ------------------------------------------------------------------------------------
-def _match_layer_norm(r: _Readers, mean1: Op):
+def _match_layer_norm(r: _Readers, mean1: Op) -> Optional[Tuple[List[Op], Tensor, Tensor, Optional[Tensor], float]]:
     """(ops of the chain in schedule order, x, weight, bias or None, eps) or None."""
     x = mean1.inputs[0]
     if not _last_axis_mean(mean1) or x.dtype not in (dtypes.float32, dtypes.float16) or x.shape[-1] < 1:
@@ -123,7 +123,9 @@ def _match_layer_norm(r: _Readers, mean1: Op):
     if mean2 is None or not _last_axis_mean(mean2):
         return None
     add_eps = r.only(mean2.outputs[0], "add")
-    eps = _scalar(_other(add_eps, mean2.outputs[0])) if add_eps is not None else None
+    if add_eps is None:
+        return None
+    eps = _scalar(_other(add_eps, mean2.outputs[0]))
     if eps is None or eps < 0:
         return None
     sqrt = r.only(add_eps.outputs[0], "sqrt")
@@ -135,6 +137,7 @@ def _match_layer_norm(r: _Readers, mean1: Op):
     scale = r.only(std, "div")
     if scale is None:
         return None
+    normed_op: Optional[Op]
     if scale.inputs[1] is std and scale.inputs[0] is d:
         normed_op = scale
     elif scale.inputs[1] is std and _scalar(scale.inputs[0]) == 1.0:
@@ -149,14 +152,16 @@ def _match_layer_norm(r: _Readers, mean1: Op):
     chain.append(normed_op)
     y = normed_op.outputs[0]
     mul_w = r.only(y, "mul")
-    weight = _other(mul_w, y) if mul_w is not None else None
+    if mul_w is None:
+        return None
+    weight = _other(mul_w, y)
     if not _row_vector(weight, x):
         return None
     chain.append(mul_w)
     y = mul_w.outputs[0]
     add_b = r.only(y, "add")
     bias = _other(add_b, y) if add_b is not None else None
-    if _row_vector(bias, x) and add_b.outputs[0].shape == x.shape:
+    if add_b is not None and _row_vector(bias, x) and add_b.outputs[0].shape == x.shape:
         chain.append(add_b)
     else:
         bias = None
@@ -175,7 +180,7 @@ def fuse_layer_norm(graph: Graph) -> Graph:
         ``graph`` itself.
     """
     graph.ir._check_mutable()
-    gone = set()  # ops an earlier rewrite removed
+    gone: Set[int] = set()  # id() of the ops an earlier rewrite removed
     for mean1 in [op for op in graph.schedule() if op.type == "mean"]:
         found = None if id(mean1) in gone else _match_layer_norm(_Readers(graph), mean1)
         if found is None:
@@ -197,7 +202,7 @@ def fuse_layer_norm(graph: Graph) -> Graph:
 
 
 # 2. gelu ------------------------------------------------------------------------------------------
-def _match_gelu(r: _Readers, erf: Op):
+def _match_gelu(r: _Readers, erf: Op) -> Optional[Tuple[List[Op], Tensor]]:
     """(ops of the chain, x) or None for erf(x / sqrt 2) (or x * (1 / sqrt 2)) + 1, times x, times 0.5."""
     scaled = erf.inputs[0]
     pre = scaled.producer
@@ -209,7 +214,7 @@ def _match_gelu(r: _Readers, erf: Op):
             return None
         x, k = pre.inputs[0], 1.0 / divisor
     elif pre.type == "mul":
-        consts = [(i, _scalar(t)) for i, t in enumerate(pre.inputs) if _scalar(t) is not None]
+        consts = [(i, v) for i, v in enumerate(map(_scalar, pre.inputs)) if v is not None]
         if len(consts) != 1:
             return None
         x, k = pre.inputs[1 - consts[0][0]], consts[0][1]
@@ -266,5 +271,7 @@ def fuse_gelu(graph: Graph) -> Graph:
         if found is None:
             continue
         chain, x = found
-        graph.replace_ops(sorted(chain, key=graph.schedule().index), lambda x=x: ops.geluerf(x))
+        def build(x: Tensor = x) -> Tensor:
+            return ops.geluerf(x)
+        graph.replace_ops(sorted(chain, key=graph.schedule().index), build)
     return graph

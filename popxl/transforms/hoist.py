@@ -47,7 +47,7 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
         The hoisted ops.
     """
     body.ir._check_mutable()
-    readers: Dict[int, List[Op]] = {}
+    readers: Dict[str, List[Op]] = {}  # by tensor id
     for op in body.schedule():
         for t in op.inputs:
             readers.setdefault(t.id, []).append(op)
@@ -67,13 +67,14 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
         return []
 
     # Trace the hoisted ops again in the parent, in body order (a topological order).
-    outer: Dict[int, Tensor] = {t.id: p for t, p in bound.items()}
+    outer: Dict[str, Tensor] = {t.id: p for t, p in bound.items()}
 
     def trace() -> None:
         for op in hoisted:
             ins = []
             for t in op.inputs:
-                if t.id not in outer:  # a constant of the body
+                if t.id not in outer:
+                    assert isinstance(t, Constant), "a hoisted op reads bound inputs, constants and hoisted values"
                     outer[t.id] = Constant._create(parent, t.name, t.spec, _host_data_value=t._host_data_value)
                 ins.append(outer[t.id])
             new = create_op(op.opdef.name, ins, dict(op.attrs), name=op.name)
@@ -83,7 +84,7 @@ def hoist_invariants(body: Graph, parent: Graph, bound: Mapping[Tensor, Tensor],
 
     # What the body still reads of them becomes inputs; the hoisted ops and values leave it.
     gone = {id(op) for op in hoisted}
-    replaced: Dict[int, Tensor] = {}
+    replaced: Dict[str, Tensor] = {}
     for op in hoisted:
         for t in op.outputs:
             if any(id(r) not in gone for r in readers.get(t.id, [])):

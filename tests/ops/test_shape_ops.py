@@ -367,9 +367,10 @@ def test_interpolate_linear_cubic(engine, mode, ctm):
 
 def test_interpolate_default_and_integer_nearest():
     img = np.arange(6, dtype=np.int32).reshape(1, 1, 2, 3)
-    a, b = _run(lambda t: [ops.interpolate(t), ops.interpolate(t, (1, 1, 2, 2))], [img])
+    a, b, c = _run(lambda t: [ops.interpolate(t), ops.interpolate(t, (1, 1, 2, 2)), ops.interpolate(t, None)], [img])
     np.testing.assert_array_equal(a, img)
     np.testing.assert_array_equal(b, img.repeat(2, 2).repeat(2, 3))
+    np.testing.assert_array_equal(c, img)  # None: the default scale factors (it used to fail iterating None)
 
 
 @pytest.mark.parametrize("engine", ["native", "reference"])
