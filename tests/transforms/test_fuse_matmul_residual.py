@@ -36,13 +36,32 @@ def test_matmul_of_a_strided_stack():
     np.testing.assert_allclose(got[0], x.transpose(2, 1, 0) @ w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("xs,ws", [((2, 16, 24), (24, 40)), ((48, 5), (5, 3)), ((3, 4, 8, 8), (8, 8))])
+# small products (sgemm) and ones past a million multiply-adds with at most 1024 columns (oneDNN's
+# matmul with a binary-add post-op, on AVX-512 CPUs)
+@pytest.mark.parametrize("xs,ws", [((2, 16, 24), (24, 40)), ((48, 5), (5, 3)), ((3, 4, 8, 8), (8, 8)),
+                                   ((4, 128, 96), (96, 256)), ((512, 200), (200, 768))])
 def test_matmul_bias_add_native_matches_reference(xs, ws):
     x, w = rand(*xs), rand(*ws)
     b, r = rand(ws[1]), rand(*xs[:-1], ws[1])
     got = compare_engines(lambda x, w, b, r: create_op("matmul_bias_add", [x, w, b, r])[0], [x, w, b, r],
                           rtol=1e-5, atol=1e-5, native_ops=["matmul_bias_add"])
     np.testing.assert_allclose(got[0], x @ w + b + r, rtol=1e-5, atol=1e-5)
+
+
+# t += b * (a @ w) as a gradient's GEMM computes it: a = x^T (the weight gradient's layout), a
+# plain one, and a column-strided a that sgemm cannot read; small and past a million multiply-adds.
+@pytest.mark.parametrize("rows,k,cols,layout", [(12, 10, 7, "t"), (96, 512, 200, "t"), (256, 300, 128, "plain"),
+                                                (64, 256, 96, "strided")])
+def test_matmul_update_native_matches_reference(rows, k, cols, layout):
+    x = rand(k, rows) if layout == "t" else rand(rows, 2 * k if layout == "strided" else k)
+    w, t = rand(k, cols), rand(rows, cols)
+
+    def view(x):
+        return ops.transpose(x, (1, 0)) if layout == "t" else x[:, ::2] if layout == "strided" else x
+    a = x.T if layout == "t" else x[:, ::2] if layout == "strided" else x
+    got = compare_engines(lambda x, w, t: create_op("matmul_update_", [view(x), w, t], {"b": -0.25})[0], [x, w, t],
+                          rtol=1e-5, atol=1e-4, native_ops=["matmul_update_"])
+    np.testing.assert_allclose(got[0], t - 0.25 * (a @ w), rtol=1e-5, atol=1e-4)
 
 
 def types(graph) -> list:

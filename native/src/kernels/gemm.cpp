@@ -130,15 +130,18 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   // layers on a 2-core Xeon), while sgemm keeps the wider ones (1024 x 768 x 3072: oneDNN 170-190
   // GFLOP/s, sgemm 290) and the small ones, where a oneDNN call costs more than the product
   // (mlp_small's 8 x 784 x 32 ran 12% slower).
-  if (!into.sgemm_only() && avx512() && n <= kOneDnnMaxColumns && macs >= kSingleThreadWork) return nullptr;
+  if (avx512() && n <= kOneDnnMaxColumns && macs >= kSingleThreadWork) return nullptr;
+  // Weights in static storage: oneDNN keeps them packed in its layout between calls (matmul.cpp),
+  // where sgemm would pack them on every call.
+  if (into.static_weights && macs >= kSingleThreadWork) return nullptr;
   // A big product with a thin side (a 10-class layer, say) is mostly memory traffic, which
   // oneDNN's matmul streams 2-3x faster than sgemm's packing does.
-  if (!into.sgemm_only() && macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
+  if (macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
   // Many small matrices (attention's per-head products): oneDNN's batched matmul keeps both
   // threads busy with less packing per matrix than a sgemm call per matrix, 5-15% faster
   // (32 x (128, 64, 128): 174 vs 149 GFLOP/s on two threads); from ~100M multiply-adds a
   // matrix, sgemm is the faster again.
-  if (!into.sgemm_only() && batches > 1 && m * n * kk < kSmallBatchedMatrix) return nullptr;
+  if (batches > 1 && m * n * kk < kSmallBatchedMatrix) return nullptr;
   auto g = std::make_unique<GemmKernel>();
   if (!blas_layout(m, kk, a.strides[r - 2], a.strides[r - 1], g->la) ||
       !blas_layout(kk, n, b.strides[r - 2], b.strides[r - 1], g->lb))
@@ -187,27 +190,4 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   return g;
 }
 
-namespace {
-
-// matmul_bias_add (fuse_matmul's x @ W + b + residual): sgemm from bias + residual. Float32 with a
-// 2-D weight and packed residual and output only; anything else runs the NumPy kernel.
-const RegisterKernel matmul_bias_add_op{{"matmul_bias_add"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs)
-                                                                 -> std::unique_ptr<Kernel> {
-  const Buffer &a = bufs[ins.inputs[0]], &b = bufs[ins.inputs[1]], &bias = bufs[ins.inputs[2]];
-  const Buffer &res = bufs[ins.inputs[3]], &y = bufs[ins.outputs[0]];
-  for (const Buffer* t : {&a, &b, &bias, &res, &y})
-    if (t->dtype != DType::F32) return nullptr;
-  const size_t r = a.shape.size();
-  if (r < 2 || b.shape.size() != 2 || !res.contiguous || !y.contiguous || bias.shape.empty()) return nullptr;
-  MatOperand A{a.shape, a.strides}, B{std::vector<int64_t>(r, 1), std::vector<int64_t>(r, 0)};
-  for (auto& s : A.strides) s /= int64_t(sizeof(float));
-  B.dims[r - 2] = b.shape[0], B.dims[r - 1] = b.shape[1];
-  B.strides[r - 2] = b.strides[0] / int64_t(sizeof(float)), B.strides[r - 1] = b.strides[1] / int64_t(sizeof(float));
-  GemmInto into;
-  into.bias = &bias;
-  into.residual = &res;
-  return sgemm_matmul(A, B, y.shape, a.offset, b.offset, y.offset, into);
-}};
-
-}  // namespace
 }  // namespace popxl

@@ -22,7 +22,8 @@ struct GemmInto {
   const Buffer* residual = nullptr;
   bool accumulate = false;
   float alpha = 1.0f;
-  bool sgemm_only() const { return accumulate || residual; }  // oneDNN's matmul does neither here
+  // b is weights in static storage that oneDNN's matmul would keep in its own layout (matmul.cpp)
+  bool static_weights = false;
 };
 
 // How sgemm reads a (rows x cols) operand with element strides (row_stride, col_stride): row-major
@@ -38,9 +39,8 @@ bool blas_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_str
 void blas_single_threaded();
 
 // A kernel computing y = a @ b (see GemmInto) for float32 operands at the given arena byte
-// offsets (y packed, dims `ydims`), or nullptr when sgemm cannot read an operand's strides or,
-// unless accumulating (which only sgemm does here), oneDNN is the faster of the two for the shape
-// (the caller then uses oneDNN).
+// offsets (y packed, dims `ydims`), or nullptr when sgemm cannot read an operand's strides or
+// oneDNN is the faster of the two for the shape (the caller then uses oneDNN).
 std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
                                      int64_t a_base, int64_t b_base, int64_t y_base, const GemmInto& into = {});
 

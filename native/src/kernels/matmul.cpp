@@ -26,21 +26,35 @@ MatOperand promote(const Buffer& b, bool is_lhs, size_t rank) {
 }
 
 // matmul; matmul_pow2scaled (float8 operands, float16 result times 2**log2_scale); matmul_bias
-// (float32 a @ b + a row vector, which the GEMM starts from); matmul_update_ (float32
-// t += b * (a @ w), in place: a gradient's matmul that performs its SGD update, sgemm only).
-enum class MatmulKind { Plain, Pow2, Bias, Update };
+// (float32 a @ b + a row vector, which the GEMM starts from); matmul_bias_add (matmul_bias plus a
+// float32 tensor of the product's shape: a residual connection); matmul_update_ (float32
+// t += b * (a @ w), in place: a gradient's matmul that performs its SGD update). What is added to
+// the product rides in the GEMM: sgemm starts from it (beta = 1), oneDNN adds it in the
+// epilogue of its kernel (post-ops), so none costs a pass over the output of its own.
+enum class MatmulKind { Plain, Pow2, Bias, BiasAdd, Update };
+
+// Whether a matmul keeps its float32 right operand, which lies in static storage, in oneDNN's
+// layout (see DnnlKernel::keep_weights) rather than having sgemm or oneDNN pack it on every call.
+bool packs_static_weights(MatmulKind kind, const Buffer& b, const OpInstr& ins) {
+  return kind != MatmulKind::Update && kind != MatmulKind::Pow2 && b.dtype == DType::F32 && ins.is_static_input(1);
+}
 
 KernelFactory matmul(MatmulKind kind) {
   return [kind](const OpInstr& ins, const std::vector<Buffer>& bufs) -> std::unique_ptr<Kernel> {
   const Buffer& a = bufs[ins.inputs[0]];
   const Buffer& b = bufs[ins.inputs[1]];
   const Buffer& y = bufs[ins.outputs[0]];
-  const Buffer* bias = kind == MatmulKind::Bias ? &bufs[ins.inputs[2]] : nullptr;
+  const Buffer* bias = kind == MatmulKind::Bias || kind == MatmulKind::BiasAdd ? &bufs[ins.inputs[2]] : nullptr;
+  const Buffer* residual = kind == MatmulKind::BiasAdd ? &bufs[ins.inputs[3]] : nullptr;
   const bool update = kind == MatmulKind::Update;
   memory::data_type ta, tb, ty;
   if (!dnnl_type(a.dtype, ta) || !dnnl_type(b.dtype, tb) || !dnnl_type(y.dtype, ty)) return nullptr;
   if (!y.contiguous || ((bias || update) && y.dtype != DType::F32) || (bias && bias->dtype != DType::F32))
     return nullptr;
+  // The residual is read as y's bytes would be (packed, y's shape, as the op's shape rule makes it).
+  if (residual && (residual->dtype != DType::F32 || !residual->contiguous || residual->shape != y.shape))
+    return nullptr;
+  if (residual && (a.nelms == 0 || b.nelms == 0)) return nullptr;  // bias + residual alone: the NumPy kernel
   if (update && (a.nelms == 0 || b.nelms == 0))  // adds b times an empty sum: nothing changes
     return std::make_unique<FnKernel>([](uint8_t*) {});
   if (a.nelms == 0 || b.nelms == 0) {  // empty operands: an empty sum is 0 (plus the bias)
@@ -69,17 +83,24 @@ KernelFactory matmul(MatmulKind kind) {
     if (kind != MatmulKind::Pow2 && a.dtype == DType::F32 && b.dtype == DType::F32 && y.dtype == DType::F32) {
       GemmInto into;
       into.bias = bias;
+      into.residual = residual;
       into.accumulate = update;
       if (update) into.alpha = float(ins.attr_float("b"));
+      if (packs_static_weights(kind, b, ins)) into.static_weights = true;
       if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, into)) return gemm;
     }
-    if (update) return nullptr;  // operands sgemm cannot read: the NumPy kernel
     auto k = std::make_unique<DnnlKernel>();
     k->single_thread = prod(ydims) * A.dims[rank - 1] < kSingleThreadWork;
     SingleThreadScope scope(k->single_thread);
     auto ad = md(A.dims, A.strides, ta), bd = md(B.dims, B.strides, tb), yd = md(ydims, ystr, ty);
     k->add(DNNL_ARG_SRC, ad, a);
-    k->add(DNNL_ARG_WEIGHTS, bd, b);
+    // Weights in static storage (an inference's): the primitive chooses their layout, and a copy in
+    // it is made when they change rather than packed by every call.
+    const bool keep_b = packs_static_weights(kind, b, ins);
+    if (keep_b)
+      bd = memory::desc(memory::dims(B.dims.begin(), B.dims.end()), tb, memory::format_tag::any);
+    else
+      k->add(DNNL_ARG_WEIGHTS, bd, b);
     k->add(DNNL_ARG_DST, yd, y, true);
     if (kind == MatmulKind::Pow2) {
       if (!staged(y)) return nullptr;
@@ -91,16 +112,30 @@ KernelFactory matmul(MatmulKind kind) {
     if (!bias && staged(a) && staged(b) && staged(y))
       k->gemm = sgemm_matmul(A, B, ydims, k->args[0].f32, k->args[1].f32, k->args[2].f32);
     if (k->gemm) return k;
+    dnnl::post_ops post;
+    if (update) {  // y = b * (a @ w) + y
+      post.append_eltwise(dnnl::algorithm::eltwise_linear, float(ins.attr_float("b")), 0.f);
+      post.append_sum(1.f);
+    }
+    if (residual) {
+      post.append_binary(dnnl::algorithm::binary_add, yd);
+      k->add(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, yd, *residual);
+    }
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(post);
+    std::optional<dnnl::matmul::primitive_desc> pd;
     if (bias) {  // (1, ..., 1, N), broadcast over the rows and batches
       std::vector<int64_t> bdims(rank, 1), bstr(rank, ydims[rank - 1]);
       bdims[rank - 1] = ydims[rank - 1];
       bstr[rank - 1] = bias->strides.back() / static_cast<int64_t>(sizeof(float));
       auto biasd = md(bdims, bstr, memory::data_type::f32);
       k->add(DNNL_ARG_BIAS, biasd, *bias);
-      k->use(Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, biasd, yd, user_scratchpad()), k->scratch));
+      pd.emplace(cpu(), ad, bd, biasd, yd, user_scratchpad(attr));
     } else {
-      k->use(Primitive(dnnl::matmul::primitive_desc(cpu(), ad, bd, yd, user_scratchpad()), k->scratch));
+      pd.emplace(cpu(), ad, bd, yd, user_scratchpad(attr));
     }
+    if (keep_b) k->keep_weights(b, md(B.dims, B.strides, tb), pd->weights_desc());
+    k->use(Primitive(*pd, k->scratch));
     return k;
   } catch (const dnnl::error&) {
     return nullptr;  // not supported by oneDNN on this CPU: the engine falls back
@@ -112,6 +147,7 @@ const RegisterKernel matmul_ops[] = {
     {{"matmul"}, matmul(MatmulKind::Plain)},
     {{"matmul_pow2scaled"}, matmul(MatmulKind::Pow2)},
     {{"matmul_bias"}, matmul(MatmulKind::Bias)},
+    {{"matmul_bias_add"}, matmul(MatmulKind::BiasAdd)},
     {{"matmul_update_"}, matmul(MatmulKind::Update)},
 };
 

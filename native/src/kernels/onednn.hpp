@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -159,75 +160,6 @@ class Primitive {
   dnnl::primitive prim_;
   memory pad_;
   std::unordered_map<int, memory> args_;
-};
-
-struct DnnlKernel : Kernel {
-  struct Arg {
-    memory mem;
-    Buffer buf;
-    bool output;
-    int id;             // the oneDNN argument (DNNL_ARG_SRC, ...)
-    size_t f32 = 0;     // staged: scratch offset of the operand as float32
-    size_t packed = 0;  // staged and strided: scratch offset of its packed bytes
-  };
-  Primitive prim;
-  // Set instead of prim when every operand is staged and sgemm can compute on the staged float32
-  // scratch (float16 matmuls): it is 1.3-1.6x faster than oneDNN's f32 matmul (see gemm.cpp).
-  std::unique_ptr<Kernel> gemm;
-  std::vector<Arg> args;
-  bool single_thread = false;  // created under SingleThreadScope: run under it too
-  dnnl::stream strm{cpu()};
-  bool scaled = false;  // pow2scaled ops: staged outputs are multiplied by 2**(scale tensor)
-  Buffer scale;
-  std::string op;  // the op's type, for errors
-  void run(uint8_t* arena) override {
-    const float scale_value = scaled ? float(pow2_scale(arena, scale, op)) : 1.0f;  // checked before any work
-    for (auto& a : args) {
-      if (staged(a.buf)) {
-        float* f32 = staging(a);
-        if (!a.output) unstage(packed_bytes(a, arena, true), a.buf.dtype, f32, a.buf.nelms);
-        a.mem.set_data_handle(f32);
-      } else {
-        a.mem.set_data_handle(arena + a.buf.offset);
-      }
-    }
-    if (gemm) {
-      gemm->run(scratch.at(0));  // its operand offsets are the staged operands' scratch offsets
-    } else {
-      SingleThreadScope scope(single_thread);
-      prim.execute(strm, scratch);
-      strm.wait();
-    }
-    for (auto& a : args) {
-      if (!staged(a.buf) || !a.output) continue;
-      restage(staging(a), packed_bytes(a, arena, false), a.buf.nelms,
-              scale_value);
-      if (!a.buf.contiguous) copy_buffer(arena, a.buf, scratch.at(a.packed), packed_like(a.buf));
-    }
-  }
-  float* staging(const Arg& a) const { return reinterpret_cast<float*>(scratch.at(a.f32)); }
-  // Packed bytes of a staged operand: the arena when contiguous, else scratch (filled from the
-  // arena for inputs).
-  uint8_t* packed_bytes(const Arg& a, uint8_t* arena, bool fill) const {
-    if (a.buf.contiguous) return arena + a.buf.offset;
-    uint8_t* p = scratch.at(a.packed);
-    if (fill) copy_buffer(p, packed_like(a.buf), arena, a.buf);
-    return p;
-  }
-  // The operands, added before the primitive that reads them (use()): staged ones reserve their
-  // scratch, whose offsets an sgemm on the staged operands needs before any primitive exists.
-  void add(int id, const memory::desc& d, const Buffer& b, bool output = false) {
-    Arg a{memory(d, cpu(), DNNL_MEMORY_NONE), b, output, id};
-    if (staged(b)) {
-      a.f32 = scratch.reserve(static_cast<size_t>(b.nelms) * sizeof(float));
-      if (!b.contiguous) a.packed = scratch.reserve(static_cast<size_t>(b.nbytes()));
-    }
-    args.push_back(std::move(a));
-  }
-  void use(Primitive p) {
-    prim = std::move(p);
-    for (const Arg& a : args) prim.arg(a.id, a.mem);
-  }
 };
 
 // ---- convolution and pooling: windows, layouts, reordered operands --------------------------------
@@ -382,6 +314,93 @@ struct ReorderedOperand {
     }
   }
 };
+
+// A kernel of one oneDNN primitive (matmul, an unfused pooling or convolution) on arena operands.
+struct DnnlKernel : Kernel {
+  struct Arg {
+    memory mem;
+    Buffer buf;
+    bool output;
+    int id;             // the oneDNN argument (DNNL_ARG_SRC, ...)
+    size_t f32 = 0;     // staged: scratch offset of the operand as float32
+    size_t packed = 0;  // staged and strided: scratch offset of its packed bytes
+  };
+  Primitive prim;
+  // Set instead of prim when every operand is staged and sgemm can compute on the staged float32
+  // scratch (float16 matmuls): it is 1.3-1.6x faster than oneDNN's f32 matmul (see gemm.cpp).
+  std::unique_ptr<Kernel> gemm;
+  std::vector<Arg> args;
+  bool single_thread = false;  // created under SingleThreadScope: run under it too
+  dnnl::stream strm{cpu()};
+  // Weights in static storage kept in the primitive's own layout (set with keep_weights).
+  std::optional<ReorderedOperand> kept_weights;
+  int64_t kept_weights_at = 0;  // their arena offset
+  bool scaled = false;  // pow2scaled ops: staged outputs are multiplied by 2**(scale tensor)
+  Buffer scale;
+  std::string op;  // the op's type, for errors
+  void run(uint8_t* arena) override {
+    const float scale_value = scaled ? float(pow2_scale(arena, scale, op)) : 1.0f;  // checked before any work
+    for (auto& a : args) {
+      if (staged(a.buf)) {
+        float* f32 = staging(a);
+        if (!a.output) unstage(packed_bytes(a, arena, true), a.buf.dtype, f32, a.buf.nelms);
+        a.mem.set_data_handle(f32);
+      } else {
+        a.mem.set_data_handle(arena + a.buf.offset);
+      }
+    }
+    if (gemm) {
+      gemm->run(scratch.at(0));  // its operand offsets are the staged operands' scratch offsets
+    } else {
+      SingleThreadScope scope(single_thread);
+      if (kept_weights) {
+        kept_weights->bind(arena + kept_weights_at, scratch);
+        kept_weights->to_inner(strm, scratch, weights_epoch);
+      }
+      prim.execute(strm, scratch);
+      strm.wait();
+    }
+    for (auto& a : args) {
+      if (!staged(a.buf) || !a.output) continue;
+      restage(staging(a), packed_bytes(a, arena, false), a.buf.nelms,
+              scale_value);
+      if (!a.buf.contiguous) copy_buffer(arena, a.buf, scratch.at(a.packed), packed_like(a.buf));
+    }
+  }
+  float* staging(const Arg& a) const { return reinterpret_cast<float*>(scratch.at(a.f32)); }
+  // Packed bytes of a staged operand: the arena when contiguous, else scratch (filled from the
+  // arena for inputs).
+  uint8_t* packed_bytes(const Arg& a, uint8_t* arena, bool fill) const {
+    if (a.buf.contiguous) return arena + a.buf.offset;
+    uint8_t* p = scratch.at(a.packed);
+    if (fill) copy_buffer(p, packed_like(a.buf), arena, a.buf);
+    return p;
+  }
+  // The operands, added before the primitive that reads them (use()): staged ones reserve their
+  // scratch, whose offsets an sgemm on the staged operands needs before any primitive exists.
+  void add(int id, const memory::desc& d, const Buffer& b, bool output = false) {
+    Arg a{memory(d, cpu(), DNNL_MEMORY_NONE), b, output, id};
+    if (staged(b)) {
+      a.f32 = scratch.reserve(static_cast<size_t>(b.nelms) * sizeof(float));
+      if (!b.contiguous) a.packed = scratch.reserve(static_cast<size_t>(b.nbytes()));
+    }
+    args.push_back(std::move(a));
+  }
+  void use(Primitive p) {
+    prim = std::move(p);
+    for (const Arg& a : args) prim.arg(a.id, a.mem);
+    if (kept_weights) prim.arg(DNNL_ARG_WEIGHTS, kept_weights->inner);
+  }
+  // Float32 weights `w` in static storage (arena layout `user`) read by the primitive in layout
+  // `inner`: reordered into a copy kept per arena when the weights epoch moves on, not every run.
+  // Call before use(), instead of add() for them.
+  void keep_weights(const Buffer& w, const memory::desc& user, const memory::desc& inner) {
+    kept_weights.emplace(user, inner, false, scratch, ReorderedOperand::Keep::Static);
+    kept_weights_at = w.offset;
+  }
+};
+
+
 
 // Every (given) operand float32, or every one float16 and contiguous (staged as a dense block,
 // whose layout elem_strides describes), none empty.
