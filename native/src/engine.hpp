@@ -203,6 +203,7 @@ class Engine {
   std::vector<StreamInfo> h2d, d2h;
   int64_t arena_bytes = 0;
   int replicas = 1;
+  int64_t transfers = 1;  // the executable's num_host_transfers: host buffers hold this many steps
   int static_graph = -1;  // index into `graphs` of the static program, or -1
   // The largest scratch any kernel needs; one region of it is allocated at attach (not per
   // replica: replicas run in turn on this thread, so no two kernels ever use it at once).

@@ -368,11 +368,17 @@ class SignalWatch {
   }
 };
 
-void run(Engine& e, nb::handle inputs, nb::handle outputs, int64_t transfers, bool main_thread) {
-  if (transfers < 1) throw std::invalid_argument("run: transfers must be at least 1, not " + std::to_string(transfers));
-  HostBuffers ins(inputs, e.h2d, transfers, e.replicas, false, "input");
-  HostBuffers outs(outputs, e.d2h, transfers, e.replicas, true, "output");
-  SignalWatch watch(main_thread);
+// Whether the calling thread is Python's main thread (the one its signal handlers run on).
+bool on_main_thread() {
+  static const unsigned long main_ident =
+      nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident"));
+  return PyThread_get_thread_ident() == main_ident;
+}
+
+void run(Engine& e, nb::handle inputs, nb::handle outputs) {
+  HostBuffers ins(inputs, e.h2d, e.transfers, e.replicas, false, "input");
+  HostBuffers outs(outputs, e.d2h, e.transfers, e.replicas, true, "output");
+  SignalWatch watch(on_main_thread());
   const std::function<void()> poll = [&watch] { watch.poll(); };
   nb::gil_scoped_release release;
   e.run(ins.hosts, outs.hosts, &poll);
@@ -486,10 +492,14 @@ NB_MODULE(_native, m) {
            "[instruction * replicas + replica].")
       .def("transfer_counts", [](Engine& e) { return std::make_pair(e.load_counts(), e.store_counts()); },
            "(host_load counts, host_store counts) of the last run, flat [stream * replicas + replica].")
-      .def("run", &run, nb::arg("inputs"), nb::arg("outputs"), nb::arg("transfers"), nb::arg("main_thread") = false,
+      .def_prop_rw("transfers", [](Engine& e) { return e.transfers; },
+                   [](Engine& e, int64_t n) {
+                     if (n < 1) throw std::invalid_argument("transfers must be at least 1, not " + std::to_string(n));
+                     e.transfers = n;
+                   }, "Host transfers per stream and run (the executable's num_host_transfers; 1 until set).")
+      .def("run", &run, nb::arg("inputs"), nb::arg("outputs"),
            "Run the main program once. Host buffers are C-contiguous objects with the buffer protocol "
-           "(NumPy arrays of any dtype) holding (transfers, replicas, *stream shape) elements. With "
-           "`main_thread` (the caller is Python's main thread), a long run notices signals between "
-           "program steps and lets their Python handlers run: an exception raised there (Ctrl-C's "
-           "KeyboardInterrupt) ends the run.");
+           "(NumPy arrays of any dtype) holding (transfers, replicas, *stream shape) elements. A run "
+           "called from Python's main thread notices signals between program steps and lets their "
+           "Python handlers run: an exception raised there (Ctrl-C's KeyboardInterrupt) ends the run.");
 }

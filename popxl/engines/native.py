@@ -12,7 +12,6 @@ import hashlib
 import importlib
 import os
 import sys
-import threading
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import weakref
@@ -98,6 +97,8 @@ class NativeEngine:
         """Which build of the engine this is (a digest of the extension module)."""
         return _build_id()
 
+    run: Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]  # see Engine.run
+
     def __init__(self, exe: Executable, force_fallback: Sequence[str] = ()) -> None:
         self.exe = exe
         self.replicas = exe.replication_factor
@@ -119,6 +120,10 @@ class NativeEngine:
             assert engine is not None  # the C++ engine calling this is this object's, so it is alive
             return engine._fallback(index, replicas)
         self._engine = _native.Engine.load(attrs.asdict(exe, recurse=False), fallback, list(force_fallback))
+        self._engine.transfers = exe.num_host_transfers
+        # run(inputs, outputs) is the extension's own method: no Python frame between Session.run and
+        # C++ (a run on Python's main thread stops for signals, Ctrl-C, between program steps).
+        self.run = self._engine.run
         native = self._engine.native_kernels()
         self.fallback_ops = sorted({ins["type"] for ins, ok in zip(self._op_instrs, native) if not ok})
 
@@ -203,9 +208,3 @@ class NativeEngine:
         return (np.asarray(loads, np.int64).reshape(len(self.exe.h2d), self.replicas),
                 np.asarray(stores, np.int64).reshape(len(self.exe.d2h), self.replicas))
 
-    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        # Runs on Python's main thread stop for signals (Ctrl-C) between program steps.
-        self._engine.run(inputs, outputs, self.exe.num_host_transfers, threading.get_ident() == _MAIN_THREAD)
-
-
-_MAIN_THREAD = threading.main_thread().ident
