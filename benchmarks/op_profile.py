@@ -5,6 +5,7 @@
     python benchmarks/op_profile.py bert_infer --quick --runs 2
     python benchmarks/op_profile.py bert_train --unfused   # without fuse_attention / fuse_decomposed
     python benchmarks/op_profile.py gpt_block
+    python benchmarks/op_profile.py bert_train --by-shape  # each matmul shape on its own line
 
 Prints one line per op kind: its share of the summed op time, calls and milliseconds per run,
 and for matmuls the GFLOP/s they reach (2 * m * n * k per product; the cores' float32 ceiling is
@@ -27,11 +28,24 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks` as a package
 
 
-def op_kind(exe, instr: dict) -> str:
+def op_kind(exe, instr: dict, by_shape: bool = False) -> str:
+    """The op's type; a matmul's with its output rank, or with ``by_shape`` its operands' shapes
+    (a ``T`` after a shape read transposed: its last two strides swapped) and whether its right
+    operand lies in static storage."""
     kind = instr["type"]
-    if kind.startswith("matmul"):
-        kind += f" {len(exe.buffers[instr['outputs'][0]]['shape'])}-D"
-    return kind
+    if not kind.startswith("matmul"):
+        return kind
+    if not by_shape:
+        return kind + f" {len(exe.buffers[instr['outputs'][0]]['shape'])}-D"
+
+    def shape(b: int) -> str:
+        desc = exe.buffers[b]
+        st = desc["strides"]
+        transposed = len(st) >= 2 and abs(st[-2]) < abs(st[-1])
+        return "x".join(map(str, desc["shape"])) + ("T" if transposed else "")
+    a, b = instr["inputs"][:2]
+    static = " static" if 1 in instr.get("static_inputs", ()) else ""
+    return f"{kind} {shape(a)} @ {shape(b)}{static}"
 
 
 def matmul_flops(exe, instr: dict) -> float:
@@ -42,9 +56,10 @@ def matmul_flops(exe, instr: dict) -> float:
     return 2.0 * float(np.prod(exe.buffers[instr["outputs"][0]]["shape"], dtype=np.float64)) * k
 
 
-def profile(px_session, run: Callable[[], None], runs: int) -> Dict[str, Tuple[float, int, float]]:
+def profile(px_session, run: Callable[[], None], runs: int,
+            by_shape: bool = False) -> Dict[str, Tuple[float, int, float]]:
     """{op kind: (seconds per run, calls per run, flops per run)} over ``runs`` calls of ``run``
-    (after one unprofiled call)."""
+    (after one unprofiled call); matmuls told apart by shape with ``by_shape`` (see op_kind)."""
     run()
     profiler = px_session.op_profiler
     profiler.enabled = True  # resets the timers
@@ -54,7 +69,7 @@ def profile(px_session, run: Callable[[], None], runs: int) -> Dict[str, Tuple[f
     kinds: Dict[str, list] = defaultdict(lambda: [0.0, 0, 0.0])
     for (gi, k), (secs, calls) in profiler.op_times().items():
         instr = exe.graphs[gi]["program"][k]
-        entry = kinds[op_kind(exe, instr)]
+        entry = kinds[op_kind(exe, instr, by_shape)]
         entry[0] += float(secs.sum()) / runs
         entry[1] += int(calls.sum()) // runs
         entry[2] += matmul_flops(exe, instr) * int(calls.sum()) / runs
@@ -82,6 +97,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="bert_infer: batch size")
     parser.add_argument("--runs", type=int, default=3, help="profiled session runs")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--by-shape", action="store_true",
+                        help="matmuls per operand shapes (and static right operands) rather than per output rank")
     parser.add_argument("--unfused", action="store_true",
                         help="without the attention, layer norm and GELU fusions (what they save)")
     args = parser.parse_args(argv)
@@ -108,7 +125,7 @@ def main(argv=None) -> int:
         cfg = bert.Config(**{**(bert.QUICK if args.quick else bert.BERT_BASE).__dict__, "batch": args.batch})
         bench = bert.build_popart_infer(cfg)
     print(f"{args.workload}: {cfg}")
-    print(table(profile(bench.session, bench.call, args.runs)))
+    print(table(profile(bench.session, bench.call, args.runs, args.by_shape)))
     bench.close()
     return 0
 
