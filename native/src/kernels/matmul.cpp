@@ -79,6 +79,9 @@ KernelFactory matmul(MatmulKind kind) {
   ydims[rank - 1] = B.dims[rank - 1];
   int64_t acc = 1;  // output buffers are contiguous
   for (size_t i = rank; i-- > 0;) { ystr[i] = acc; acc *= ydims[i]; }
+  // Weights in static storage (an inference's): oneDNN's primitive chooses their layout, and a copy
+  // in it is made when they change rather than packed by every call.
+  const bool keep_b = packs_static_weights(kind, b, ins);
   try {
     if (kind != MatmulKind::Pow2 && a.dtype == DType::F32 && b.dtype == DType::F32 && y.dtype == DType::F32) {
       GemmInto into;
@@ -86,7 +89,7 @@ KernelFactory matmul(MatmulKind kind) {
       into.residual = residual;
       into.accumulate = update;
       if (update) into.alpha = float(ins.attr_float("b"));
-      if (packs_static_weights(kind, b, ins)) into.static_weights = true;
+      into.static_weights = keep_b;
       if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, into)) return gemm;
     }
     auto k = std::make_unique<DnnlKernel>();
@@ -94,9 +97,6 @@ KernelFactory matmul(MatmulKind kind) {
     SingleThreadScope scope(k->single_thread);
     auto ad = md(A.dims, A.strides, ta), bd = md(B.dims, B.strides, tb), yd = md(ydims, ystr, ty);
     k->add(DNNL_ARG_SRC, ad, a);
-    // Weights in static storage (an inference's): the primitive chooses their layout, and a copy in
-    // it is made when they change rather than packed by every call.
-    const bool keep_b = packs_static_weights(kind, b, ins);
     if (keep_b)
       bd = memory::desc(memory::dims(B.dims.begin(), B.dims.end()), tb, memory::format_tag::any);
     else
