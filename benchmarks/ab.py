@@ -1,9 +1,11 @@
 """A/B: two revisions of popxl-cpu benchmarked against each other, interleaved, in one run.
 
     python benchmarks/ab.py BASE [NEW] [--only mlp_small,compile] [--rounds 5] [--frameworks popxl,torch]
+    python benchmarks/ab.py . --base-env POPXL_BLAS=openblas --only bert_train   # a setting, one build
 
 BASE and NEW are git revisions of this repository (NEW defaults to the checkout this script is run
-from, uncommitted changes included, with the interpreter running it). Each other revision is built
+from, uncommitted changes included, with the interpreter running it; "." names that checkout as
+BASE too, to compare environment settings given with --base-env / --new-env). Each other revision is built
 once: a git worktree and a virtual environment with the project installed, kept in
 ``$POPXL_AB_CACHE`` (default ``~/.cache/popxl-ab``) under the commit's hash for later runs. Its
 third-party packages (NumPy, the peers) are the running interpreter's: install ``.[bench]`` there.
@@ -93,10 +95,11 @@ def parse_table(text: str) -> Tuple[Values, Dict[Tuple[str, str], bool]]:
     return values, lower
 
 
-def run_side(python: str, tree: Path, args: argparse.Namespace) -> Tuple[Values, Dict[Tuple[str, str], bool]]:
+def run_side(python: str, tree: Path, env: Dict[str, str],
+             args: argparse.Namespace) -> Tuple[Values, Dict[Tuple[str, str], bool]]:
     cmd = [python, str(tree / "benchmarks" / "run.py"), "--only", args.only, "--frameworks", args.frameworks,
            "--repeats", str(args.repeats)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env={**os.environ, **env})
     if out.returncode not in (0, 1):  # 1: a correctness gate, reported in the table's notes
         raise SystemExit(f"[ab] {' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
     return parse_table(out.stdout)
@@ -140,16 +143,26 @@ def report(base: List[Values], new: List[Values], lower: Dict[Tuple[str, str], b
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("base", help="the git revision to compare against")
+    parser.add_argument("base", help="the git revision to compare against ('.': this checkout as it is)")
     parser.add_argument("new", nargs="?", default=None, help="the other revision (default: this checkout as it is)")
     parser.add_argument("--only", default="mlp_small,mlp_big,gpt_block,overhead,compile",
                         help="run.py's --only (comma-separated workloads)")
     parser.add_argument("--frameworks", default="popxl", help="run.py's --frameworks (popxl and peers)")
     parser.add_argument("--rounds", type=int, default=5, help="runs of each side, alternating (default 5)")
     parser.add_argument("--repeats", type=int, default=3, help="run.py's --repeats within each run")
+    parser.add_argument("--base-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for BASE's runs (repeatable)")
+    parser.add_argument("--new-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for NEW's runs (repeatable)")
     args = parser.parse_args(argv)
-    sides = {"BASE": prepare(args.base),
-             "NEW": prepare(args.new) if args.new else (sys.executable, REPO)}
+
+    def side(rev: Optional[str], env: List[str]) -> Tuple[str, Path, Dict[str, str]]:
+        bad = [e for e in env if "=" not in e]
+        if bad:
+            parser.error(f"expected NAME=VALUE, got {bad[0]!r}")
+        python, tree = prepare(rev) if rev not in (None, ".") else (sys.executable, REPO)
+        return python, tree, dict(e.split("=", 1) for e in env)
+    sides = {"BASE": side(args.base, args.base_env), "NEW": side(args.new, args.new_env)}
     results: Dict[str, List[Values]] = {"BASE": [], "NEW": []}
     lower: Dict[Tuple[str, str], bool] = {}
     for r in range(args.rounds):
@@ -159,7 +172,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             values, low = run_side(*sides[side], args)
             results[side].append(values)
             lower.update(low)
-    print(f"A/B: BASE {args.base}, NEW {args.new or 'this checkout'}; {args.rounds} interleaved rounds of "
+    def name(rev: Optional[str], env: List[str]) -> str:
+        return ("this checkout" if rev in (None, ".") else rev) + "".join(f" {e}" for e in env)
+    print(f"A/B: BASE {name(args.base, args.base_env)}, NEW {name(args.new, args.new_env)}; {args.rounds} "
+          f"interleaved rounds of "
           f"benchmarks/run.py --only {args.only} --frameworks {args.frameworks} --repeats {args.repeats}; "
           f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end\n")
     print(report(results["BASE"], results["NEW"], lower))

@@ -15,6 +15,7 @@
 
 #include "engine.hpp"
 #include "instances.hpp"
+#include "kernels/blas.hpp"
 
 namespace nb = nanobind;
 using namespace popxl;
@@ -424,6 +425,13 @@ NB_MODULE(_native, m) {
     info["build_type"] = std::string(POPXL_BUILD_TYPE);
     return info;
   }, "How this extension was compiled.");
+  m.def("set_blas", &set_blas, nb::arg("name"),
+        "Which library's sgemm float32 products built from now on use: 'auto' (MKL on Intel CPUs where "
+        "the `mkl` package loads, else OpenBLAS), 'openblas' or 'mkl'. ValueError for an unknown name or a "
+        "library this process cannot load.");
+  m.def("blas_available", &blas_available, "The sgemm libraries this process can use, by name.");
+  m.def("preferred_blas", []() { return std::string(blas_name(preferred_blas())); },
+        "The library products built now would use (the CPU's choice or set_blas's).");
   m.def("kernel_names", []() {
     std::vector<std::string> names;
     for (auto& [k, _] : kernel_registry()) names.push_back(k);

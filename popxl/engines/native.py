@@ -48,14 +48,28 @@ def _import_native():
     # A forked child (multiprocessing's "fork", DataLoader workers) runs its engines single-threaded:
     # the OpenMP thread pool of the parent does not exist there (a parallel region would hang). Set
     # once, whoever imported the module first (``import popxl._native`` does not come here).
-    global _FORK_HANDLER_SET
+    global _FORK_HANDLER_SET, _BLAS_SET
     if not _FORK_HANDLER_SET:
         os.register_at_fork(after_in_child=_native.after_fork_in_child)
         _FORK_HANDLER_SET = True
+    if not _BLAS_SET:
+        _set_blas(_native, os.environ.get("POPXL_BLAS", ""))
+        _BLAS_SET = True
     return _native
 
 
 _FORK_HANDLER_SET = False
+_BLAS_SET = False
+
+
+def _set_blas(native: Any, name: str) -> None:
+    """POPXL_BLAS (``auto``, ``openblas`` or ``mkl``; unset: ``auto``) chooses the library whose
+    sgemm takes the float32 products: by default MKL on Intel CPUs where the ``mkl`` package loads,
+    else OpenBLAS (docs/guide/engine.md)."""
+    try:
+        native.set_blas(name or "auto")
+    except ValueError as e:
+        raise ValueError(f"POPXL_BLAS={name!r}: {e}") from None
 
 
 def _load_native() -> Any:

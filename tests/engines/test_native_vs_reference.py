@@ -287,6 +287,7 @@ SPLIT_MATMULS = [
 ]
 
 
+@pytest.mark.usefixtures("each_blas")
 @pytest.mark.parametrize("case", range(len(SPLIT_MATMULS)))
 def test_large_float32_matmuls(case):
     shapes, build = SPLIT_MATMULS[case]
@@ -294,6 +295,7 @@ def test_large_float32_matmuls(case):
     compare_engines(build, [rand(shapes[0]), rand(shapes[1])], native_ops=native, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.usefixtures("each_blas")
 @pytest.mark.parametrize("case", range(len(SPLIT_MATMULS)))
 def test_large_float16_matmuls(case):
     """float16 operands are staged as packed float32 (so even the negative-stride view runs

@@ -68,6 +68,7 @@ def _compare(build, inputs, expect_winograd: bool = True):
 ])
 @pytest.mark.parametrize("residual, relu, clip", [(False, False, None), (True, True, None), (True, False, (-0.5, 0.75)),
                                                   (False, True, None)])
+@pytest.mark.usefixtures("each_blas")
 def test_winograd_matches_direct_convolution(shape, k, pads, residual, relu, clip):
     r = np.random.default_rng(3)
     w = _weights(r, k, shape[1])
@@ -101,6 +102,7 @@ def test_winograd_on_nchw_values_stages_them(shape, k, pads):
 
 @pytest.mark.parametrize("pads", [(1, 1, 1, 1), (0, 0, 0, 0), (2, 0, 1, 2), (3, 3, 3, 3)], ids=str)
 @pytest.mark.parametrize("grads", [None, ("dx",), ("dweight",), ("dx", "dweight")], ids=str)
+@pytest.mark.usefixtures("each_blas")
 def test_conv_grad_by_winograd(pads, grads):
     """conv_grad of a 3x3 stride-1 convolution: dx is a convolution of dy with the weights turned
     round (weights streamed: 256 tiles of dx), dw the sum over tiles of transformed x and dy
@@ -120,6 +122,7 @@ def test_conv_grad_by_winograd(pads, grads):
     assert ("conv_grad", " + ".join([WINOGRAD] * len(grads or ("dx", "dweight")))) in algorithms, algorithms
 
 
+@pytest.mark.usefixtures("each_blas")
 def test_winograd_many_tiles_with_weights_streamed_every_run():
     """8 images of 64x64, 32 -> 32 channels: 2048 tiles, cut into blocks a thread; the weights come
     from the host each run (not static), so they are transformed each run."""

@@ -68,3 +68,29 @@ def test_ab_reads_run_tables_and_reports_ratios_of_ratios() -> None:
     # NEW is twice as fast in both rows (fewer µs is faster), and so is its ratio against the same peer
     assert mlp.split(" | ")[4] == "2.000x" and mlp.split(" | ")[5].strip(" |") == "2.000x"
     assert over.split(" | ")[4] == "2.000x" and over.split(" | ")[5].strip(" |") == "2.000x"
+
+
+def test_ab_compares_settings_of_one_checkout(monkeypatch, capsys) -> None:
+    """`ab.py . --base-env NAME=VALUE`: both sides run this checkout, each run.py with its own
+    environment; a setting without '=' is refused before anything runs."""
+    sys.path.insert(0, str(RUN.parents[1]))
+    from benchmarks import ab
+
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(kwargs["env"].get("POPXL_BLAS"))
+        steps = 1000 if kwargs["env"].get("POPXL_BLAS") == "openblas" else 1500
+        table = ("| workload | case | unit | popxl |\n|---|---|---|---|\n"
+                 f"| mlp_small | batch 8 | steps/s | {steps} ±3% |\n")
+        return subprocess.CompletedProcess(cmd, 0, stdout=table, stderr="")
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    monkeypatch.delenv("POPXL_BLAS", raising=False)
+    assert ab.main([".", "--base-env", "POPXL_BLAS=openblas", "--rounds", "2", "--only", "mlp_small"]) == 0
+    assert sorted(seen, key=str) == [None, None, "openblas", "openblas"]
+    out = capsys.readouterr().out
+    assert "BASE this checkout POPXL_BLAS=openblas, NEW this checkout;" in out
+    assert next(line for line in out.splitlines() if line.startswith("| mlp_small")).split(" | ")[4] == "1.500x |"
+    with pytest.raises(SystemExit):
+        ab.main([".", "--new-env", "POPXL_BLAS"])
+    assert "expected NAME=VALUE, got 'POPXL_BLAS'" in capsys.readouterr().err

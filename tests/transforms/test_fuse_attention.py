@@ -42,6 +42,7 @@ CASES = [(2, 3, 16, 16, 8, 8, (2, 1, 1, 16)), (1, 2, 70, 33, 16, 12, (70, 33)), 
          (1, 1, 40, 1100, 8, 8, (1, 1, 40, 1100))]
 
 
+@pytest.mark.usefixtures("each_blas")
 @pytest.mark.parametrize("case", CASES)
 def test_attention_native_matches_reference_and_numpy(case):
     b, h, sq, sk, d, dv, mshape = case
@@ -66,6 +67,7 @@ def test_attention_reads_strided_heads():
     np.testing.assert_allclose(got[0], numpy_attention(*split, None, 0.25), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("each_blas")
 @pytest.mark.parametrize("masked", [False, True])
 def test_attention_grad_native_matches_reference(masked):
     b, h, sq, sk, d = 2, 2, 37, 1030, 8

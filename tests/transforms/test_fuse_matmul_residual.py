@@ -23,6 +23,7 @@ def rand(*shape: int) -> np.ndarray:
 # (x shape, w shape): stacks of rows that fold into one GEMM, a broadcast 2-D weight, thin sides
 @pytest.mark.parametrize("xs,ws", [((4, 33, 20), (20, 7)), ((2, 3, 17, 64), (64, 96)), ((3, 40, 8), (8, 300)),
                                    ((5, 64), (64, 64))])
+@pytest.mark.usefixtures("each_blas")
 def test_matmul_of_a_stack_and_one_weight(xs, ws):
     x, w = rand(*xs), rand(*ws)
     got = compare_engines(lambda x, w: x @ w, [x, w], rtol=1e-5, atol=1e-5, native_ops=["matmul"])
@@ -40,6 +41,7 @@ def test_matmul_of_a_strided_stack():
 # matmul with a binary-add post-op, on AVX-512 CPUs)
 @pytest.mark.parametrize("xs,ws", [((2, 16, 24), (24, 40)), ((48, 5), (5, 3)), ((3, 4, 8, 8), (8, 8)),
                                    ((4, 128, 96), (96, 256)), ((512, 200), (200, 768))])
+@pytest.mark.usefixtures("each_blas")
 def test_matmul_bias_add_native_matches_reference(xs, ws):
     x, w = rand(*xs), rand(*ws)
     b, r = rand(ws[1]), rand(*xs[:-1], ws[1])
@@ -52,6 +54,7 @@ def test_matmul_bias_add_native_matches_reference(xs, ws):
 # plain one, and a column-strided a that sgemm cannot read; small and past a million multiply-adds.
 @pytest.mark.parametrize("rows,k,cols,layout", [(12, 10, 7, "t"), (96, 512, 200, "t"), (256, 300, 128, "plain"),
                                                 (64, 256, 96, "strided")])
+@pytest.mark.usefixtures("each_blas")
 def test_matmul_update_native_matches_reference(rows, k, cols, layout):
     x = rand(k, rows) if layout == "t" else rand(rows, 2 * k if layout == "strided" else k)
     w, t = rand(k, cols), rand(rows, cols)

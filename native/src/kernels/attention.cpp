@@ -12,13 +12,12 @@
 // The gradient recomputes each block's probabilities P the same way (bit-identical to the
 // forward's) and, per (batch, head), accumulates dv += P^T dO and dk += scale dS^T q over the
 // blocks, with dS = P * (dO v^T - rowsum(dO * O)) and dq = scale dS k for the block's rows.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "gemm.hpp"
+#include "blas.hpp"
 #include "loops.hpp"
 #include "vec_math.hpp"
 
@@ -74,16 +73,6 @@ bool stack_of(const Buffer& b, Mat& m, bool transposed = false) {
 // Floats from a matrix's row r to row r + 1: a transposed layout stores it column by column.
 int64_t row_stride(const Mat& m) { return m.layout.trans ? 1 : m.layout.ld; }
 
-CBLAS_TRANSPOSE op_of(const BlasLayout& l, bool flip = false) { return l.trans != flip ? CblasTrans : CblasNoTrans; }
-
-// sgemm C (m x n, row-major, ldc) = alpha op(A) op(B) + beta C, where the operands are given by
-// their layouts as stored and `ta` / `tb` say whether to use them transposed once more.
-void gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const BlasLayout& la, bool ta, const float* B,
-          const BlasLayout& lb, bool tb, float beta, float* C, int64_t ldc) {
-  scipy_cblas_sgemm(CblasRowMajor, op_of(la, ta), op_of(lb, tb), int(m), int(n), int(k), alpha, A, int(la.ld), B,
-                    int(lb.ld), beta, C, int(ldc));
-}
-
 // What both kernels share: the operands as stacks of matrices, the mask's byte strides broadcast
 // to the scores (..., Sq, Sk), and the probabilities of a block of query rows.
 struct Attention {
@@ -95,6 +84,15 @@ struct Attention {
   std::vector<int64_t> mask_strides, shape;  // over (stack axes..., Sq, Sk)
   int threads = 1;
   int64_t rows_per_block = 1;
+  Sgemm sgemm = nullptr;  // the preferred library's (blas.hpp): the forward and the gradient the same
+
+  // C (m x n, row-major, ldc) = alpha op(A) op(B) + beta C, where the operands are given by their
+  // layouts as stored and `ta` / `tb` say whether to use them transposed once more.
+  void gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const BlasLayout& la, bool ta,
+            const float* B, const BlasLayout& lb, bool tb, float beta, float* C, int64_t ldc) const {
+    sgemm(la.trans != ta, lb.trans != tb, int(m), int(n), int(k), alpha, A, int(la.ld), B, int(lb.ld), beta, C,
+          int(ldc));
+  }
 
   bool init(const OpInstr& ins, const std::vector<Buffer>& bufs, bool with_mask) {
     const Buffer &qb = in(ins, bufs, 0), &kb = in(ins, bufs, 1), &vb = in(ins, bufs, 2);
@@ -115,7 +113,7 @@ struct Attention {
     }
     threads = omp_get_max_threads();
     rows_per_block = block_rows(sq, sk);
-    blas_single_threaded();
+    sgemm = sgemm_of(preferred_blas());
     return true;
   }
 
@@ -163,7 +161,7 @@ struct AttentionKernel : Kernel {
       const int64_t rows = std::min(at.rows_per_block, at.sq - r0);
       at.probabilities(arena, i, r0, rows, p);
       BlasLayout packed{false, at.sk};
-      gemm(rows, at.dv, at.sk, 1.0f, p, packed, false, A + at.v.base[i], at.v.layout, false, 0.0f,
+      at.gemm(rows, at.dv, at.sk, 1.0f, p, packed, false, A + at.v.base[i], at.v.layout, false, 0.0f,
            Y + (i * at.sq + r0) * ldy, ldy);
     };
     if (at.threads <= 1 || items == 1 || at.stack * at.sq * at.sk * at.d < kSingleThreadWork) {
@@ -202,9 +200,9 @@ struct AttentionGradKernel : Kernel {
         const float* G = A + g.base[i] + r0 * row_stride(g);
         const float* O = A + o.base[i] + r0 * row_stride(o);
         // dv += P^T dO
-        gemm(sk, dv, rows, 1.0f, p, packed_sk, true, G, g.layout, false, beta, DV, dv);
+        at.gemm(sk, dv, rows, 1.0f, p, packed_sk, true, G, g.layout, false, beta, DV, dv);
         // dS = P * (dO v^T - rowsum(dO * O))
-        gemm(rows, sk, dv, 1.0f, G, g.layout, false, A + at.v.base[i], at.v.layout, true, 0.0f, ds, sk);
+        at.gemm(rows, sk, dv, 1.0f, G, g.layout, false, A + at.v.base[i], at.v.layout, true, 0.0f, ds, sk);
         for (int64_t row = 0; row < rows; ++row) {
           double total = 0;
           for (int64_t j = 0; j < dv; ++j) {
@@ -221,8 +219,8 @@ struct AttentionGradKernel : Kernel {
           for (int64_t j = 0; j < sk; ++j) dsr[j] = pr[j] * (dsr[j] - c);
         }
         // dq = scale dS k (k as stored: kt read transposed once more), dk += scale dS^T q
-        gemm(rows, d, sk, at.scale, ds, packed_sk, false, A + at.kt.base[i], at.kt.layout, true, 0.0f, DQ + r0 * d, d);
-        gemm(sk, d, rows, at.scale, ds, packed_sk, true, A + at.q.base[i] + r0 * row_stride(at.q), at.q.layout, false,
+        at.gemm(rows, d, sk, at.scale, ds, packed_sk, false, A + at.kt.base[i], at.kt.layout, true, 0.0f, DQ + r0 * d, d);
+        at.gemm(sk, d, rows, at.scale, ds, packed_sk, true, A + at.q.base[i] + r0 * row_stride(at.q), at.q.layout, false,
              beta, DK, d);
       }
     };

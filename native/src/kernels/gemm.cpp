@@ -1,12 +1,12 @@
-// Float32 matmul through OpenBLAS's sgemm (the scipy-openblas32 wheel: NumPy's BLAS, from PyPI).
-// On AVX2 CPUs it computes the GEMMs of typical layers 1.3-1.6x faster than oneDNN 3.2's gemm:jit,
-// in one thread and in two; on AVX-512 ones oneDNN wins up to ~1024 output columns (sgemm_matmul).
-// OpenBLAS itself runs single-threaded: the kernel splits the work over OpenMP threads itself
-// (whole matrices of a batch, or bands of rows or columns of one matrix), so there is one thread
-// pool in the process, as for every other kernel.
+// Float32 matmul through a CBLAS sgemm (blas.hpp): MKL's on Intel CPUs that have it, else
+// OpenBLAS's. On AVX2 CPUs OpenBLAS computes the GEMMs of typical layers 1.3-1.6x faster than
+// oneDNN 3.2's gemm:jit, in one thread and in two; on AVX-512 ones oneDNN beats OpenBLAS up to ~1024
+// output columns, and MKL beats both on nearly every shape (sgemm_matmul).
+// The library runs single-threaded: the kernel splits the work over OpenMP threads itself (whole
+// matrices of a batch, or bands of rows or columns of one matrix), so there is one thread pool in
+// the process, as for every other kernel.
 #include "gemm.hpp"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -22,15 +22,16 @@ constexpr int64_t kMinBand = 32;
 constexpr int64_t kThinSide = 32;
 // Batches of matrices smaller than this (multiply-adds each) go to oneDNN (see sgemm_matmul).
 constexpr int64_t kSmallBatchedMatrix = int64_t(1) << 25;
-// On AVX-512 CPUs, products with at most this many output columns go to oneDNN (see sgemm_matmul).
+// On AVX-512 CPUs without MKL, products with at most this many output columns go to oneDNN (see
+// sgemm_matmul).
 constexpr int64_t kOneDnnMaxColumns = 1024;
+// MKL's sgemm is the slower with fewer rows than this against this many columns (see sgemm_matmul).
+constexpr int64_t kMklMinRows = 256, kMklWide = 2048;
 
 bool avx512() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
 }
-
-CBLAS_TRANSPOSE cblas(const BlasLayout& l) { return l.trans ? CblasTrans : CblasNoTrans; }
 
 struct GemmKernel : Kernel {
   struct Call {  // one sgemm: offsets in floats from the operands' bases, its share of rows/cols,
@@ -46,6 +47,10 @@ struct GemmKernel : Kernel {
   float alpha = 1.0f, beta = 0.0f;
   std::vector<Call> calls;
   bool parallel = false;
+  Blas lib = Blas::OpenBlas;
+  Sgemm sgemm = nullptr;
+
+  std::string algorithm() const override { return std::string("sgemm (") + blas_name(lib) + ")"; }
 
   void run(uint8_t* arena) override {
     const float* A = reinterpret_cast<const float*>(arena + a_base);
@@ -68,8 +73,8 @@ struct GemmKernel : Kernel {
           float* row = Y + c.y + r * ldy;
           for (int64_t j = 0; j < c.n; ++j) row[j] = bias[(c.col + j) * bias_step];
         }
-      scipy_cblas_sgemm(CblasRowMajor, cblas(la), cblas(lb), c.m, c.n, k, alpha, A + c.a, la.ld, B + c.b, lb.ld,
-                        beta, Y + c.y, ldy);
+      sgemm(la.trans, lb.trans, int(c.m), int(c.n), int(k), alpha, A + c.a, int(la.ld), B + c.b, int(lb.ld), beta,
+            Y + c.y, int(ldy));
     };
     const int64_t n = static_cast<int64_t>(calls.size());
     if (!parallel) {  // outside any OpenMP construct: even a one-thread team costs a small GEMM's time
@@ -83,30 +88,8 @@ struct GemmKernel : Kernel {
 
 }  // namespace
 
-bool blas_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, BlasLayout& out) {
-  if (col_stride == 1 && row_stride >= std::max<int64_t>(cols, 1)) {
-    out = {false, row_stride};
-    return true;
-  }
-  if (row_stride == 1 && col_stride >= std::max<int64_t>(rows, 1)) {
-    out = {true, col_stride};
-    return true;
-  }
-  return false;
-}
-
-void blas_single_threaded() {
-  static const bool once = [] {
-    scipy_openblas_set_num_threads(1);
-    return true;
-  }();
-  (void)once;
-}
-
 std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
                                      int64_t a_base, int64_t b_base, int64_t y_base, const GemmInto& into) {
-  blas_single_threaded();
-
   const size_t r = ydims.size();
   const int64_t m = ydims[r - 2], n = ydims[r - 1], kk = a.dims[r - 1];
   const int64_t int_max = 0x7fffffff;
@@ -125,12 +108,19 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   int64_t batches = 1;
   for (size_t d = 0; d + 2 < r; ++d) batches *= ydims[d];
   const int64_t macs = batches * m * n * kk;
-  // On AVX-512 CPUs oneDNN's matmul is the faster for products of up to ~1024 output columns
-  // (10-40% at 128-1024 rows, on one thread or two: mlp_big's, gpt_block's and BERT's 768-wide
-  // layers on a 2-core Xeon), while sgemm keeps the wider ones (1024 x 768 x 3072: oneDNN 170-190
-  // GFLOP/s, sgemm 290) and the small ones, where a oneDNN call costs more than the product
-  // (mlp_small's 8 x 784 x 32 ran 12% slower).
-  if (avx512() && n <= kOneDnnMaxColumns && macs >= kSingleThreadWork) return nullptr;
+  Blas lib = preferred_blas();
+  // On AVX-512 CPUs oneDNN's matmul is faster than OpenBLAS for products of up to ~1024 output
+  // columns (10-40% at 128-1024 rows, on one thread or two: mlp_big's, gpt_block's and BERT's
+  // 768-wide layers on a 2-core Xeon), while OpenBLAS keeps the wider ones (1024 x 768 x 3072:
+  // oneDNN 170-190 GFLOP/s, OpenBLAS 290) and the small ones, where a oneDNN call costs more than
+  // the product (mlp_small's 8 x 784 x 32 ran 12% slower). MKL's sgemm beats both on BERT's
+  // training shapes (1024 rows; 228-265 GFLOP/s against oneDNN's 78-245 and OpenBLAS's 175-224, a
+  // 2-core Xeon, C++ loop) and on 768-wide layers of 64-512 rows, so with MKL none goes to oneDNN.
+  if (lib == Blas::OpenBlas && avx512() && n <= kOneDnnMaxColumns && macs >= kSingleThreadWork) return nullptr;
+  // Except for a few rows against a wide matrix, where MKL packs the wide operand for too little
+  // work (128 x 768 x 3072: MKL 140-147 GFLOP/s, OpenBLAS 172-190), and for products one thread
+  // takes, where MKL's call costs more (mlp_small's 8 x 784 x 32 layers: 12% fewer steps/s).
+  if (lib == Blas::Mkl && ((m < kMklMinRows && n >= kMklWide) || macs < kSingleThreadWork)) lib = Blas::OpenBlas;
   // Weights in static storage: oneDNN keeps them packed in its layout between calls (matmul.cpp),
   // where sgemm would pack them on every call.
   if (into.static_weights && macs >= kSingleThreadWork) return nullptr;
@@ -147,6 +137,8 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
       !blas_layout(kk, n, b.strides[r - 2], b.strides[r - 1], g->lb))
     return nullptr;
   if (g->la.ld > int_max || g->lb.ld > int_max) return nullptr;
+  g->lib = lib;
+  g->sgemm = sgemm_of(lib);
   g->k = kk;
   g->ldy = n;
   g->a_base = a_base, g->b_base = b_base, g->y_base = y_base;

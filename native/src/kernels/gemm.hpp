@@ -1,10 +1,11 @@
-// The float32 GEMM backend of matmul (OpenBLAS sgemm), used by the matmul kernel in matmul.cpp.
+// The float32 GEMM backend of matmul (a CBLAS sgemm: blas.hpp), used by the matmul kernel in matmul.cpp.
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "../engine.hpp"
+#include "blas.hpp"
 
 namespace popxl {
 
@@ -25,18 +26,6 @@ struct GemmInto {
   // b is weights in static storage that oneDNN's matmul would keep in its own layout (matmul.cpp)
   bool static_weights = false;
 };
-
-// How sgemm reads a (rows x cols) operand with element strides (row_stride, col_stride): row-major
-// (trans false) or transposed, with leading dimension ld. False when neither stride is 1.
-struct BlasLayout {
-  bool trans = false;
-  int64_t ld = 0;
-};
-bool blas_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, BlasLayout& out);
-
-// Make OpenBLAS single-threaded (once): the kernels that call sgemm split the work over the
-// OpenMP threads themselves, so there is one thread pool in the process.
-void blas_single_threaded();
 
 // A kernel computing y = a @ b (see GemmInto) for float32 operands at the given arena byte
 // offsets (y packed, dims `ydims`), or nullptr when sgemm cannot read an operand's strides or

@@ -23,7 +23,6 @@
 // GEMMs shared out, then the output transforms, so that every thread has work.
 #include "winograd.hpp"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -32,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "gemm.hpp"
+#include "blas.hpp"
 #include "loops.hpp"
 #include "static_copies.hpp"
 
@@ -274,9 +273,8 @@ class WinogradConvKernel : public Kernel {
 
   // M[p] (tiles x K) = V[p] (tiles x C) @ U[p] (C x K); ldv, ldm: the position strides.
   void gemm(int p, int64_t tiles, const float* V, int64_t ldv, const float* U, float* M, int64_t ldm) const {
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tiles), static_cast<int>(K_),
-                      static_cast<int>(tl_.C), 1.f, V + p * ldv, static_cast<int>(tl_.C), U + p * tl_.C * K_,
-                      static_cast<int>(K_), 0.f, M + p * ldm, static_cast<int>(K_));
+    sgemm_(false, false, static_cast<int>(tiles), static_cast<int>(K_), static_cast<int>(tl_.C), 1.f, V + p * ldv,
+           static_cast<int>(tl_.C), U + p * tl_.C * K_, static_cast<int>(K_), 0.f, M + p * ldm, static_cast<int>(K_));
   }
 
   // Tiles [t0, t0 + count) from M (laid out as V in Tiling::input, K channels) into y, with the
@@ -380,6 +378,7 @@ class WinogradConvKernel : public Kernel {
   int64_t bias_at_ = 0, bias_step_ = 1;  // the bias: byte offset, element stride
   int64_t K_;
   int64_t threads_, block_ = 0;
+  Sgemm sgemm_ = sgemm_of(preferred_blas());
   bool few_tiles_;
   std::vector<size_t> v_at_, m_at_;  // V and M in scratch: one pair, or one a thread
   size_t u_at_ = 0;                  // non-static weights: U in scratch
@@ -421,9 +420,8 @@ class WinogradWeightGradKernel : public Kernel {
 #pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
       for (int p = 0; p < kPos; ++p)
-        scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(C), static_cast<int>(K),
-                          static_cast<int>(T), 1.f, V + p * T * C, static_cast<int>(C), Z + p * T * K,
-                          static_cast<int>(K), 0.f, dU + p * C * K, static_cast<int>(K));
+        sgemm_(true, false, static_cast<int>(C), static_cast<int>(K), static_cast<int>(T), 1.f, V + p * T * C,
+               static_cast<int>(C), Z + p * T * K, static_cast<int>(K), 0.f, dU + p * C * K, static_cast<int>(K));
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < C; ++c) write_gradient(arena, dU, c);
     }
@@ -490,6 +488,7 @@ class WinogradWeightGradKernel : public Kernel {
   View dy_;
   Buffer dw_;
   int64_t K_, threads_;
+  Sgemm sgemm_ = sgemm_of(preferred_blas());
   size_t v_at_ = 0, z_at_ = 0, du_at_ = 0, x_at_ = 0, dy_at_ = 0;  // pieces of scratch
 };
 
@@ -502,7 +501,6 @@ bool enabled() {
 
 std::unique_ptr<Kernel> winograd_weight_grad(const Buffer& x, const Buffer& dy, const Buffer& dw, int64_t pad_top,
                                              int64_t pad_left) {
-  blas_single_threaded();
   if (!enabled() || dw.dtype != DType::F32 || dw.shape.size() != 4) return nullptr;
   View xv, dyv;
   if (!channels_last_view(x, false, xv) || !channels_last_view(dy, false, dyv)) return nullptr;
@@ -516,7 +514,6 @@ std::unique_ptr<Kernel> winograd_weight_grad(const Buffer& x, const Buffer& dy, 
 }
 
 std::unique_ptr<Kernel> winograd_conv(const WinogradSpec& s) {
-  blas_single_threaded();
   if (!enabled()) return nullptr;
   View x, y, r;
   if (!channels_last_view(*s.x, s.nhwc_x, x) || !channels_last_view(*s.y, s.nhwc_y, y)) return nullptr;

@@ -1,0 +1,141 @@
+// The float32 GEMM libraries (blas.hpp). MKL is not linked: `dlopen` finds the `mkl` wheel's
+// single dynamic library (libmkl_rt) beside libdnnl, through the extension's run path, the first
+// time a kernel asks for the preferred library on an Intel CPU. A process without it (or on another
+// CPU) uses OpenBLAS and loads nothing of MKL's.
+#include "blas.hpp"
+
+#include <cblas.h>
+#include <dlfcn.h>
+#include <link.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <sys/stat.h>
+
+namespace popxl {
+namespace {
+
+// cblas_sgemm's enumerations (the same numbers in OpenBLAS's and MKL's cblas.h).
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+// MKL's service functions: MKL_Set_Interface_Layer(MKL_INTERFACE_LP64) and
+// MKL_Set_Threading_Layer(MKL_THREADING_SEQUENTIAL); each returns the layer then in force.
+constexpr int kMklLp64 = 0, kMklSequential = 1;
+
+using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
+                            int);
+CblasSgemm mkl_cblas_sgemm = nullptr;
+
+void openblas_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                    int ldb, float beta, float* y, int ldy) {
+  scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                    lda, b, ldb, beta, y, ldy);
+}
+
+void mkl_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+               float beta, float* y, int ldy) {
+  mkl_cblas_sgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, y,
+                  ldy);
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// MKL's libmkl_rt, set to LP64 integers and sequential threads; false (and MKL left alone) when it
+// cannot be had as that. The libraries libmkl_rt loads itself are checked first: a missing one is
+// a fatal error inside MKL, which ends the process.
+bool load_mkl() {
+  for (const char* soname : {"libmkl_rt.so.3", "libmkl_rt.so.2"}) {
+    void* h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    if (!h) continue;
+    char origin[4096] = {0};
+    if (dlinfo(h, RTLD_DI_ORIGIN, origin) != 0) return false;
+    const std::string version = std::strrchr(soname, '.');  // ".3": the layers share the soname's version
+    for (const char* part : {"core", "intel_lp64", "sequential", "def", "avx2", "avx512"})
+      if (!file_exists(std::string(origin) + "/libmkl_" + part + ".so" + version)) return false;
+    auto set_interface = reinterpret_cast<int (*)(int)>(dlsym(h, "MKL_Set_Interface_Layer"));
+    auto set_threading = reinterpret_cast<int (*)(int)>(dlsym(h, "MKL_Set_Threading_Layer"));
+    auto sgemm = reinterpret_cast<CblasSgemm>(dlsym(h, "cblas_sgemm"));
+    if (!set_interface || !set_threading || !sgemm) return false;
+    // Another library of the process may have set MKL up before us (other integers, its own
+    // threads): then its sgemm is not one to call from our threads.
+    if (set_interface(kMklLp64) != kMklLp64 || set_threading(kMklSequential) != kMklSequential) return false;
+    mkl_cblas_sgemm = sgemm;
+    return true;
+  }
+  return false;
+}
+
+bool mkl_loaded() {
+  static const bool loaded = load_mkl();
+  return loaded;
+}
+
+bool intel_cpu() {
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel;
+}
+
+// -1: the CPU decides (MKL on Intel CPUs where it loads); else a Blas chosen by set_blas.
+std::atomic<int> choice{-1};
+
+Blas parse(const std::string& name, bool& automatic) {
+  automatic = name == "auto";
+  if (automatic || name == "openblas") return Blas::OpenBlas;
+  if (name == "mkl") {
+    if (!mkl_loaded())
+      throw std::invalid_argument("the MKL library (libmkl_rt of the `mkl` package) cannot be loaded in this process");
+    return Blas::Mkl;
+  }
+  throw std::invalid_argument("unknown BLAS library '" + name + "' (expected 'auto', 'openblas' or 'mkl')");
+}
+
+}  // namespace
+
+bool blas_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, BlasLayout& out) {
+  if (col_stride == 1 && row_stride >= std::max<int64_t>(cols, 1)) {
+    out = {false, row_stride};
+    return true;
+  }
+  if (row_stride == 1 && col_stride >= std::max<int64_t>(rows, 1)) {
+    out = {true, col_stride};
+    return true;
+  }
+  return false;
+}
+
+Blas preferred_blas() {
+  const int c = choice.load();
+  if (c >= 0) return static_cast<Blas>(c);
+  return intel_cpu() && mkl_loaded() ? Blas::Mkl : Blas::OpenBlas;
+}
+
+Sgemm sgemm_of(Blas lib) {
+  if (lib == Blas::Mkl) return mkl_sgemm;
+  // OpenBLAS's own thread pool stays at one thread (before its first call, hence here: the only
+  // way to it).
+  static std::once_flag once;
+  std::call_once(once, [] { scipy_openblas_set_num_threads(1); });
+  return openblas_sgemm;
+}
+
+const char* blas_name(Blas lib) { return lib == Blas::Mkl ? "mkl" : "openblas"; }
+
+void set_blas(const std::string& name) {
+  bool automatic = false;
+  const Blas lib = parse(name, automatic);
+  choice.store(automatic ? -1 : static_cast<int>(lib));
+}
+
+std::vector<std::string> blas_available() {
+  std::vector<std::string> names{"openblas"};
+  if (mkl_loaded()) names.push_back("mkl");
+  return names;
+}
+
+}  // namespace popxl

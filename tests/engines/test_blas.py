@@ -1,0 +1,108 @@
+"""Which library's sgemm the native engine's float32 products use (native/src/kernels/blas.cpp):
+MKL's on Intel CPUs where the `mkl` package loads, else OpenBLAS's; POPXL_BLAS and set_blas choose.
+The products themselves are checked under each library by the tests marked with the `each_blas`
+fixture (tests/conftest.py): matmuls of every layout, bias and residual epilogues, SGD updates,
+attention and its gradient, Winograd convolutions."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from popxl.engines.native import _import_native
+
+from engine_harness import run_program
+
+native = _import_native()
+rng = np.random.default_rng(0)
+
+
+def _algorithm(m: int, k: int, n: int) -> str:
+    """The algorithm the native engine names for an (m x k) @ (k x n) float32 product of streamed
+    operands, checked against NumPy."""
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    got, eng = run_program(lambda a, b: a @ b, [a, b], "native")
+    np.testing.assert_allclose(got[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    return dict(eng.kernel_algorithms())["matmul"]
+
+
+def test_each_library_takes_the_products_it_is_set_to(each_blas):
+    assert native.preferred_blas() == each_blas
+    # more than 1024 columns: OpenBLAS's on AVX-512 CPUs too, where oneDNN takes narrower ones from it
+    assert _algorithm(256, 64, 1100) == f"sgemm ({each_blas})"
+
+
+def test_mkl_leaves_small_products_and_a_few_rows_against_a_wide_matrix_to_openblas(each_blas):
+    """MKL is the slower there (128 x 768 x 3072: ~145 against ~180 GFLOP/s; mlp_small's 8 x 784 x 32
+    layers: 12% fewer steps/s), so those stay OpenBLAS's whichever is preferred; 256 rows are MKL's
+    again."""
+    assert _algorithm(64, 32, 2048) == "sgemm (openblas)"
+    assert _algorithm(8, 784, 32) == "sgemm (openblas)"
+    if each_blas == "mkl":
+        assert _algorithm(256, 32, 2048) == "sgemm (mkl)"
+
+
+def test_the_cpu_chooses_by_default():
+    native.set_blas("auto")
+    with open("/proc/cpuinfo") as f:
+        intel = "GenuineIntel" in f.read()
+    want = "mkl" if intel and "mkl" in native.blas_available() else "openblas"
+    assert native.preferred_blas() == want
+
+
+def test_unknown_library_names_are_refused():
+    with pytest.raises(ValueError, match=r"unknown BLAS library 'atlas' \(expected 'auto', 'openblas' or 'mkl'\)"):
+        native.set_blas("atlas")
+    assert native.preferred_blas() in native.blas_available()  # the choice in force is unchanged
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+# a product of 1100 columns: more than oneDNN takes from OpenBLAS on AVX-512 CPUs
+PRODUCT = """
+    import numpy as np, popxl
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream((1100, 64), popxl.float32)
+        x = popxl.ops.host_load(s)
+        y = popxl.ops.matmul(x, popxl.ops.transpose(x))
+        o = popxl.d2h_stream(y.shape, y.dtype)
+        popxl.ops.host_store(o, y)
+    a = np.random.default_rng(1).standard_normal((1100, 64)).astype(np.float32)
+    with popxl.Session(ir, "ipu_model") as session:
+        got = session.run({s: a})[o]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ a.T, rtol=1e-4, atol=1e-3)
+    print(dict(session._engine.kernel_algorithms())["matmul"])
+"""
+
+
+def test_popxl_blas_chooses_the_library_for_the_process():
+    out = _python(PRODUCT, POPXL_BLAS="openblas")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "sgemm (openblas)"
+
+
+def test_a_wrong_popxl_blas_is_an_error_naming_the_variable():
+    out = _python(PRODUCT, POPXL_BLAS="fastest")
+    assert out.returncode != 0
+    assert "ValueError: POPXL_BLAS='fastest': unknown BLAS library 'fastest'" in out.stderr, out.stderr
+
+
+@pytest.mark.skipif("mkl" not in native.blas_available(), reason="MKL cannot be loaded here")
+def test_mkl_beside_pytorch_in_one_process():
+    """PyTorch carries an MKL of its own (linked into libtorch): loaded first, it must not take
+    the place of ours, nor ours break its products."""
+    pytest.importorskip("torch")
+    out = _python("import torch\n" + textwrap.dedent(PRODUCT) + textwrap.dedent("""
+        t = torch.from_numpy(a)
+        np.testing.assert_allclose((t @ t.T).numpy(), a.astype(np.float64) @ a.T, rtol=1e-4, atol=1e-3)
+    """), POPXL_BLAS="mkl")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "sgemm (mkl)"
