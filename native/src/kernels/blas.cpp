@@ -6,7 +6,6 @@
 
 #include <cblas.h>
 #include <dlfcn.h>
-#include <link.h>
 
 #include <algorithm>
 #include <atomic>
@@ -84,13 +83,15 @@ bool intel_cpu() {
 // -1: the CPU decides (MKL on Intel CPUs where it loads); else a Blas chosen by set_blas.
 std::atomic<int> choice{-1};
 
-Blas parse(const std::string& name, bool& automatic) {
-  automatic = name == "auto";
-  if (automatic || name == "openblas") return Blas::OpenBlas;
+// A library name as `choice` holds it (-1 for "auto"); throws for names it does not know and for
+// MKL where it cannot be loaded.
+int parse(const std::string& name) {
+  if (name == "auto") return -1;
+  if (name == "openblas") return static_cast<int>(Blas::OpenBlas);
   if (name == "mkl") {
     if (!mkl_loaded())
       throw std::invalid_argument("the MKL library (libmkl_rt of the `mkl` package) cannot be loaded in this process");
-    return Blas::Mkl;
+    return static_cast<int>(Blas::Mkl);
   }
   throw std::invalid_argument("unknown BLAS library '" + name + "' (expected 'auto', 'openblas' or 'mkl')");
 }
@@ -126,11 +127,7 @@ Sgemm sgemm_of(Blas lib) {
 
 const char* blas_name(Blas lib) { return lib == Blas::Mkl ? "mkl" : "openblas"; }
 
-void set_blas(const std::string& name) {
-  bool automatic = false;
-  const Blas lib = parse(name, automatic);
-  choice.store(automatic ? -1 : static_cast<int>(lib));
-}
+void set_blas(const std::string& name) { choice.store(parse(name)); }
 
 std::vector<std::string> blas_available() {
   std::vector<std::string> names{"openblas"};

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "blas.hpp"
 #include "loops.hpp"
 
 namespace popxl {

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "../engine.hpp"
-#include "blas.hpp"
 
 namespace popxl {
 

@@ -400,8 +400,6 @@ struct DnnlKernel : Kernel {
   }
 };
 
-
-
 // Every (given) operand float32, or every one float16 and contiguous (staged as a dense block,
 // whose layout elem_strides describes), none empty.
 inline bool one_float_type(std::initializer_list<const Buffer*> bs) {
