@@ -10,7 +10,7 @@ that no ``host_store`` wrote are zero in the arrays the Session allocates.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Set, Tuple
+from typing import Any, Callable, List, Set, Tuple
 
 import numpy as np
 
@@ -100,10 +100,9 @@ class HostTransfers:
                 self.after_run(engine)
         return watched
 
-    def output_allocator(self, layout: List[tuple]) -> Callable[[], Dict[Any, np.ndarray]]:
-        """A function making host output arrays for ``layout`` entries ``(stream, dtype, host shape)``:
-        zeros where a run may leave slices unwritten, else uninitialised (every slice is written).
-        Decided once: it is called on every ``Session.run``."""
-        plan = [(s, np.zeros if unwritten else np.empty, shape, dtype)
-                for (s, dtype, shape), unwritten in zip(layout, self.may_leave_unwritten)]
-        return lambda: {s: make(shape, dtype) for s, make, shape, dtype in plan}
+    def output_makers(self, layout: List[tuple]) -> List[Tuple[Callable[..., np.ndarray], tuple]]:
+        """How to make the host output array of each ``layout`` entry ``(stream, dtype, host shape)``,
+        as ``(callable, args)``: zeros where a run may leave slices unwritten, else uninitialised (every
+        slice is written). Decided once: ``Session.run`` makes outputs this way on every call."""
+        return [(np.zeros if unwritten else np.empty, (shape, dtype))
+                for (_, dtype, shape), unwritten in zip(layout, self.may_leave_unwritten)]

@@ -244,12 +244,19 @@ class Session:
         streams = {s.tensor_id: s for s in (*ir.get_all_h2d_streams(), *ir.get_all_d2h_streams())}
         self._h2d = [streams[s["name"]] for s in self._exe.h2d]
         self._d2h = [streams[s["name"]] for s in self._exe.d2h]
-        # Per stream: (stream, host dtype, host shape), for run's fast path and
-        # create_host_outputs. Float8 streams (structured host dtypes) always take the checked path.
-        self._in_layout = [self._layout(s) for s in self._h2d]
-        self._out_layout = [self._layout(s) for s in self._d2h]
-        self._exact_ok = not any(d.names for _, d, _ in (*self._in_layout, *self._out_layout))
-        self._new_outputs = self._transfers.output_allocator(self._out_layout)
+        # Per stream: (stream, host dtype, host shape), for run's fast path and create_host_outputs.
+        in_layout = [self._layout(s) for s in self._h2d]
+        out_layout = [self._layout(s) for s in self._d2h]
+        out_plan = list(zip(self._d2h, self._transfers.output_makers(out_layout)))
+        self._new_outputs = lambda: {s: make(*args) for s, (make, args) in out_plan}
+        # run's fast path (the engine's, in C++) where nothing stands between the session and the
+        # engine's run (one instance, every stream's transfer count known) and no stream is float8
+        # (structured host dtypes take the checked path).
+        exact_runner = getattr(self._engine, "exact_runner", None)
+        self._exact_run = None
+        if (exact_runner is not None and self._engine_run is self._engine.run
+                and not any(d.names for _, d, _ in (*in_layout, *out_layout))):
+            self._exact_run = exact_runner(in_layout, self._d2h, [m for _, m in out_plan])
 
     def _write_final_dot_checkpoint(self) -> None:
         """PopART's "FINAL" DOT checkpoint (the program as compiled), when POPART_DOT_CHECKS or the
@@ -690,13 +697,8 @@ class Session:
                 raise self._reentry_error("run")
             self._running = True
             try:
-                ins = self._exact_arrays(inputs, self._in_layout, False)
-                outs = self._exact_arrays(outputs, self._out_layout, True) if ins is not None else None
-                if outs is not None and self._run_progress.fast and self._engine.attached:
-                    self._host_stale = True
-                    self._engine_run(ins, outs)
-                    return
-                self._run_checked(inputs, outputs, downcast_inputs, None if outs is None else (ins, outs))
+                if self._run_exact(inputs, outputs) is None:
+                    self._run_checked(inputs, outputs, downcast_inputs)
             finally:
                 self._running = False
 
@@ -708,12 +710,24 @@ class Session:
             f"custom op's kernel, a callback or a signal handler during Session.run?): "
             f"{shown.get(what, what)} must wait until the run is over, and cannot from inside it.")
 
-    def _run_checked(self, inputs, outputs, downcast_inputs: bool, exact) -> None:
-        self._require_attached("run")
-        if exact is not None:
+    def _run_exact(self, inputs: Any, outputs: Any = None) -> Any:
+        """run's fast path: the engine's C++ runner, on host data that already is exactly what the
+        engine takes (dicts of C-contiguous NumPy arrays of the streams' dtypes and host shapes); the
+        outputs (made when not given), or None, having run nothing, for anything else: the checked path
+        converts it or says what is wrong. Taken once the first run has shown runs are short."""
+        if self._exact_run is None or not self._run_progress.fast:
+            return None
+        try:
+            done = self._exact_run(inputs, outputs)
+        except BaseException:
+            self._host_stale = True  # the run may have got part of the way
+            raise
+        if done is not None:
             self._host_stale = True
-            self._run_engine(*exact)
-            return
+        return done
+
+    def _run_checked(self, inputs, outputs, downcast_inputs: bool) -> None:
+        self._require_attached("run")
         for given, what in ((inputs, "inputs"), (outputs, "outputs")):
             if given is not None and not isinstance(given, Mapping):
                 raise TypeError(f"Session.run: {what} must be a dict from stream to host array "
@@ -745,27 +759,6 @@ class Session:
         else:
             self._run_progress.run(self._engine_run, inputs, outputs)
 
-    def _exact_arrays(self, given: Any, layout: List[tuple], writable: bool) -> Optional[List[np.ndarray]]:
-        """The arrays of ``given``, in the engine's stream order, when each already is exactly what the
-        engine takes (a NumPy array of the stream's dtype and host shape, C-contiguous, writable for
-        outputs), else None: run's fast path, which skips conversions and error messages. Arrays keyed
-        in the engine's order are matched by identity, without hashing the streams."""
-        if not self._exact_ok:
-            return None
-        if type(given) is not dict:
-            return [] if given is None and not layout else None
-        if len(given) != len(layout):
-            return None
-        arrays = []
-        for (s, dtype, shape), (key, a) in zip(layout, given.items()):
-            if key is not s:
-                a = given.get(s)
-            if (type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous
-                    or (writable and not a.flags.writeable)):
-                return None
-            arrays.append(a)
-        return arrays
-
     def run(self, inputs: Optional[h2dStreamBufferMaps] = None,
             downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
         """Run the program once and return the host outputs (see ``create_host_outputs``).
@@ -781,19 +774,15 @@ class Session:
             ValueError: If the session is not attached, a stream is missing or unexpected, or a shape
                 does not match.
         """
-        with self._lock:  # run_with_outputs's fast path, without checking the outputs it makes itself
+        with self._lock:
             if self._running:
                 raise self._reentry_error("run")
-            self._require_attached("run")
             self._running = True
             try:
-                outputs = self._new_outputs()
-                ins = self._exact_arrays(inputs, self._in_layout, False)
-                if ins is not None and self._run_progress.fast:
-                    self._host_stale = True
-                    self._engine_run(ins, list(outputs.values()))
-                else:
-                    self._run_checked(inputs, outputs, downcast_inputs, None)
+                outputs = self._run_exact(inputs)
+                if outputs is None:
+                    outputs = self._new_outputs()
+                    self._run_checked(inputs, outputs, downcast_inputs)
             finally:
                 self._running = False
         return outputs

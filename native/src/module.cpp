@@ -251,43 +251,47 @@ std::unique_ptr<Engine> load(nb::dict exe, nb::object fallback, nb::object force
 // ndarray conversion, and indifferent to the dtype), held until the run is over.
 class HostBuffers {
  public:
-  HostBuffers(nb::handle list, const std::vector<StreamInfo>& streams, int64_t transfers, int replicas,
-              bool writable, const char* what) {
-    const size_t n = nb::len(list);
-    if (n != streams.size())
-      throw std::invalid_argument(std::string("run: expected ") + std::to_string(streams.size()) + " " + what +
-                                  " buffers, got " + std::to_string(n));
-    views_.reserve(n);
+  explicit HostBuffers(size_t n) {
+    views_.reserve(n);  // acquire's pointers stay valid
     hosts.reserve(n);
-    try {
-      for (size_t i = 0; i < n; ++i) {
-        Py_buffer view;
-        const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-        if (PyObject_GetBuffer(list[i].ptr(), &view, flags) != 0) throw nb::python_error();
-        views_.push_back(view);
-        const int64_t need = transfers * replicas * streams[i].slice_bytes;
-        if (view.len != need)
-          throw std::invalid_argument(std::string("run: the ") + what + " buffer of stream '" + streams[i].name +
-                                      "' has " + std::to_string(view.len) + " bytes, expected " +
-                                      std::to_string(need));
-        hosts.push_back({static_cast<uint8_t*>(view.buf), transfers});
-      }
-    } catch (...) {
-      release();  // a throwing constructor runs no destructor
-      throw;
+  }
+  // One buffer per stream from a list, each checked for its byte count.
+  HostBuffers(nb::handle list, const std::vector<StreamInfo>& streams, int64_t transfers, int replicas,
+              bool writable, const char* what)
+      : HostBuffers(nb::len(list)) {
+    if (nb::len(list) != streams.size())
+      throw std::invalid_argument(std::string("run: expected ") + std::to_string(streams.size()) + " " + what +
+                                  " buffers, got " + std::to_string(nb::len(list)));
+    for (size_t i = 0; i < streams.size(); ++i) {
+      const Py_buffer* view = acquire(list[i].ptr(), PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0), transfers);
+      if (view == nullptr) throw nb::python_error();
+      const int64_t need = transfers * replicas * streams[i].slice_bytes;
+      if (view->len != need)
+        throw std::invalid_argument(std::string("run: the ") + what + " buffer of stream '" + streams[i].name +
+                                    "' has " + std::to_string(view->len) + " bytes, expected " +
+                                    std::to_string(need));
     }
   }
-  ~HostBuffers() { release(); }
+  ~HostBuffers() {
+    for (auto& v : views_) PyBuffer_Release(&v);
+  }
   HostBuffers(const HostBuffers&) = delete;
   HostBuffers& operator=(const HostBuffers&) = delete;
+
+  // The buffer of `obj` (PyBUF_* `flags`), held from now on as the next stream's host data; nullptr,
+  // with Python's error set, where `obj` has none such. At most the constructor's n.
+  const Py_buffer* acquire(PyObject* obj, int flags, int64_t transfers) {
+    if (views_.size() == views_.capacity()) throw std::logic_error("HostBuffers: more buffers than streams");
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, flags) != 0) return nullptr;
+    views_.push_back(view);
+    hosts.push_back({static_cast<uint8_t*>(view.buf), transfers});
+    return &views_.back();
+  }
   std::vector<Engine::Host> hosts;
 
  private:
   std::vector<Py_buffer> views_;
-  void release() {
-    for (auto& v : views_) PyBuffer_Release(&v);
-    views_.clear();
-  }
 };
 
 // Signals during a run. Python's own C handler only notes a signal; its Python handler (the
@@ -376,14 +380,121 @@ bool on_main_thread() {
   return PyThread_get_thread_ident() == main_ident;
 }
 
-void run(Engine& e, nb::handle inputs, nb::handle outputs) {
-  HostBuffers ins(inputs, e.h2d, e.transfers, e.replicas, false, "input");
-  HostBuffers outs(outputs, e.d2h, e.transfers, e.replicas, true, "output");
+void run_buffers(Engine& e, const HostBuffers& ins, const HostBuffers& outs) {
   SignalWatch watch(on_main_thread());
   const std::function<void()> poll = [&watch] { watch.poll(); };
   nb::gil_scoped_release release;
   e.run(ins.hosts, outs.hosts, &poll);
 }
+
+void run(Engine& e, nb::handle inputs, nb::handle outputs) {
+  HostBuffers ins(inputs, e.h2d, e.transfers, e.replicas, false, "input");
+  HostBuffers outs(outputs, e.d2h, e.transfers, e.replicas, true, "output");
+  run_buffers(e, ins, outs);
+}
+
+// Session.run's fast path. Host data that already is exactly what the engine takes -- a dict with,
+// for each stream in the engine's order, a NumPy array (not a subclass) of the stream's dtype and
+// host shape, C-contiguous, writable for outputs -- runs with no Python between the call and the
+// engine; anything else returns None, and the session's Python path converts it or says what is
+// wrong. Without given outputs it makes them (the session's allocators) and returns
+// {stream: array}, in the engine's order.
+class ExactRunner {
+ public:
+  ExactRunner(nb::handle engine, nb::handle in_streams, nb::handle in_templates, nb::handle out_streams,
+              nb::handle out_makers)
+      : engine_obj_(nb::borrow(engine)) {
+    if (!nb::isinstance<Engine>(engine)) throw std::invalid_argument("ExactRunner: `engine` must be an Engine");
+    engine_ = nb::inst_ptr<Engine>(engine);
+    const Engine& e = *engine_;
+    if (nb::len(in_streams) != e.h2d.size() || nb::len(in_templates) != e.h2d.size() ||
+        nb::len(out_streams) != e.d2h.size() || nb::len(out_makers) != e.d2h.size())
+      throw std::invalid_argument("ExactRunner: one stream and template (maker) per engine stream expected");
+    for (size_t i = 0; i < e.h2d.size(); ++i) in_.push_back(slot(in_streams[i], in_templates[i], e.h2d[i], {}));
+    for (size_t i = 0; i < e.d2h.size(); ++i) {
+      nb::handle maker = out_makers[i];  // (callable, args)
+      nb::object made = maker[0](*maker[1]);
+      out_.push_back(slot(out_streams[i], made, e.d2h[i], nb::borrow(maker)));
+    }
+  }
+
+  nb::object call(nb::handle inputs, nb::handle outputs) {
+    Engine& e = *engine_;
+    if (!e.attached()) return nb::none();
+    HostBuffers ins(in_.size()), outs(out_.size());
+    if (!gather(inputs, in_, false, ins)) return nb::none();
+    nb::object result;
+    if (outputs.is_none()) {
+      nb::dict made;
+      for (const Slot& s : out_) {
+        nb::object a = nb::steal(PyObject_Call(s.maker[0].ptr(), s.maker[1].ptr(), nullptr));
+        if (!a.is_valid() || outs.acquire(a.ptr(), PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, e.transfers) == nullptr)
+          throw nb::python_error();
+        made[s.stream] = a;
+      }
+      result = std::move(made);
+    } else {
+      if (!gather(outputs, out_, true, outs)) return nb::none();
+      result = nb::borrow(outputs);
+    }
+    run_buffers(e, ins, outs);
+    return result;
+  }
+
+ private:
+  struct Slot {
+    nb::object stream, maker;
+    std::string format;  // the buffer protocol's, as NumPy reports the stream's dtype
+    std::vector<Py_ssize_t> shape;
+  };
+  nb::object engine_obj_;  // keeps engine_ alive
+  Engine* engine_ = nullptr;
+  PyTypeObject* ndarray_ = nullptr;
+  std::vector<Slot> in_, out_;
+
+  Slot slot(nb::handle stream, nb::handle templ, const StreamInfo& info, nb::object maker) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(templ.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) throw nb::python_error();
+    Slot s{nb::borrow(stream), std::move(maker), view.format ? view.format : "B",
+           std::vector<Py_ssize_t>(view.shape, view.shape + view.ndim)};
+    const int64_t need = engine_->transfers * engine_->replicas * info.slice_bytes;
+    const Py_ssize_t len = view.len;
+    PyBuffer_Release(&view);
+    if (len != need)
+      throw std::invalid_argument("ExactRunner: the template of stream '" + info.name + "' has " +
+                                  std::to_string(len) + " bytes, the engine moves " + std::to_string(need));
+    ndarray_ = Py_TYPE(templ.ptr());
+    return s;
+  }
+
+  // The arrays of dict `given`, one per slot, into `into`; false where they are not exactly the slots'.
+  bool gather(nb::handle given, const std::vector<Slot>& slots, bool writable, HostBuffers& into) const {
+    if (given.is_none()) return slots.empty();
+    PyObject* dict = given.ptr();
+    if (!PyDict_CheckExact(dict) || PyDict_GET_SIZE(dict) != static_cast<Py_ssize_t>(slots.size())) return false;
+    const int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    for (const Slot& s : slots) {
+      // keyed in the engine's order: matched by identity, without hashing
+      if (!PyDict_Next(dict, &pos, &key, &value)) return false;
+      if (key != s.stream.ptr() && (value = PyDict_GetItemWithError(dict, s.stream.ptr())) == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      if (Py_TYPE(value) != ndarray_) return false;
+      const Py_buffer* view = into.acquire(value, flags, engine_->transfers);
+      if (view == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      if (view->format == nullptr || s.format != view->format ||
+          !std::equal(s.shape.begin(), s.shape.end(), view->shape, view->shape + view->ndim))
+        return false;
+    }
+    return true;
+  }
+};
 
 }  // namespace
 
@@ -510,4 +621,15 @@ NB_MODULE(_native, m) {
            "(NumPy arrays of any dtype) holding (transfers, replicas, *stream shape) elements. A run "
            "called from Python's main thread notices signals between program steps and lets their "
            "Python handlers run: an exception raised there (Ctrl-C's KeyboardInterrupt) ends the run.");
+  nb::class_<ExactRunner>(m, "ExactRunner",
+                          "Session.run's fast path: runs `engine` on a {stream: array} dict that holds exactly "
+                          "what it takes (the templates' NumPy dtype and shape, C-contiguous, writable for "
+                          "outputs), else returns None.")
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle>(), nb::arg("engine"),
+           nb::arg("in_streams"), nb::arg("in_templates"), nb::arg("out_streams"), nb::arg("out_makers"),
+           "Streams in the engine's order; an array per input stream showing its host dtype and shape; a "
+           "(callable, args) per output stream that makes its host array.")
+      .def("__call__", &ExactRunner::call, nb::arg("inputs").none(), nb::arg("outputs").none() = nb::none(),
+           "Run once on `inputs` (and fill `outputs`; without them, made and returned as a dict); None, "
+           "without running, when they are not exactly what the engine takes or the engine is detached.");
 }

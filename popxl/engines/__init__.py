@@ -38,6 +38,9 @@ class Engine(Protocol):
       program steps with the exception a signal handler raised (Ctrl-C's ``KeyboardInterrupt``),
       memory as the last completed step left it; the engine stays attached and usable. Engines are
       not thread-safe: the Session lets one call in at a time.
+    - Optionally ``exact_runner(in_layout, out_streams, out_makers)``: ``Session.run``'s fast path, a
+      callable running on ``{stream: array}`` dicts that already hold exactly what ``run`` takes, else
+      returning None (the native engine's is C++; without one, every run takes the session's checks).
     - ``profiling`` (settable; setting resets), ``reset_profile()``, ``op_profile()``: per-op timers,
       ``{(graph, instruction): (seconds per replica, calls per replica)}`` for the ops that ran.
     - Several instances (``popxl.distributed``): ``set_layout(index, count, local, global_replicas)``

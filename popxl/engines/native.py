@@ -141,6 +141,17 @@ class NativeEngine:
         native = self._engine.native_kernels()
         self.fallback_ops = sorted({ins["type"] for ins, ok in zip(self._op_instrs, native) if not ok})
 
+    def exact_runner(self, in_layout: Sequence[Tuple[Any, np.dtype, tuple]], out_streams: Sequence[Any],
+                     out_makers: Sequence[Tuple[Callable[..., np.ndarray], tuple]]) -> Callable[..., Any]:
+        """Session.run's fast path in C++: ``runner(inputs, outputs=None)`` runs on dicts that already hold
+        exactly what ``run`` takes (per stream of ``in_layout`` ``(stream, dtype, host shape)``, in the
+        engine's order, a C-contiguous NumPy array of that dtype and shape; outputs writable, or made by
+        ``out_makers`` ``(callable, args)`` and returned as ``{stream: array}``), else returns None without
+        running."""
+        templates = [np.empty(shape, dtype) for _, dtype, shape in in_layout]
+        return _import_native().ExactRunner(self._engine, [s for s, _, _ in in_layout], templates,
+                                            list(out_streams), list(out_makers))
+
     def kernel_algorithms(self) -> List[Tuple[str, str]]:
         """(op type, algorithm) of each op instruction's kernel, in program order, where the kernel
         chooses how it computes (a convolution: ``"winograd F(4x4,3x3)"`` or oneDNN's implementation

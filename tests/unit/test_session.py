@@ -348,6 +348,99 @@ def test_ipu_hw_by_keyword_with_replicas_runs_on_the_cpu(monkeypatch):
     np.testing.assert_array_equal(s.get_tensor_data(v), x.sum(0)[0])  # replica 0's value
 
 
+_FAST_DTYPES = [popxl.float32, popxl.float16, popxl.float64, popxl.int8, popxl.uint8, popxl.int16, popxl.uint16,
+                popxl.int32, popxl.uint32, popxl.int64, popxl.bool]
+
+
+def _copy_ir(nht=2):
+    """One stream in and one out per dtype, each output its input plus one (or negated, for bool)."""
+    ir = popxl.Ir()
+    ir.num_host_transfers = nht
+    streams = []
+    with ir.main_graph:
+        for dt in _FAST_DTYPES:
+            streams.append((popxl.h2d_stream((3,), dt, f"in_{dt.name}"), popxl.d2h_stream((3,), dt, f"out_{dt.name}")))
+
+        def body():
+            for ins, outs in streams:
+                x = ops.host_load(ins)
+                ops.host_store(outs, ops.logical_not(x) if ins.dtype == popxl.bool else x + ops.cast(
+                    popxl.constant(1), ins.dtype))
+        ops.repeat(ir.create_graph(body), nht)
+    return ir, streams
+
+
+def _expected(x: np.ndarray) -> np.ndarray:
+    return ~x if x.dtype == bool else x + x.dtype.type(1)
+
+
+def test_exact_host_data_runs_in_the_engines_fast_path(monkeypatch):
+    """Dicts of exact arrays (every stream dtype, in any key order) run in the native engine's C++
+    fast path, with nothing of the session's checked path; the outputs it makes are fresh arrays
+    per run."""
+    ir, streams = _copy_ir()
+    rng = np.random.default_rng(0)
+    inputs = {s: (rng.integers(0, 2, (2, 3)) if s.dtype == popxl.bool else rng.integers(-9, 9, (2, 3))
+                  if s.dtype.is_int and s.dtype.is_signed else rng.integers(0, 9, (2, 3))
+                  if s.dtype.is_int else rng.normal(size=(2, 3))).astype(s.dtype.as_numpy()) for s, _ in streams}
+    with popxl.Session(ir) as session:
+        session.run(inputs)  # the first run is timed (the checked path)
+        assert session._exact_run is not None
+
+        def refuse(*args):
+            raise AssertionError("the checked path ran")
+        monkeypatch.setattr(session, "_run_checked", refuse)
+        first = session.run(inputs)
+        second = session.run(dict(reversed(inputs.items())))
+        assert list(first) == [o for _, o in streams]  # the engine's order, as create_host_outputs
+        outputs = session.create_host_outputs()
+        session.run_with_outputs(inputs, outputs)
+    for (i, o) in streams:
+        for got in (first[o], second[o], outputs[o]):
+            assert got.dtype == i.dtype.as_numpy() and got.shape == (2, 3)
+            np.testing.assert_array_equal(got, _expected(inputs[i]))
+        assert not np.shares_memory(first[o], second[o])
+
+
+def test_inexact_host_data_takes_the_checked_path():
+    """What the fast path does not take exactly (another byte order, a subclass, a Python list, a
+    missing, extra or misnamed key, a key whose comparison raises) is converted or reported by the
+    checked path, as before; nothing crashes and the session stays usable."""
+    ir, streams = _copy_ir(nht=1)
+    inputs = {s: np.arange(3).astype(s.dtype.as_numpy()) for s, _ in streams}
+    f32_in, f32_out = streams[0]
+
+    class Colliding:  # hashes as a stream, then fails to compare
+        def __hash__(self):
+            return hash(f32_in)
+
+        def __eq__(self, other):
+            raise RuntimeError("no comparing me")
+
+    with popxl.Session(ir) as session:
+        session.run(inputs)
+        swapped = inputs[f32_in].astype(">f4")
+        with pytest.raises(TypeError, match="'in_float32' carries float32, but the host array has dtype >f4"):
+            session.run({**inputs, f32_in: swapped})
+        np.testing.assert_array_equal(session.run({**inputs, f32_in: [0.0, 1.0, 2.0]})[f32_out], [1, 2, 3])
+        mapped = inputs[f32_in].view(np.recarray)  # a subclass
+        np.testing.assert_array_equal(session.run({**inputs, f32_in: mapped})[f32_out], [1, 2, 3])
+        with pytest.raises(ValueError, match=r"missing inputs for streams \['in_float32'\]"):
+            session.run({s: a for s, a in inputs.items() if s is not f32_in})
+        with pytest.raises(ValueError, match="key 'in_float32' is a str"):
+            session.run({**{s: a for s, a in inputs.items() if s is not f32_in}, "in_float32": inputs[f32_in]})
+        with pytest.raises(ValueError, match="unexpected inputs"):
+            session.run({**inputs, f32_out: inputs[f32_in]})
+        colliding = {(Colliding() if s is f32_in else s): a for s, a in inputs.items()}
+        with pytest.raises(Exception, match="no comparing me|in_float32"):
+            session.run(dict(reversed(colliding.items())))
+        wrong_out = session.create_host_outputs()
+        wrong_out[f32_out] = np.zeros(3, np.float64)
+        with pytest.raises(TypeError, match="'out_float32' carries float32"):
+            session.run_with_outputs(inputs, wrong_out)
+        np.testing.assert_array_equal(session.run(inputs)[f32_out], [1, 2, 3])
+
+
 @pytest.mark.parametrize("engine_name", ["native", "reference"])
 def test_run_fast_path_takes_user_arrays_as_given(engine_name):
     """Exact arrays go to the engine unreshaped, matched to their streams whatever the dict's order;
