@@ -33,6 +33,17 @@ def test_memory_benchmark_prints_its_measurement() -> None:
     assert 0.5 < ratio < 5  # a plausible measurement; the 1.2x target is the benchmark's business
 
 
+def test_gemm_parity_checks_and_times_the_step_layouts() -> None:
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, str(RUN.parent / "gemm_parity.py"), "--quick"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| d x d") or line.startswith("| W")]
+    assert len(rows) == 9 and "MISMATCH" not in proc.stdout
+    assert "| W1 dW | 256 x 256 x 1024 |" in proc.stdout  # fan_in x rows x fan_out, x read transposed
+    assert all(float(r.split("|")[-2].strip().rstrip("x")) > 0 for r in rows)
+
+
 @pytest.mark.slow  # exports a 2-layer BERT and compiles three sessions: about 30 s
 def test_quick_bert_workloads_run_and_agree() -> None:
     """bert_infer (exported by torch.onnx.export) through popart against ONNX Runtime, and bert_train's
