@@ -403,7 +403,7 @@ class ExactRunner {
  public:
   ExactRunner(nb::handle engine, nb::handle in_streams, nb::handle in_templates, nb::handle out_streams,
               nb::handle out_makers)
-      : engine_obj_(nb::borrow(engine)) {
+      : engine_obj_(nb::borrow(engine)), ndarray_(nb::module_::import_("numpy").attr("ndarray")) {
     if (!nb::isinstance<Engine>(engine)) throw std::invalid_argument("ExactRunner: `engine` must be an Engine");
     engine_ = nb::inst_ptr<Engine>(engine);
     const Engine& e = *engine_;
@@ -448,8 +448,8 @@ class ExactRunner {
     std::vector<Py_ssize_t> shape;
   };
   nb::object engine_obj_;  // keeps engine_ alive
+  nb::object ndarray_;     // numpy.ndarray: subclasses take the checked path
   Engine* engine_ = nullptr;
-  PyTypeObject* ndarray_ = nullptr;
   std::vector<Slot> in_, out_;
 
   Slot slot(nb::handle stream, nb::handle templ, const StreamInfo& info, nb::object maker) {
@@ -463,7 +463,6 @@ class ExactRunner {
     if (len != need)
       throw std::invalid_argument("ExactRunner: the template of stream '" + info.name + "' has " +
                                   std::to_string(len) + " bytes, the engine moves " + std::to_string(need));
-    ndarray_ = Py_TYPE(templ.ptr());
     return s;
   }
 
@@ -482,7 +481,7 @@ class ExactRunner {
         PyErr_Clear();
         return false;
       }
-      if (Py_TYPE(value) != ndarray_) return false;
+      if (reinterpret_cast<PyObject*>(Py_TYPE(value)) != ndarray_.ptr()) return false;
       const Py_buffer* view = into.acquire(value, flags, engine_->transfers);
       if (view == nullptr) {
         PyErr_Clear();
