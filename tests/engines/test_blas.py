@@ -46,6 +46,26 @@ def test_mkl_leaves_small_products_and_a_few_rows_against_a_wide_matrix_to_openb
         assert _algorithm(256, 32, 2048) == "sgemm (mkl)"
 
 
+def test_static_weights_are_kept_packed_by_onednn_and_the_kernel_says_so(each_blas):
+    """A product whose weights no op writes (an inference's) goes to oneDNN, which keeps them in
+    its own layout between calls; the kernel names that path, as the sgemm kernel names its library
+    (benchmarks/gemm_parity.py shows the name to say which path it timed)."""
+    import popxl
+    import popxl.ops as ops
+    a = rng.standard_normal((256, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 1100)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream(a.shape, popxl.float32)
+        y = ops.host_load(s) @ popxl.variable(w)
+        o = popxl.d2h_stream(y.shape, y.dtype)
+        ops.host_store(o, y)
+    with popxl.Session(ir, "cpu") as session:
+        got = session.run({s: a})[o]
+        assert dict(session._engine.kernel_algorithms())["matmul"] == "oneDNN matmul (weights kept packed)"
+    np.testing.assert_allclose(got, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4 * np.sqrt(64))
+
+
 def test_the_cpu_chooses_by_default():
     native.set_blas("auto")
     with open("/proc/cpuinfo") as f:

@@ -42,6 +42,9 @@ def test_gemm_parity_checks_and_times_the_step_layouts() -> None:
     assert len(rows) == 9 and "MISMATCH" not in proc.stdout
     assert "| W1 dW | 256 x 256 x 1024 |" in proc.stdout  # fan_in x rows x fan_out, x read transposed
     assert all(float(r.split("|")[-2].strip().rstrip("x")) > 0 for r in rows)
+    # the kernel a training step's products take: weights written by the program are never kept
+    # packed, so the table names no static-weights path
+    assert all(r.split("|")[3].strip() and "kept packed" not in r for r in rows), rows
 
 
 @pytest.mark.slow  # exports a 2-layer BERT and compiles three sessions: about 30 s

@@ -135,6 +135,7 @@ KernelFactory matmul(MatmulKind kind) {
       pd.emplace(cpu(), ad, bd, yd, user_scratchpad(attr));
     }
     if (keep_b) k->keep_weights(b, md(B.dims, B.strides, tb), pd->weights_desc());
+    k->primitive_name = keep_b ? "oneDNN matmul (weights kept packed)" : "oneDNN matmul";
     k->use(Primitive(*pd, k->scratch));
     return k;
   } catch (const dnnl::error&) {

@@ -338,6 +338,8 @@ struct DnnlKernel : Kernel {
   bool scaled = false;  // pow2scaled ops: staged outputs are multiplied by 2**(scale tensor)
   Buffer scale;
   std::string op;  // the op's type, for errors
+  std::string primitive_name;  // what algorithm() reports for a primitive (empty: nothing)
+  std::string algorithm() const override { return gemm ? gemm->algorithm() : primitive_name; }
   void run(uint8_t* arena) override {
     const float scale_value = scaled ? float(pow2_scale(arena, scale, op)) : 1.0f;  // checked before any work
     for (auto& a : args) {
