@@ -64,6 +64,8 @@ def test_static_weights_are_kept_packed_by_onednn_and_the_kernel_says_so(each_bl
         got = session.run({s: a})[o]
         assert dict(session._engine.kernel_algorithms())["matmul"] == "oneDNN matmul (weights kept packed)"
     np.testing.assert_allclose(got, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4 * np.sqrt(64))
+    # streamed weights with a thin side (a 10-class layer): oneDNN's matmul, packing nothing kept
+    assert _algorithm(4096, 512, 10) == "oneDNN matmul"
 
 
 def test_the_cpu_chooses_by_default():
