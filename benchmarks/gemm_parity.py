@@ -83,9 +83,7 @@ def popxl_products(layout: Layout, a: List[np.ndarray],
             ops.host_store(out, total)
 
         ops.repeat(ir.create_graph(body, *a_vars, *b_vars), REPEATS, *a_vars, *b_vars)
-        # Every operand is written once per run (0 added to one element), as a training step writes
-        # its weights: operands the program never writes would take the kernel's static-weights path
-        # (kept packed between calls), which bert_train's products never do.
+        # Every operand written once per run (0 added to one element): see the module's docstring.
         for v in a_vars + b_vars:
             ops.add_(ops.slice_(v, [0, 0], [1, 1]), popxl.constant(0.0))
     session = popxl.Session(ir, "cpu")

@@ -135,7 +135,8 @@ KernelFactory matmul(MatmulKind kind) {
       pd.emplace(cpu(), ad, bd, yd, user_scratchpad(attr));
     }
     if (keep_b) k->keep_weights(b, md(B.dims, B.strides, tb), pd->weights_desc());
-    k->primitive_name = keep_b ? "oneDNN matmul (weights kept packed)" : "oneDNN matmul";
+    // oneDNN's name for the implementation, as convolutions report theirs (conv.cpp)
+    k->primitive_name = std::string("oneDNN matmul (") + pd->impl_info_str() + (keep_b ? ", weights kept packed)" : ")");
     k->use(Primitive(*pd, k->scratch));
     return k;
   } catch (const dnnl::error&) {
