@@ -5,6 +5,7 @@ fixture (tests/conftest.py): matmuls of every layout, bias and residual epilogue
 attention and its gradient, Winograd convolutions."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -129,3 +130,24 @@ def test_mkl_beside_pytorch_in_one_process():
     """), POPXL_BLAS="mkl")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "sgemm (mkl)"
+
+
+@pytest.mark.skipif("mkl" not in native.blas_available(), reason="MKL cannot be loaded here")
+def test_mkl_symbols_stay_out_of_the_process_scope():
+    """popxl's MKL (sequential) is opened in a scope of its own, so a library loaded after it that
+    reaches its own MKL through MKL's symbols (PyTorch) still gets its own. Through libmkl_rt, which
+    opens MKL's layers globally, PyTorch imported after popxl's first product had one thread
+    (torch.get_num_threads() and OpenMP's count were 1) and torch.mm ran on popxl's sequential MKL."""
+    has_torch = importlib.util.find_spec("torch") is not None
+    out = _python(textwrap.dedent(PRODUCT) + textwrap.dedent("""
+        import ctypes
+        process = ctypes.CDLL(None)
+        assert not hasattr(process, "mkl_get_max_threads") and not hasattr(process, "cblas_sgemm")
+        if HAS_TORCH:
+            import torch
+            print(torch.get_num_threads(), ctypes.CDLL("libgomp.so.1").omp_get_max_threads())
+            t = torch.from_numpy(a)
+            np.testing.assert_allclose((t @ t.T).numpy(), a.astype(np.float64) @ a.T, rtol=1e-4, atol=1e-3)
+    """).replace("HAS_TORCH", str(has_torch)), POPXL_BLAS="mkl", OMP_NUM_THREADS="2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["sgemm (mkl)"] + (["2 2"] if has_torch else [])

@@ -1,7 +1,9 @@
-// The float32 GEMM libraries (blas.hpp). MKL is not linked: `dlopen` finds the `mkl` wheel's
-// single dynamic library (libmkl_rt) beside libdnnl, through the extension's run path, the first
-// time a kernel asks for the preferred library on an Intel CPU. A process without it (or on another
-// CPU) uses OpenBLAS and loads nothing of MKL's.
+// The float32 GEMM libraries (blas.hpp). MKL is not linked: the first time a kernel asks for the
+// preferred library on an Intel CPU, `dlopen` opens libpopxl_mkl beside the extension, whose
+// dependencies are the `mkl` wheel's LP64, sequential and core layers (found beside libdnnl
+// through its run path), with RTLD_LOCAL: MKL's symbols stay out of the process's global scope,
+// where other libraries (PyTorch) would take them for their own MKL's (native/CMakeLists.txt). A
+// process without the wheel (or on another CPU) uses OpenBLAS and loads nothing of MKL's.
 #include "blas.hpp"
 
 #include <cblas.h>
@@ -20,9 +22,6 @@ namespace {
 
 // cblas_sgemm's enumerations (the same numbers in OpenBLAS's and MKL's cblas.h).
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
-// MKL's service functions: MKL_Set_Interface_Layer(MKL_INTERFACE_LP64) and
-// MKL_Set_Threading_Layer(MKL_THREADING_SEQUENTIAL); each returns the layer then in force.
-constexpr int kMklLp64 = 0, kMklSequential = 1;
 
 using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
                             int);
@@ -45,29 +44,32 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// MKL's libmkl_rt, set to LP64 integers and sequential threads; false (and MKL left alone) when it
-// cannot be had as that. The libraries libmkl_rt loads itself are checked first: a missing one is
-// a fatal error inside MKL, which ends the process.
+// The directory of this extension (libpopxl_mkl lies beside it).
+std::string own_directory() {
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<void*>(&own_directory), &info) || !info.dli_fname) return {};
+  const std::string path = info.dli_fname;
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+// MKL through libpopxl_mkl (LP64 integers, sequential threads: the layers it depends on); false
+// (and MKL left unused) when it cannot be had. The layers MKL opens itself at its first call are
+// checked first: a missing one is a fatal error inside MKL, which ends the process.
 bool load_mkl() {
-  for (const char* soname : {"libmkl_rt.so.3", "libmkl_rt.so.2"}) {
-    void* h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
-    if (!h) continue;
-    char origin[4096] = {0};
-    if (dlinfo(h, RTLD_DI_ORIGIN, origin) != 0) return false;
-    const std::string version = std::strrchr(soname, '.');  // ".3": the layers share the soname's version
-    for (const char* part : {"core", "intel_lp64", "sequential", "def", "avx2", "avx512"})
-      if (!file_exists(std::string(origin) + "/libmkl_" + part + ".so" + version)) return false;
-    auto set_interface = reinterpret_cast<int (*)(int)>(dlsym(h, "MKL_Set_Interface_Layer"));
-    auto set_threading = reinterpret_cast<int (*)(int)>(dlsym(h, "MKL_Set_Threading_Layer"));
-    auto sgemm = reinterpret_cast<CblasSgemm>(dlsym(h, "cblas_sgemm"));
-    if (!set_interface || !set_threading || !sgemm) return false;
-    // Another library of the process may have set MKL up before us (other integers, its own
-    // threads): then its sgemm is not one to call from our threads.
-    if (set_interface(kMklLp64) != kMklLp64 || set_threading(kMklSequential) != kMklSequential) return false;
-    mkl_cblas_sgemm = sgemm;
-    return true;
-  }
-  return false;
+  void* h = dlopen((own_directory() + "/libpopxl_mkl.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) return false;
+  void* core = dlopen("libmkl_core.so.3", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);  // loaded with h
+  char origin[4096] = {0};
+  const bool located = core && dlinfo(core, RTLD_DI_ORIGIN, origin) == 0;
+  if (core) dlclose(core);
+  if (!located) return false;
+  for (const char* part : {"def", "avx2", "avx512"})
+    if (!file_exists(std::string(origin) + "/libmkl_" + part + ".so.3")) return false;
+  auto sgemm = reinterpret_cast<CblasSgemm>(dlsym(h, "cblas_sgemm"));
+  if (!sgemm) return false;
+  mkl_cblas_sgemm = sgemm;
+  return true;
 }
 
 bool mkl_loaded() {
@@ -90,7 +92,7 @@ int parse(const std::string& name) {
   if (name == "openblas") return static_cast<int>(Blas::OpenBlas);
   if (name == "mkl") {
     if (!mkl_loaded())
-      throw std::invalid_argument("the MKL library (libmkl_rt of the `mkl` package) cannot be loaded in this process");
+      throw std::invalid_argument("the MKL library (the `mkl` package's LP64, sequential and core layers) cannot be loaded in this process");
     return static_cast<int>(Blas::Mkl);
   }
   throw std::invalid_argument("unknown BLAS library '" + name + "' (expected 'auto', 'openblas' or 'mkl')");
