@@ -10,11 +10,12 @@ from __future__ import annotations
 import gc
 import importlib
 import math
+import multiprocessing
 import statistics
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -160,29 +161,6 @@ def calibrate(bench: Bench, min_time: float) -> int:
         n *= 4
 
 
-def time_interleaved(benches: Dict[str, Bench], repeats: int, min_time: float,
-                     call_time: Optional[Dict[str, float]] = None) -> Dict[str, List[float]]:
-    """Seconds per item for each bench, ``repeats`` samples each.
-
-    Repeats go round-robin over the frameworks, so a burst of machine noise lands on all of them
-    rather than on whichever happened to run then; only ratios from one run are meaningful.
-    A bench whose warm-up calls (``call_time``, seconds per call) already last ``min_time``
-    runs one call per repeat without calibrating: calibrating would cost another long call."""
-    call_time = call_time or {}
-    inner = {k: 1 if call_time.get(k, 0.0) >= min_time and b.fixed_inner is None else calibrate(b, min_time)
-             for k, b in benches.items()}
-    samples: Dict[str, List[float]] = {k: [] for k in benches}
-    for _ in range(repeats):
-        for k, b in benches.items():
-            gc.collect()
-            call, n = b.call, inner[k]
-            t0 = time.perf_counter()
-            for _ in range(n):
-                call()
-            samples[k].append((time.perf_counter() - t0) / (n * b.items))
-    return samples
-
-
 def summarise(case: Case, seconds_per_item: Sequence[float]) -> Measurement:
     """Median and half-range spread, converted to the case's unit."""
     if case.lower_is_better:
@@ -195,7 +173,7 @@ def summarise(case: Case, seconds_per_item: Sequence[float]) -> Measurement:
 
 def describe_failure(e: BaseException) -> str:
     """One-line reason for the table; the traceback's last frame says where popxl refused."""
-    if isinstance(e, Unavailable):
+    if isinstance(e, (Unavailable, RemoteFailure)):  # a worker's message is already this line
         return str(e)
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
@@ -203,46 +181,219 @@ def describe_failure(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[:160]}{loc}"
 
 
-def run_case(case: Case, frameworks: Sequence[str], repeats: int, min_time: float,
-             slow_call: float = 30.0) -> Row:
-    """Build every selected framework's bench, warm up and check each, time them interleaved.
+# The workloads: name -> (module of benchmarks.workloads, its function returning the cases).
+_CASES = {"gemm": ("gemm", "cases"), "mlp_small": ("mlp", "cases"), "mlp_big": ("mlp", "big_cases"),
+          "gpt_block": ("gpt_block", "cases"), "cnn_infer": ("cnn", "cases"), "overhead": ("overhead", "cases"),
+          "compile": ("compile", "cases"), "bert_infer": ("bert", "infer_cases"), "bert_train": ("bert", "train_cases")}
 
-    A framework whose warm-up call took longer than ``slow_call`` seconds (PyTorch's float16
-    GEMM on CPUs without float16 units takes minutes) is reported from that one call instead of
-    holding up the whole run."""
+WORKLOADS = list(_CASES)
+
+
+def workload_cases(name: str, quick: bool) -> List[Case]:
+    """Import a workload lazily, so one that fails to import only costs its own rows."""
+    module, func = _CASES[name]
+    return getattr(importlib.import_module(f"benchmarks.workloads.{module}"), func)(quick)
+
+
+class RemoteFailure(Exception):
+    """A bench failed in a worker process; the message is the worker's `describe_failure`."""
+
+
+class LocalHost:
+    """Builds and times benches in this process. Case ``index`` of a workload is
+    ``workload_cases(workload, quick)[index]``, so a worker process finds the parent's case by name
+    and position (builders are closures, which do not cross processes)."""
+
+    def __init__(self, quick: bool) -> None:
+        self.quick = quick
+        self._cases: Dict[str, List[Case]] = {}
+        self._benches: Dict[str, Bench] = {}
+        self._call_seconds: Dict[str, float] = {}  # one warm-up call's
+
+    def build(self, workload: str, index: int, key: str) -> Tuple[np.ndarray, float, float]:
+        """Build ``key``'s bench of the case and warm it up: its checked results, and seconds per
+        item and per call in the warm-up."""
+        if workload not in self._cases:
+            self._cases[workload] = workload_cases(workload, self.quick)
+        bench = self._cases[workload][index].builders[key]()
+        self._benches[key] = bench
+        results, per_item = warm_up(bench)
+        self._call_seconds[key] = per_item * bench.items
+        return results, per_item, self._call_seconds[key]
+
+    def calibrate(self, key: str, min_time: float) -> int:
+        """Calls per timed repeat: one when a warm-up call already lasted ``min_time`` (calibrating
+        would cost another long call), else `calibrate`'s count."""
+        bench = self._benches[key]
+        if bench.fixed_inner is None and self._call_seconds[key] >= min_time:
+            return 1
+        return calibrate(bench, min_time)
+
+    def time(self, key: str, calls: int) -> float:
+        """Seconds per item over ``calls`` calls of ``key``'s bench."""
+        bench = self._benches[key]
+        gc.collect()
+        call = bench.call
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        return (time.perf_counter() - t0) / (calls * bench.items)
+
+    def close(self) -> None:
+        """Close every bench built since the last close."""
+        benches, self._benches = self._benches, {}
+        for b in benches.values():
+            if b.close:
+                b.close()
+        del benches
+        gc.collect()
+
+
+def _serve(conn: Any, family: str, quick: bool, threads: int) -> None:
+    """A worker process's loop: one framework family's benches, on command from `WorkerHost`."""
+    if family == "popxl":
+        # popxl's engine loads libgomp with its own settings (popxl/engines/native.py); loaded here,
+        # before any builder, it cannot inherit another framework's (bert_infer's builders export
+        # the model through PyTorch, which brings its own libgomp).
+        from popxl.engines.native import _import_native
+        _import_native()
+    elif family == "torch":
+        try:
+            import torch
+            torch.set_num_threads(threads)
+        except ImportError:
+            pass
+    host = LocalHost(quick)
+    while True:
+        message = conn.recv()
+        if message is None:
+            host.close()
+            return
+        method, args = message
+        try:
+            conn.send(("ok", getattr(host, method)(*args)))
+        except Exception as e:
+            conn.send(("failed", describe_failure(e)))
+
+
+class WorkerHost:
+    """A `LocalHost` in a process of its own (spawned: a fresh interpreter), for one framework
+    family. Each framework then runs with its own OpenMP runtime at its own settings, as a user of
+    that framework alone has it: in one process the first framework to load libgomp sets it up for
+    all (run.py used to import PyTorch first, so popxl ran at libgomp's default idle spin, not at
+    its own short one). A worker that dies (a crash in a framework) fails its case and is started
+    again for the next."""
+
+    def __init__(self, family: str, quick: bool, threads: int) -> None:
+        self.family, self.quick, self.threads = family, quick, threads
+        self._proc: Any = None
+        self._conn: Any = None
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, self.family, self.quick, self.threads), daemon=True,
+                                 name=f"bench-{self.family}")
+        self._proc.start()
+        child.close()
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        try:
+            self._conn.send((method, args))
+            status, value = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(5)
+            code = self._proc.exitcode
+            self._proc = None
+            raise RemoteFailure(f"the {self.family} worker process died (exit code {code})") from None
+        if status != "ok":
+            raise RemoteFailure(value)
+        return value
+
+    def build(self, workload: str, index: int, key: str) -> Tuple[np.ndarray, float, float]:
+        return self._call("build", workload, index, key)
+
+    def calibrate(self, key: str, min_time: float) -> int:
+        return self._call("calibrate", key, min_time)
+
+    def time(self, key: str, calls: int) -> float:
+        return self._call("time", key, calls)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._call("close")
+
+    def stop(self) -> None:
+        """End the worker process."""
+        if self._proc is None:
+            return
+        try:
+            self._conn.send(None)
+        except OSError:
+            pass
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc = None
+
+
+Host = Union[LocalHost, WorkerHost]
+
+# Pause before each timed repeat: another framework's idle threads may still be spinning after its
+# repeat (libgomp's default spin, PyTorch's, lasts milliseconds) and would take a core from this one.
+_SETTLE_SECONDS = 0.05
+
+
+def run_case(case: Case, index: int, hosts: Mapping[str, Host], repeats: int, min_time: float,
+             slow_call: float = 30.0) -> Row:
+    """Build the bench of every framework in ``hosts`` (family -> host) for case ``index`` of its
+    workload, warm up and check each, and time them interleaved.
+
+    Repeats go round-robin over the frameworks, so a burst of machine noise lands on all of them
+    rather than on whichever happened to run then; only ratios from one run are meaningful. Each
+    repeat runs enough calls to last ``min_time``; a bench whose warm-up calls already last that
+    long runs one call per repeat without calibrating (calibrating would cost another long call).
+    A framework whose warm-up call took longer than ``slow_call`` seconds (PyTorch's float16 GEMM on
+    CPUs without float16 units takes minutes) is reported from that one call instead of holding up
+    the whole run."""
     row = Row(case)
-    benches: Dict[str, Bench] = {}
     checks: Dict[str, np.ndarray] = {}
-    slow: Dict[str, float] = {}
-    call_time: Dict[str, float] = {}
+    warm: Dict[str, float] = {}  # seconds per item in the warm-up
+    slow: List[str] = []
+    built: Dict[str, Host] = {}
     try:
         for key in FRAMEWORKS:
             if key not in case.builders:
                 continue
-            if FRAMEWORKS[key] not in frameworks:
+            host = hosts.get(FRAMEWORKS[key])
+            if host is None:
                 row.results[key] = Measurement(na="not selected")
                 continue
             try:
-                bench = case.builders[key]()
-                benches[key] = bench
-                checks[key], secs = warm_up(bench)
-                call_time[key] = secs * bench.items
-                if secs * bench.items > slow_call:  # one call, not the whole warm-up
-                    slow[key] = secs
+                built[key] = host
+                checks[key], warm[key], call_seconds = host.build(case.workload, index, key)
+                if call_seconds > slow_call:  # one call, not the whole warm-up
+                    slow.append(key)
             except Exception as e:  # a framework that cannot run this case is reported, not fatal
                 row.results[key] = Measurement(na=describe_failure(e))
         _check(case, row, checks)
-        timed = {k: b for k, b in benches.items() if k in checks and k not in slow}
-        samples = {**time_interleaved(timed, repeats, min_time, call_time), **{k: [s] for k, s in slow.items()}}
+        timed = [k for k in checks if k not in slow]
+        inner = {k: built[k].calibrate(k, min_time) for k in timed}
+        samples: Dict[str, List[float]] = {k: [] for k in timed}
+        for _ in range(repeats):
+            for k in timed:
+                time.sleep(_SETTLE_SECONDS)
+                samples[k].append(built[k].time(k, inner[k]))
+        samples.update({k: [warm[k]] for k in slow})
         for key, secs in samples.items():
             m = summarise(case, secs)
             m.check, m.slow = row.results.get(key, Measurement()).check, key in slow
             row.results[key] = m
     finally:
-        for b in benches.values():
-            if b.close:
-                b.close()
-        gc.collect()
+        for host in {id(h): h for h in built.values()}.values():
+            host.close()
     return row
 
 

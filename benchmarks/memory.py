@@ -81,7 +81,7 @@ PEER_KEYS = ["popxl", "torch", "torch_compile", "jax", "jax_scan"]
 
 def child_peak(workload: str, key: str, quick: bool) -> int:
     """Train ``workload`` with framework ``key`` once through its batches; return VmHWM in KiB."""
-    from benchmarks.run import workload_cases
+    from benchmarks.common import workload_cases
     (case,) = workload_cases(workload, quick)
     bench = case.builders[key]()
     steps = int(case.steps_per_run)

@@ -6,19 +6,20 @@ markdown table with popxl/peer ratios.
     python benchmarks/run.py --only gemm,mlp_small --repeats 7
     python benchmarks/run.py --quick --only overhead,mlp_small --frameworks popxl
 
-Peers that are not installed are reported as "not installed" (pip install '.[bench]').
+Each framework runs in a worker process of its own (its own OpenMP runtime and settings, as a user
+running it alone has them); --in-process runs them all in this one. Peers that are not installed
+are reported as "not installed" (pip install '.[bench]').
 A ratio > 1 always means popxl is faster. Exit status 1 if a correctness gate failed.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import os
 import platform
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 # Thread counts are fixed before any framework is imported (OpenMP, Eigen and torch read them
 # once at start-up), so every framework gets the same cores.
@@ -34,24 +35,11 @@ def _pin_threads(threads: int) -> None:
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks` as a package
 
-from benchmarks.common import FAMILY_OF_OPTION, FRAMEWORKS, LABELS, Case, Row, run_case  # noqa: E402
+from benchmarks.common import (FAMILY_OF_OPTION, FRAMEWORKS, LABELS, WORKLOADS, Host, LocalHost,  # noqa: E402
+                               Row, WorkerHost, run_case, workload_cases)
 
 # Ratio columns: popxl against each peer (for training rows, the popxl variant of that row).
 PEERS = ["torch", "torch_compile", "jax", "jax_scan", "ort"]
-
-
-_CASES = {"gemm": ("gemm", "cases"), "mlp_small": ("mlp", "cases"), "mlp_big": ("mlp", "big_cases"),
-          "gpt_block": ("gpt_block", "cases"), "cnn_infer": ("cnn", "cases"), "overhead": ("overhead", "cases"),
-          "compile": ("compile", "cases"), "bert_infer": ("bert", "infer_cases"), "bert_train": ("bert", "train_cases")}
-
-
-WORKLOADS = list(_CASES)
-
-
-def workload_cases(name: str, quick: bool) -> List[Case]:
-    """Import a workload lazily, so one that fails to import only costs its own rows."""
-    module, func = _CASES[name]
-    return getattr(importlib.import_module(f"benchmarks.workloads.{module}"), func)(quick)
 
 
 def fmt_value(v: float) -> str:
@@ -138,6 +126,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="a warm-up longer than this many seconds is reported as is, not timed again")
     parser.add_argument("--min-time", type=float, default=None,
                         help="seconds per timed repeat (default 0.3, --quick 0.02)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="every framework in this process (one OpenMP runtime, whose settings the first "
+                             "framework to load it chooses for all) instead of one worker process each")
     args = parser.parse_args(argv)
     only = [w.strip() for w in args.only.split(",") if w.strip()]
     unknown = [w for w in only if w not in WORKLOADS]
@@ -148,19 +139,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     min_time = args.min_time if args.min_time is not None else (0.02 if args.quick else 0.3)
 
     _pin_threads(args.threads)
-    if "torch" in families:
-        try:
-            import torch
-            torch.set_num_threads(args.threads)
-        except ImportError:
-            pass
+    hosts: Dict[str, Host]
+    if args.in_process:
+        if "torch" in families:
+            try:
+                import torch
+                torch.set_num_threads(args.threads)
+            except ImportError:
+                pass
+        local = LocalHost(args.quick)
+        hosts = {f: local for f in families}
+    else:
+        hosts = {f: WorkerHost(f, args.quick, args.threads) for f in families}
 
     rows: List[Row] = []
-    for name in only:
-        for case in workload_cases(name, args.quick):
-            print(f"[bench] {case.workload} {case.name} ...", file=sys.stderr, flush=True)
-            rows.append(run_case(case, families, repeats, min_time, args.slow_call))
-    print(f"popxl vs peers: {machine_note(args.threads)}; median of {repeats} repeats "
+    try:
+        for name in only:
+            for index, case in enumerate(workload_cases(name, args.quick)):
+                print(f"[bench] {case.workload} {case.name} ...", file=sys.stderr, flush=True)
+                rows.append(run_case(case, index, hosts, repeats, min_time, args.slow_call))
+    finally:
+        for host in hosts.values():
+            if isinstance(host, WorkerHost):
+                host.stop()
+    where = "all in this process" if args.in_process else "each framework in a process of its own"
+    print(f"popxl vs peers: {machine_note(args.threads)}; {where}; median of {repeats} repeats "
           f"(±: half the min-max range); ratio > 1 means popxl is faster\n")
     print(table(rows))
     print("\nCorrectness (warm-up results; max|a-b|/max|b|):")

@@ -2,8 +2,11 @@
 mlp_small correctness gate (popxl's losses over 100 SGD steps against a NumPy reference)."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,37 @@ def test_quick_run_prints_table_and_passes_correctness_gate() -> None:
     assert "popxl: ok vs reference" in out
     assert "not selected" in out  # the peers are reported, not run
 
+
+    assert "each framework in a process of its own" in out
+
+
+def test_worker_host_builds_times_reports_failures_and_survives_a_crash() -> None:
+    """run.py's worker processes (one per framework family): a bench built and timed there; a
+    builder's exception comes back as the table's one-line reason; a worker killed in the middle
+    of a timing fails that call with its exit code, and the next call starts a new worker."""
+    sys.path.insert(0, str(RUN.parents[1]))
+    from benchmarks.common import RemoteFailure, WorkerHost, describe_failure, workload_cases
+
+    (case, _) = workload_cases("overhead", quick=True)
+    assert case.name == "4 floats in/out, run()"
+    host = WorkerHost("popxl", quick=True, threads=1)
+    try:
+        results, per_item, per_call = host.build("overhead", 0, "popxl")
+        assert results.size > 0 and 0 < per_item <= per_call  # a run() is one item
+        calls = host.calibrate("popxl", 0.01)
+        assert calls >= 1 and 0 < host.time("popxl", calls) < 0.01
+        with pytest.raises(RemoteFailure) as failed:
+            host.build("overhead", 99, "popxl")
+        assert describe_failure(failed.value).startswith("IndexError: list index out of range [common.py:")
+        pid = host._proc.pid
+        killer = threading.Timer(1.0, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        with pytest.raises(RemoteFailure, match=r"the popxl worker process died \(exit code -9\)"):
+            host.time("popxl", 10**9)
+        killer.join()
+        assert host.build("overhead", 0, "popxl")[0].size > 0 and host._proc.pid != pid
+    finally:
+        host.stop()
 
 
 def test_memory_benchmark_prints_its_measurement() -> None:
