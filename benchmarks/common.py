@@ -380,12 +380,19 @@ def run_case(case: Case, index: int, hosts: Mapping[str, Host], repeats: int, mi
                 row.results[key] = Measurement(na=describe_failure(e))
         _check(case, row, checks)
         timed = [k for k in checks if k not in slow]
-        inner = {k: built[k].calibrate(k, min_time) for k in timed}
+        inner: Dict[str, int] = {}
         samples: Dict[str, List[float]] = {k: [] for k in timed}
         for _ in range(repeats):
-            for k in timed:
-                time.sleep(_SETTLE_SECONDS)
-                samples[k].append(built[k].time(k, inner[k]))
+            for k in list(timed):
+                try:
+                    if k not in inner:
+                        inner[k] = built[k].calibrate(k, min_time)
+                    time.sleep(_SETTLE_SECONDS)
+                    samples[k].append(built[k].time(k, inner[k]))
+                except RemoteFailure as e:  # its worker died: the others' rows go on
+                    row.results[k] = Measurement(na=describe_failure(e), check=row.results.get(k, Measurement()).check)
+                    timed.remove(k)
+                    del samples[k]
         samples.update({k: [warm[k]] for k in slow})
         for key, secs in samples.items():
             m = summarise(case, secs)
@@ -393,7 +400,10 @@ def run_case(case: Case, index: int, hosts: Mapping[str, Host], repeats: int, mi
             row.results[key] = m
     finally:
         for host in {id(h): h for h in built.values()}.values():
-            host.close()
+            try:
+                host.close()
+            except RemoteFailure:  # a worker that dies closing its benches is started again when next needed
+                pass
     return row
 
 

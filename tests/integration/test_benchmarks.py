@@ -59,6 +59,42 @@ def test_worker_host_builds_times_reports_failures_and_survives_a_crash() -> Non
         host.stop()
 
 
+def test_a_worker_dying_while_timed_fails_its_row_cell_only() -> None:
+    """run_case with one framework's worker dying in its second timed repeat: that cell says why,
+    the other framework is measured over every repeat."""
+    sys.path.insert(0, str(RUN.parents[1]))
+    import numpy as np
+
+    from benchmarks.common import Case, RemoteFailure, run_case
+
+    class Host:  # what run_case asks of a LocalHost or a WorkerHost
+        def __init__(self, dies_at: int) -> None:
+            self.timed, self.dies_at, self.closed = 0, dies_at, 0
+
+        def build(self, workload, index, key):
+            return np.ones(3, np.float32), 0.01, 0.01
+
+        def calibrate(self, key, min_time):
+            return 1
+
+        def time(self, key, calls):
+            self.timed += 1
+            if self.timed == self.dies_at:
+                raise RemoteFailure("the torch worker process died (exit code -11)")
+            return 0.01
+
+        def close(self):
+            self.closed += 1
+
+    popxl, torch = Host(dies_at=0), Host(dies_at=2)
+    case = Case("w", "c", "items/s", {"popxl": lambda: None, "torch": lambda: None})
+    row = run_case(case, 0, {"popxl": popxl, "torch": torch}, repeats=3, min_time=0.01)
+    assert popxl.timed == 3 and row.results["popxl"].value == 100.0
+    assert row.results["torch"].na == "the torch worker process died (exit code -11)"
+    assert row.results["torch"].check.startswith("ok vs popxl")
+    assert popxl.closed == torch.closed == 1
+
+
 def test_memory_benchmark_prints_its_measurement() -> None:
     proc = subprocess.run([sys.executable, str(RUN.parent / "memory.py"), "--quick"], capture_output=True, text=True,
                           timeout=300)
