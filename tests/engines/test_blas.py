@@ -151,3 +151,17 @@ def test_mkl_symbols_stay_out_of_the_process_scope():
     """).replace("HAS_TORCH", str(has_torch)), POPXL_BLAS="mkl", OMP_NUM_THREADS="2")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["sgemm (mkl)"] + (["2 2"] if has_torch else [])
+
+
+@pytest.mark.skipif("mkl" not in native.blas_available(), reason="MKL cannot be loaded here")
+def test_an_mkl_another_library_loaded_first_leaves_popxl_on_openblas():
+    """Ours would share that MKL's core and whatever layers came with it (their threads, their
+    integers), so popxl keeps to OpenBLAS, and refuses POPXL_BLAS=mkl."""
+    other_mkl = ('import ctypes, os, sys\n'
+                 'ctypes.CDLL(os.path.join(sys.prefix, "lib", "libmkl_core.so.3"), mode=os.RTLD_LAZY)\n')
+    out = _python(other_mkl + textwrap.dedent(PRODUCT))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "sgemm (openblas)"
+    refused = _python(other_mkl + textwrap.dedent(PRODUCT), POPXL_BLAS="mkl")
+    assert refused.returncode != 0
+    assert "cannot be loaded in this process" in refused.stderr, refused.stderr

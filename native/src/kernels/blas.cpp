@@ -57,6 +57,12 @@ std::string own_directory() {
 // (and MKL left unused) when it cannot be had. The layers MKL opens itself at its first call are
 // checked first: a missing one is a fatal error inside MKL, which ends the process.
 bool load_mkl() {
+  // An MKL core that another library of the process loaded (with its own interface and threading
+  // layers, perhaps global) would be the one ours shares: its threads, its integers. OpenBLAS then.
+  if (void* other = dlopen("libmkl_core.so.3", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) {
+    dlclose(other);
+    return false;
+  }
   void* h = dlopen((own_directory() + "/libpopxl_mkl.so").c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) return false;
   void* core = dlopen("libmkl_core.so.3", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);  // loaded with h
