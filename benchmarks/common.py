@@ -245,8 +245,17 @@ class LocalHost:
         for b in benches.values():
             if b.close:
                 b.close()
-        del benches
+        del benches  # the last reference: gc.collect() frees them
         gc.collect()
+
+
+def set_torch_threads(threads: int) -> None:
+    """PyTorch's intra-op threads, if PyTorch is installed (it imports it)."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(threads)
 
 
 def _serve(conn: Any, family: str, quick: bool, threads: int) -> None:
@@ -258,11 +267,7 @@ def _serve(conn: Any, family: str, quick: bool, threads: int) -> None:
         from popxl.engines.native import _import_native
         _import_native()
     elif family == "torch":
-        try:
-            import torch
-            torch.set_num_threads(threads)
-        except ImportError:
-            pass
+        set_torch_threads(threads)
     host = LocalHost(quick)
     while True:
         message = conn.recv()

@@ -36,7 +36,7 @@ def _pin_threads(threads: int) -> None:
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks` as a package
 
 from benchmarks.common import (FAMILY_OF_OPTION, FRAMEWORKS, LABELS, WORKLOADS, Host, LocalHost,  # noqa: E402
-                               Row, WorkerHost, run_case, workload_cases)
+                               Row, WorkerHost, run_case, set_torch_threads, workload_cases)
 
 # Ratio columns: popxl against each peer (for training rows, the popxl variant of that row).
 PEERS = ["torch", "torch_compile", "jax", "jax_scan", "ort"]
@@ -142,11 +142,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     hosts: Dict[str, Host]
     if args.in_process:
         if "torch" in families:
-            try:
-                import torch
-                torch.set_num_threads(args.threads)
-            except ImportError:
-                pass
+            set_torch_threads(args.threads)
         local = LocalHost(args.quick)
         hosts = {f: local for f in families}
     else:

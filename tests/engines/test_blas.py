@@ -139,16 +139,19 @@ def test_mkl_symbols_stay_out_of_the_process_scope():
     opens MKL's layers globally, PyTorch imported after popxl's first product had one thread
     (torch.get_num_threads() and OpenMP's count were 1) and torch.mm ran on popxl's sequential MKL."""
     has_torch = importlib.util.find_spec("torch") is not None
-    out = _python(textwrap.dedent(PRODUCT) + textwrap.dedent("""
+    code = textwrap.dedent(PRODUCT) + textwrap.dedent("""
         import ctypes
         process = ctypes.CDLL(None)
         assert not hasattr(process, "mkl_get_max_threads") and not hasattr(process, "cblas_sgemm")
-        if HAS_TORCH:
+    """)
+    if has_torch:
+        code += textwrap.dedent("""
             import torch
             print(torch.get_num_threads(), ctypes.CDLL("libgomp.so.1").omp_get_max_threads())
             t = torch.from_numpy(a)
             np.testing.assert_allclose((t @ t.T).numpy(), a.astype(np.float64) @ a.T, rtol=1e-4, atol=1e-3)
-    """).replace("HAS_TORCH", str(has_torch)), POPXL_BLAS="mkl", OMP_NUM_THREADS="2")
+        """)
+    out = _python(code, POPXL_BLAS="mkl", OMP_NUM_THREADS="2")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["sgemm (mkl)"] + (["2 2"] if has_torch else [])
 
@@ -157,11 +160,12 @@ def test_mkl_symbols_stay_out_of_the_process_scope():
 def test_an_mkl_another_library_loaded_first_leaves_popxl_on_openblas():
     """Ours would share that MKL's core and whatever layers came with it (their threads, their
     integers), so popxl keeps to OpenBLAS, and refuses POPXL_BLAS=mkl."""
-    other_mkl = ('import ctypes, os, sys\n'
-                 'ctypes.CDLL(os.path.join(sys.prefix, "lib", "libmkl_core.so.3"), mode=os.RTLD_LAZY)\n')
-    out = _python(other_mkl + textwrap.dedent(PRODUCT))
+    code = ('import ctypes, os, sys\n'
+            'ctypes.CDLL(os.path.join(sys.prefix, "lib", "libmkl_core.so.3"), mode=os.RTLD_LAZY)\n'
+            + textwrap.dedent(PRODUCT))
+    out = _python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "sgemm (openblas)"
-    refused = _python(other_mkl + textwrap.dedent(PRODUCT), POPXL_BLAS="mkl")
+    refused = _python(code, POPXL_BLAS="mkl")
     assert refused.returncode != 0
     assert "cannot be loaded in this process" in refused.stderr, refused.stderr

@@ -25,9 +25,15 @@ def test_quick_run_prints_table_and_passes_correctness_gate() -> None:
     assert "| mlp_small | batch 8, 784-32-10 (1 step/run) | steps/s |" in out
     assert "popxl: ok vs reference" in out
     assert "not selected" in out  # the peers are reported, not run
-
-
     assert "each framework in a process of its own" in out
+
+
+def test_in_process_run_measures_the_same_rows_in_one_process() -> None:
+    proc = subprocess.run([sys.executable, str(RUN), "--quick", "--only", "overhead", "--frameworks", "popxl",
+                           "--in-process"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all in this process" in proc.stdout
+    assert "| overhead | 4 floats in/out, run() | µs/run |" in proc.stdout
 
 
 def test_worker_host_builds_times_reports_failures_and_survives_a_crash() -> None:
