@@ -2,6 +2,7 @@
 
 #include "instances.hpp"
 #include "kernels/loops.hpp"
+#include "threads.hpp"
 
 #include <chrono>
 #include <cstdlib>
@@ -169,8 +170,9 @@ void copy_buffer(uint8_t* arena_dst, const Buffer& dst, const uint8_t* arena_src
       return;
     }
     const int64_t piece = 1 << 16;
-#pragma omp parallel for schedule(static)
-    for (int64_t at = 0; at < bytes; at += piece) std::memcpy(d + at, s + at, std::min(piece, bytes - at));
+    threads::for_each((bytes + piece - 1) / piece, [&](int64_t i) {
+      std::memcpy(d + i * piece, s + i * piece, std::min(piece, bytes - i * piece));
+    });
     return;
   }
   if (dst.shape.empty()) {
@@ -273,6 +275,7 @@ void Engine::run(const std::vector<Host>& inputs, const std::vector<Host>& outpu
     explicit Running(std::atomic<bool>& f) : flag(f) { flag = true; }
     ~Running() { flag = false; }
   } running(running_);
+  threads::HotScope hot;  // the team's idle threads wait busily for the run's next region
   if (layout_->count > 1 && !link_)
     throw std::runtime_error("engine of instance " + std::to_string(layout_->index) + " of " +
                              std::to_string(layout_->count) + " has not joined the other instances");

@@ -16,6 +16,7 @@
 #include "engine.hpp"
 #include "instances.hpp"
 #include "kernels/blas.hpp"
+#include "threads.hpp"
 
 namespace nb = nanobind;
 using namespace popxl;
@@ -508,11 +509,24 @@ NB_MODULE(_native, m) {
         "collectives waiting for instances stop with InstanceError when one failed or when the one they wait "
         "for finished.");
   m.def("reset_peer_states", &reset_peer_states, "Forget every instance's state (all running).");
-  // libgomp's thread pool does not survive fork(): in a child of a process whose engine ran
-  // parallel regions, the next one would wait forever for the parent's threads. A child therefore
-  // runs every region on its one thread (nthreads 1 never touches the pool).
+  // libgomp's thread pool (oneDNN's) does not survive fork(): in a child of a process whose engine
+  // ran parallel regions, the next one would wait forever for the parent's threads. A child
+  // therefore runs every region on its one thread (nthreads 1 never touches the pool); the engine's
+  // own team (threads.hpp) takes its thread count from the same setting.
   m.def("after_fork_in_child", []() { omp_set_num_threads(1); },
-        "Make this process's OpenMP regions single-threaded (called in a child after fork()).");
+        "Make this process's parallel regions single-threaded (called in a child after fork()).");
+  m.def("team_shares", [](int64_t items, int64_t fail_at) {
+    std::vector<int> taken(size_t(std::max<int64_t>(items, 0)), -1);
+    threads::region([&](int id, int team) {
+      for (int64_t i : threads::share(items, id, team)) {
+        if (i == fail_at) throw std::invalid_argument("item " + std::to_string(i) + " failed on thread " + std::to_string(id));
+        taken[size_t(i)] = id;
+      }
+    });
+    return taken;
+  }, nb::arg("items"), nb::arg("fail_at") = -1,
+        "For tests of the engine's thread team: the thread that took each of `items` items in one "
+        "region (static shares); item `fail_at` throws ValueError instead.");
   m.def("abi_version", []() { return 3; },
         "Version of the executable contract this engine implements (popxl.compiler.executable.VERSION).");
   m.def("instruction_fields", []() { return instruction_fields(); },

@@ -23,18 +23,19 @@ from popxl.compiler.executable import VERSION, Executable
 from popxl.engines.arena import ArenaViews
 
 
-# How long (in spins, ~25 us here) an idle OpenMP thread waits busily before it sleeps: libgomp's
-# default, 300,000 spins (milliseconds), is good on an idle machine and ruinous on a busy one,
-# where a thread spinning at a barrier takes the core its partner needs to finish (mlp_big with one
-# other busy process: ~60 -> ~90 steps/s at 1,000 spins; on an idle machine the engine's regions
-# follow each other within a few microseconds, so the short spin costs within noise).
+# How long (in spins, ~25 us here) an idle OpenMP thread waits busily before it sleeps. Only
+# oneDNN's kernels (convolutions, pooling) run on libgomp's team; the engine's own kernels have a
+# team of their own that spins during runs and gives way (native/src/threads.hpp). libgomp's
+# default, 300,000 spins (milliseconds), is ruinous on a busy machine, where a thread spinning at a
+# barrier takes the core its partner needs to finish (mlp_big with one other busy process: ~60 ->
+# ~90 steps/s at 1,000 spins, when all kernels ran on libgomp's team).
 _GOMP_SPINCOUNT = "1000"
 
 
 def _import_native():
     """``popxl._native``, loaded with the settings its libraries read once, at load, and only then:
 
-    - OPENBLAS_NUM_THREADS=1 for its OpenBLAS: the kernels split GEMMs over OpenMP threads
+    - OPENBLAS_NUM_THREADS=1 for its OpenBLAS: the kernels split GEMMs over the engine's threads
       themselves, and a BLAS thread pool started at load would spin on a core for a while;
     - GOMP_SPINCOUNT (see ``_GOMP_SPINCOUNT``) for libgomp, unless the user set OMP_WAIT_POLICY or
       GOMP_SPINCOUNT. The OpenMP runtime is one per process: a library that loaded it earlier
@@ -46,7 +47,7 @@ def _import_native():
     if _native is None:
         _native = _load_native()
     # A forked child (multiprocessing's "fork", DataLoader workers) runs its engines single-threaded:
-    # the OpenMP thread pool of the parent does not exist there (a parallel region would hang). Set
+    # the parent's threads do not exist there (a region of libgomp's would hang). Set
     # once, whoever imported the module first (``import popxl._native`` does not come here).
     global _FORK_HANDLER_SET, _BLAS_SET
     if not _FORK_HANDLER_SET:

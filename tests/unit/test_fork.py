@@ -1,6 +1,7 @@
 """A child of a process that ran a Session (multiprocessing's "fork" start method, as PyTorch's
 DataLoader workers use) creates and runs Sessions: its engines run single-threaded there, since
-the OpenMP threads of the parent do not exist in a child. A hang would fail the test (timeouts)."""
+the threads of the parent (the engine's team, OpenMP's) do not exist in a child. A hang would fail
+the test (timeouts)."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -41,7 +42,7 @@ X = np.random.default_rng(0).standard_normal((N, N)).astype(np.float32) / 8
 
 
 def test_a_forked_child_runs_sessions_after_the_parent_did():
-    want = _run_once(X)  # the parent's OpenMP threads now exist
+    want = _run_once(X)  # the parent's threads now exist
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     children = [ctx.Process(target=_child, args=(queue, X)) for _ in range(2)]

@@ -9,7 +9,6 @@
 // (bit-identical results); the cross entropy pieces round through the stored type where the
 // reference does, use the engine's exp (within 2 ulp, underflowing to 0 below e**-87) and sum
 // the denominators in double, so they agree with the reference to rounding.
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -52,11 +51,9 @@ KernelFactory rotary(float direction) {
       using W = typename Wide<typename decltype(tag)::type>::type;
       k = std::make_unique<FnKernel>([=](uint8_t* a) {
         const int64_t B = x.shape[0], S = x.shape[1], H = x.shape[2], D = x.shape[3];
-#pragma omp parallel if (B * S > 1 && B * S * H * D > kParallelElements)
-        {
+        threads::region([&](int id, int team) {
           std::vector<W> row(D), s(pairs), c(pairs);
-#pragma omp for schedule(static)
-          for (int64_t bt = 0; bt < B * S; ++bt) {
+          for (int64_t bt : threads::share(B * S, id, team)) {
             const int64_t b = bt / S, t = bt % S;
             load_row<W>(a + sn.offset + b * bstride(sn, 0) + t * bstride(sn, 1), bstride(sn, 2), sn.dtype, s.data(), pairs);
             load_row<W>(a + cs.offset + b * bstride(cs, 0) + t * bstride(cs, 1), bstride(cs, 2), cs.dtype, c.data(), pairs);
@@ -74,7 +71,7 @@ KernelFactory rotary(float direction) {
                            row.data(), D);
             }
           }
-        }
+        }, B * S > 1 && B * S * H * D > kParallelElements);
       });
     });
     return k;
@@ -107,15 +104,13 @@ void exp_row(W* y, const W* z, int64_t n) {
 // `body(i, row, scratch)` for row i loaded from the (n, c) input `rows` (null: none).
 template <class W, class Body>
 void for_rows(uint8_t* a, const Buffer& rows, int64_t n, int64_t c, Body body) {
-#pragma omp parallel if (n > 1 && n * c > kParallelElements)
-  {
+  threads::region([&](int id, int team) {
     std::vector<W> row(c), scratch(c);
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i : threads::share(n, id, team)) {
       load_row<W>(a + rows.offset + i * rows.strides[0], rows.strides[1], rows.dtype, row.data(), c);
       body(i, row.data(), scratch.data());
     }
-  }
+  }, n > 1 && n * c > kParallelElements);
 }
 
 template <class W>

@@ -12,8 +12,6 @@
 // The gradient recomputes each block's probabilities P the same way (bit-identical to the
 // forward's) and, per (batch, head), accumulates dv += P^T dO and dk += scale dS^T q over the
 // blocks, with dS = P * (dO v^T - rowsum(dO * O)) and dq = scale dS k for the block's rows.
-#include <omp.h>
-
 #include <algorithm>
 #include <vector>
 
@@ -111,7 +109,7 @@ struct Attention {
       mask_offset = mb.offset;
       mask_strides = broadcast_strides(mb, shape);
     }
-    threads = omp_get_max_threads();
+    threads = threads::max_threads();
     rows_per_block = block_rows(sq, sk);
     sgemm = sgemm_of(preferred_blas());
     return true;
@@ -169,12 +167,11 @@ struct AttentionKernel : Kernel {
       for (int64_t item = 0; item < items; ++item) work(item, p);
       return;
     }
-#pragma omp parallel
-    {
-      float* p = reinterpret_cast<float*>(scratch.at(per_thread * size_t(omp_get_thread_num())));
-#pragma omp for schedule(dynamic)
-      for (int64_t item = 0; item < items; ++item) work(item, p);
-    }
+    threads::Dynamic next(items);
+    threads::region([&](int id, int) {
+      float* p = reinterpret_cast<float*>(scratch.at(per_thread * size_t(id)));
+      for (int64_t item; (item = next.next()) >= 0;) work(item, p);
+    }, true, at.threads);
   }
 };
 
@@ -235,13 +232,12 @@ struct AttentionGradKernel : Kernel {
       for (int64_t i = 0; i < at.stack; ++i) task(i, p, ds, dot);
       return;
     }
-#pragma omp parallel
-    {
+    threads::Dynamic next(at.stack);
+    threads::region([&](int id, int) {
       float *p, *ds, *dot;
-      buffers(omp_get_thread_num(), p, ds, dot);
-#pragma omp for schedule(dynamic)
-      for (int64_t i = 0; i < at.stack; ++i) task(i, p, ds, dot);
-    }
+      buffers(id, p, ds, dot);
+      for (int64_t i; (i = next.next()) >= 0;) task(i, p, ds, dot);
+    }, true, at.threads);
   }
 };
 

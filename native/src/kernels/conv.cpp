@@ -75,7 +75,7 @@ class BlockedConvKernel : public Kernel {
       parts_.push_back(std::make_unique<Part>(s, p * N / parts, N / parts, parts > 1));
     // Result areas: one for each thread running a part at a time (a part's result lives until
     // the part ends), so that a thread's next slice finds its area still in cache.
-    threads_ = parts > 1 ? std::min<int64_t>(omp_get_max_threads(), parts) : 1;
+    threads_ = parts > 1 ? std::min<int64_t>(threads::max_threads(), parts) : 1;
     if (const size_t bytes = parts_[0]->result_bytes)
       for (int64_t t = 0; t < threads_; ++t) areas_.push_back(scratch.reserve(bytes));
     const memory::desc& wd = parts_[0]->weights_desc;
@@ -100,8 +100,10 @@ class BlockedConvKernel : public Kernel {
       parts_[0]->run(arena, area(0));
       return;
     }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(std::min<int64_t>(omp_get_max_threads(), threads_)))
-    for (int64_t p = 0; p < parts; ++p) parts_[static_cast<size_t>(p)]->run(arena, area(omp_get_thread_num()));
+    threads::Dynamic next(parts);
+    threads::region([&](int id, int) {
+      for (int64_t p; (p = next.next()) >= 0;) parts_[static_cast<size_t>(p)]->run(arena, area(id));
+    }, true, static_cast<int>(threads_));
   }
 
   // The weights' reorder scratch and the result areas, then each slice's own piece (the slices
@@ -126,7 +128,7 @@ class BlockedConvKernel : public Kernel {
   // How many equal slices a batch of N is cut into: the most, up to kSlicesPerThread a thread,
   // that the threads share evenly; 1 (oneDNN splits the whole batch) when none do.
   static int64_t slices(int64_t N) {
-    const int64_t threads = omp_get_max_threads();
+    const int64_t threads = threads::max_threads();
     if (threads < 2) return 1;
     for (int64_t k = std::min(N / threads, kSlicesPerThread); k >= 1; --k)
       if (N % (k * threads) == 0) return k * threads;

@@ -7,7 +7,6 @@
 // the process, as for every other kernel.
 #include "gemm.hpp"
 
-#include <omp.h>
 
 #include <algorithm>
 
@@ -78,12 +77,7 @@ struct GemmKernel : Kernel {
             Y + c.y, int(ldy));
     };
     const int64_t n = static_cast<int64_t>(calls.size());
-    if (!parallel) {  // outside any OpenMP construct: even a one-thread team costs a small GEMM's time
-      for (const Call& c : calls) gemm(c);
-      return;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) gemm(calls[i]);
+    threads::for_each(n, [&](int64_t i) { gemm(calls[i]); }, parallel);
   }
 };
 
@@ -156,7 +150,7 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   g->beta = into.bias || into.accumulate ? 1.0f : 0.0f;
 
   // Offsets of every matrix of the (broadcast) batch; the output is packed.
-  const int threads = omp_get_max_threads();
+  const int threads = threads::max_threads();
   g->parallel = threads > 1 && macs >= kSingleThreadWork;
   // Too few matrices to go round the threads: cut each into bands of the longer of rows and cols.
   const bool by_rows = m >= n;

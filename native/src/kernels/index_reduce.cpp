@@ -51,11 +51,10 @@ constexpr int64_t kColumns = 256;
 template <class F>
 void line_blocks(const Lines& l, F body) {
   const int64_t chunks = (l.post + kColumns - 1) / kColumns, blocks = l.pre * chunks;
-#pragma omp parallel for schedule(static) if (l.pre * l.D * l.post > kParallelElements && blocks > 1)
-  for (int64_t b = 0; b < blocks; ++b) {
+  threads::for_each(blocks, [&](int64_t b) {
     const int64_t q0 = b % chunks * kColumns;
     body(b / chunks, q0, std::min(kColumns, l.post - q0));
-  }
+  }, l.pre * l.D * l.post > kParallelElements && blocks > 1);
 }
 
 // ---- argmax / argmin: the first extreme wins; NaN counts as the extreme (as NumPy) --------------
@@ -196,11 +195,9 @@ const RegisterKernel topk_op{{"topk"}, [](const OpInstr& ins, const std::vector<
       const T* v = packed_values<T>(a, *px);
       T* ov = reinterpret_cast<T*>(pv->write(a));
       int32_t* oi = reinterpret_cast<int32_t*>(pi->write(a));
-#pragma omp parallel if (l.pre * l.post > 1 && x.nelms > kParallelElements)
-      {
+      threads::region([&](int id, int team) {
         std::vector<int64_t> order(l.D);
-#pragma omp for schedule(static)
-        for (int64_t line_no = 0; line_no < l.pre * l.post; ++line_no) {
+        for (int64_t line_no : threads::share(l.pre * l.post, id, team)) {
           const int64_t p = line_no / l.post, q = line_no % l.post;
           const T* line = v + p * l.D * l.post + q;
           auto at_ = [&](int64_t i) { return line[i * l.post]; };
@@ -225,7 +222,7 @@ const RegisterKernel topk_op{{"topk"}, [](const OpInstr& ins, const std::vector<
             oi[e] = static_cast<int32_t>(order[j]);
           }
         }
-      }
+      }, l.pre * l.post > 1 && x.nelms > kParallelElements);
       pv->commit(a);
       pi->commit(a);
     });

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <omp.h>
 #include <type_traits>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #endif
 
 #include "../engine.hpp"
+#include "../threads.hpp"
 #include "scalar_math.hpp"
 
 namespace popxl {
@@ -60,10 +60,10 @@ inline std::vector<int64_t> broadcast_strides(const Buffer& b, const std::vector
   return s;
 }
 
-// Elementwise loops with more elements than this are spread over the OpenMP threads.
+// Elementwise loops with more elements than this are spread over the threads (threads.hpp).
 constexpr int64_t kParallelElements = 32768;
 // Library calls (oneDNN primitives, sgemm) with fewer multiply-adds (or similar) than this run on
-// one thread: for them an OpenMP region costs more than it saves, and under load from other
+// one thread: for them a parallel region costs more than it saves, and under load from other
 // processes a 2-thread region can wait a whole scheduler time slice for its second thread.
 constexpr int64_t kSingleThreadWork = int64_t(1) << 20;
 
@@ -143,7 +143,7 @@ __attribute__((noinline)) inline void stage_transposed(uint8_t* dst, int64_t pit
 //
 // nd_loop is instantiated for every kernel and dtype (hundreds of times in the elementwise
 // families), so it is split in two: the planning and the ways of sharing out the work (merging
-// dimensions, tiles, OpenMP regions) are nd_loop_run, compiled once per operand count N, which
+// dimensions, tiles, parallel regions) are nd_loop_run, compiled once per operand count N, which
 // calls back into two small functions made for each `inner`: nd_loop_rows (whole rows, `inner`
 // inlined into the row loop) and nd_loop_at (one piece of a row). A call through a pointer per
 // thread's share of rows or per tile row, where a direct call was before, is all that costs at
@@ -243,8 +243,7 @@ __attribute__((noinline)) void nd_loop_run(const std::vector<int64_t>& shape,
   std::array<int64_t, N>& inner_st = L.inner_st;
   for (size_t k = 0; k < N; ++k) inner_st[k] = st[k][rank - 1];
   const int64_t outer = total / n_inner;
-  // A serial loop outside any OpenMP construct: `parallel for if(false)` still sets up a
-  // one-thread team, which costs more than a small kernel's work.
+  // Small loops stay on the calling thread: starting a region costs more than their work.
   if (!parallel || total <= kParallelElements) {
     run_rows(fn, L, 0, outer);
     return;
@@ -275,8 +274,7 @@ __attribute__((noinline)) void nd_loop_run(const std::vector<int64_t>& shape,
     std::array<int64_t, N> s = inner_st;
     for (size_t k = 0; k < N; ++k)
       if (staged[k]) s[k] = sizes[k];
-#pragma omp parallel for schedule(static)
-    for (int64_t w = 0; w < planes * tiles_r * tiles_c; ++w) {
+    threads::for_each(planes * tiles_r * tiles_c, [&](int64_t w) {
       const int64_t tc = w % tiles_c, tr = w / tiles_c % tiles_r, plane = w / (tiles_c * tiles_r);
       const int64_t r0 = tr * kTile, c0 = tc * tile_c, rows = std::min(kTile, R - r0),
                     cols = std::min(tile_c, n_inner - c0);
@@ -290,28 +288,26 @@ __attribute__((noinline)) void nd_loop_run(const std::vector<int64_t>& shape,
           p[k] = staged[k] ? tiles[k] + r * kTile * sizes[k] : p0[k] + r * st[k][rank - 2];
         run_at(fn, p, s, cols);
       }
-    }
+    });
     return;
   }
   // Rows are cut into pieces when there are too few of them to share out (a contiguous tensor
   // merges into one row); a piece is a multiple of 64 elements, so threads never share a cache line
   // of a dense float32 output.
-  const int64_t want = 4 * static_cast<int64_t>(omp_get_max_threads());
-  if (outer >= want) {  // whole rows, an even share of them each thread, as `schedule(static)` gives
-#pragma omp parallel
-    {
-      const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
-      run_rows(fn, L, outer * t / threads, outer * (t + 1) / threads);
-    }
+  const int64_t want = 4 * static_cast<int64_t>(threads::max_threads());
+  if (outer >= want) {  // whole rows, an even share of them each thread
+    threads::region([&](int t, int team) {
+      const threads::Share sh = threads::share(outer, t, team);
+      run_rows(fn, L, sh.first, sh.last);
+    });
     return;
   }
   const int64_t pieces = std::min((want + outer - 1) / outer, (n_inner + 63) / 64);
   const int64_t piece = ((n_inner + pieces - 1) / pieces + 63) / 64 * 64;
-#pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < outer * pieces; ++w) {
+  threads::for_each(outer * pieces, [&](int64_t w) {
     const int64_t lo = (w % pieces) * piece;
     if (lo < n_inner) run_at(fn, L.place(w / pieces, lo), inner_st, std::min(piece, n_inner - lo));
-  }
+  });
 }
 
 template <size_t N, class F>

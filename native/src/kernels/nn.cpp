@@ -3,7 +3,6 @@
 // reference. Per-element formulas keep the reference's order of operations; sums (loss totals)
 // accumulate in float64, which is at least as exact as NumPy's pairwise sums, so those results
 // agree to rounding rather than bit for bit.
-#include <omp.h>
 
 #include <array>
 #include <cmath>
@@ -41,8 +40,7 @@ const RegisterKernel softmax_grad_op{{"softmax_grad"}, [](const OpInstr& ins, co
       const T* ys = reinterpret_cast<const T*>(st->y.read(a));
       T* os = reinterpret_cast<T*>(st->out.write(a));
       const int64_t block = A * inner;
-#pragma omp parallel if (outer > 1 && outer * block > kParallelElements)
-      {
+      threads::region([&](int id, int team) {
         std::vector<double> sums(inner > 1 ? inner : 0);
         std::vector<float> staged(std::is_same_v<T, f16> && inner == 1 ? 3 * A : 0);  // float16 rows as float
         const auto dense_row = [A](auto* out, const auto* g, const auto* y) {
@@ -50,8 +48,7 @@ const RegisterKernel softmax_grad_op{{"softmax_grad"}, [](const OpInstr& ins, co
           const W s = W(lane_sum<W>(A, [&](int64_t i) { return W(g[i]) * W(y[i]); }));
           for (int64_t i = 0; i < A; ++i) out[i] = O(W(g[i]) * W(y[i]) - W(y[i]) * s);
         };
-#pragma omp for schedule(static)
-        for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t o : threads::share(outer, id, team)) {
           const T *g = gs + o * block, *y = ys + o * block;
           T* out = os + o * block;
           if (inner == 1) {
@@ -75,7 +72,7 @@ const RegisterKernel softmax_grad_op{{"softmax_grad"}, [](const OpInstr& ins, co
               out[i * inner + e] = T(gv * yv - yv * W(sums[e]));
             }
         }
-      }
+      }, outer > 1 && outer * block > kParallelElements);
       st->out.commit(a);
     });
   });
@@ -147,26 +144,22 @@ const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::v
         if (d == DType::F32 && inner > 1) {  // columns of the blocks in pieces, on all threads
           constexpr int64_t kPiece = 256;
           const int64_t pieces = (inner + kPiece - 1) / kPiece;
-#pragma omp parallel if (outer * pieces > 1 && outer * block > kParallelElements)
-          {
+          threads::region([&](int id, int team) {
             SoftmaxColumns<float> cols;
-#pragma omp for schedule(static)
-            for (int64_t w = 0; w < outer * pieces; ++w) {
+            for (int64_t w : threads::share(outer * pieces, id, team)) {
               const int64_t o = w / pieces, c0 = w % pieces * kPiece;
               cols.run(reinterpret_cast<float*>(ys) + o * block, reinterpret_cast<const float*>(xs) + o * block, A,
                        inner, c0, std::min(inner, c0 + kPiece));
             }
-          }
+          }, outer * pieces > 1 && outer * block > kParallelElements);
           st->y.commit(a);
           return;
         }
       }
-#pragma omp parallel if (outer > 1 && outer * block > kParallelElements)
-      {
+      threads::region([&](int id, int team) {
         std::vector<W> in, out;
         SoftmaxColumns<W> cols;
-#pragma omp for schedule(static)
-        for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t o : threads::share(outer, id, team)) {
           const uint8_t* xo = xs + o * block * item;
           uint8_t* yo = ys + o * block * item;
           if constexpr (std::is_same_v<W, float>) {
@@ -193,7 +186,7 @@ const RegisterKernel softmax_op{{"softmax"}, [](const OpInstr& ins, const std::v
             store_row<W>(yo, item, d, out.data(), block);
           }
         }
-      }
+      }, outer > 1 && outer * block > kParallelElements);
       st->y.commit(a);
     };
   };
@@ -317,8 +310,7 @@ KernelFactory nll(Nll which) {
         if (which == Nll::Loss || s.C == 0) return;
         const std::vector<W> sc = row_scales(s, st->lgv, st->keep, count);
         T* g = reinterpret_cast<T*>(st->grad.write(a));
-#pragma omp parallel for schedule(static) if (s.rows > 1 && s.rows * s.C > kParallelElements)
-        for (int64_t r = 0; r < s.rows; ++r) {
+        threads::for_each(s.rows, [&](int64_t r) {
           const T* in = p + r * s.C;
           T* out = g + r * s.C;
           const int64_t lab = st->lab[r];
@@ -327,7 +319,7 @@ KernelFactory nll(Nll which) {
             const W at_label = (W(in[lab]) - W(1)) * scale;
             for (int64_t c = 0; c < s.C; ++c) out[c] = T(W(in[c]) * scale);
             out[lab] = T(at_label);
-            continue;
+            return;
           }
           // d(-log max(p, eps))/dp = -1/p above eps, 0 where the clamp holds; only at the label
           const W picked = W(in[lab]);
@@ -335,7 +327,7 @@ KernelFactory nll(Nll which) {
           if (!s.log_prob) local = picked > W(s.eps) ? W(-1) / std::max(picked, W(s.eps)) : W(0);
           std::fill(out, out + s.C, T(0));
           out[lab] = T(st->keep[r] ? sc[r] * local : W(0));
-        }
+        }, s.rows > 1 && s.rows * s.C > kParallelElements);
         st->grad.commit(a);
       });
     });

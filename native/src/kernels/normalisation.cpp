@@ -7,7 +7,6 @@
 // The normalisations are hand loops rather than oneDNN primitives: oneDNN's layer norm works on
 // the last axis (ours normalises everything but the batch axis with per-channel affine) and its
 // batch norm folds scale/sqrt(var) into one factor, which rounds differently from the reference.
-#include <omp.h>
 
 #include <array>
 #include <cmath>
@@ -42,13 +41,12 @@ const RegisterKernel batch_norm_op{{"batch_norm_inference"}, [](const OpInstr& i
       for (int i = 0; i < 4; ++i) read_all(a, st->p[i], st->pv[i]);
       const auto &sc = st->pv[0], &bi = st->pv[1], &mu = st->pv[2], &va = st->pv[3];
       std::vector<W>& v = st->xv;
-#pragma omp parallel for schedule(static) if (N * C * S > 32768)
-      for (int64_t nc = 0; nc < N * C; ++nc) {
+      threads::for_each(N * C, [&](int64_t nc) {
         const int64_t c = nc % C;
         const W s = sc[c], m = mu[c], r = std::sqrt(va[c] + W(eps)), b = bi[c];
         W* row = v.data() + nc * S;
         for (int64_t i = 0; i < S; ++i) row[i] = s * (row[i] - m) / r + b;
-      }
+      }, N * C * S > 32768);
       write_all(a, st->y, v);
     });
   });
@@ -132,11 +130,10 @@ KernelFactory group_norm(bool layer) {
         T* ys = reinterpret_cast<T*>(st->y.write(a));
         const int64_t M = g.per_group(), cpg = g.channels(), S = g.S;
         const W *wv = st->wv.data(), *bv = st->bv.data();
-#pragma omp parallel if (g.count() > 1 && g.N * g.C * g.S > kParallelElements)
-        {
+        const bool parallel = g.count() > 1 && g.N * g.C * g.S > kParallelElements;
+        threads::region([&](int id, int team) {
           std::vector<W> in_tmp, out_tmp;
-#pragma omp for schedule(static)
-          for (int64_t j = 0; j < g.count(); ++j) {
+          for (int64_t j : threads::share(g.count(), id, team)) {
             const W* p = group_as_wide<T, W>(xs + j * M, M, in_tmp);
             W* q = group_out<T, W>(ys + j * M, M, out_tmp);
             const auto [m, r] = group_moments(p, M, eps);
@@ -154,7 +151,7 @@ KernelFactory group_norm(bool layer) {
             }
             group_commit<T, W>(ys + j * M, q, M);
           }
-        }
+        }, parallel);
         st->y.commit(a);
       });
     });
@@ -200,11 +197,10 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
       // Groups are independent except for dweight/dbias, which sum over the batch: each thread sums
       // its own share (in double), and the shares are added in thread order afterwards.
       const bool parallel = g.count() > 1 && g.N * g.C * g.S > kParallelElements;
-      const int threads = parallel ? omp_get_max_threads() : 1;
+      const int threads = parallel ? threads::max_threads() : 1;
       st->part.assign(size_t(threads) * 2 * g.C, 0.0);
-#pragma omp parallel num_threads(threads) if (parallel)
-      {
-        double* dw = st->part.data() + size_t(omp_get_thread_num()) * 2 * g.C;
+      threads::region([&](int id, int team) {
+        double* dw = st->part.data() + size_t(id) * 2 * g.C;
         double* db = dw + g.C;
         std::vector<W> x_tmp, g_tmp, out_tmp;
         // float32 rows of one value per channel in one group (a layer norm): the row kernel of vec_math.hpp,
@@ -221,8 +217,7 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
           std::fill(fdb.begin(), fdb.end(), 0.f);
           pending = 0;
         };
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < g.count(); ++j) {
+        for (int64_t j : threads::share(g.count(), id, team)) {
           const W* p = group_as_wide<T, W>(xs + j * M, M, x_tmp);
           const W* gy = group_as_wide<T, W>(gys + j * M, M, g_tmp);
           W* q = group_out<T, W>(dxs + j * M, M, out_tmp);
@@ -270,7 +265,7 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
           group_commit<T, W>(dxs + j * M, q, M);
         }
         if (pending) flush();
-      }
+      }, parallel, threads);
       st->dwv.assign(g.C, 0);
       st->dbv.assign(g.C, 0);
       for (int t = 0; t < threads; ++t)

@@ -254,13 +254,11 @@ KernelFactory pool_grad(bool is_max) {
         uint8_t* dxp = st->dx.write(a);
         const int64_t xi = static_cast<int64_t>(itemsize(x.dtype)), gi = static_cast<int64_t>(itemsize(g.dtype)),
                       di = static_cast<int64_t>(itemsize(dx.dtype));
-#pragma omp parallel if (G.planes > 1 && G.planes * (in_n + out_n * static_cast<int64_t>(G.k[0] * G.k[1] * G.k[2])) > kSingleThreadWork)
-        {
+        threads::region([&](int id, int team) {
           std::vector<W> xv(is_max ? in_n : 0), gv(out_n), acc(in_n);
           std::vector<int64_t> pos;
           PoolRows<W> rows;
-#pragma omp for schedule(static)
-          for (int64_t pl = 0; pl < G.planes; ++pl) {
+          for (int64_t pl : threads::share(G.planes, id, team)) {
             if (is_max) load_row<W>(xp + pl * in_n * xi, xi, x.dtype, xv.data(), in_n);
             load_row<W>(gp + pl * out_n * gi, gi, g.dtype, gv.data(), out_n);
             std::fill(acc.begin(), acc.end(), W(0));
@@ -270,7 +268,7 @@ KernelFactory pool_grad(bool is_max) {
               plane_grad_nd(G, is_max, xv.data(), gv.data(), acc.data(), pos);
             store_row<W>(dxp + pl * in_n * di, di, dx.dtype, acc.data(), in_n);
           }
-        }
+        }, G.planes > 1 && G.planes * (in_n + out_n * static_cast<int64_t>(G.k[0] * G.k[1] * G.k[2])) > kSingleThreadWork);
         st->dx.commit(a);
       });
     });

@@ -54,12 +54,11 @@ template <int per, class F>
 void draw(int64_t n, uint32_t purpose, Key key, F&& fill) {
   constexpr int64_t per_block = 4 / per;
   const int64_t blocks = (n + per_block - 1) / per_block;
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t j = 0; j < blocks; ++j) {
+  threads::for_each(blocks, [&](int64_t j) {
     uint32_t w[4];
     block(static_cast<uint64_t>(j), purpose, key, w);
     for (int64_t e = 0; e < per_block && j * per_block + e < n; ++e) fill(j * per_block + e, w + e * per);
-  }
+  }, n > 16384);
 }
 
 // Run `write(T* packed)` on y's storage, through a packed scratch when y is strided.

@@ -93,19 +93,18 @@ struct Reduction : Kernel {
     int ax = -1;
     for (size_t d = 0; d < x.shape.size(); ++d)
       if (acc_strides[d] != 0 && x.shape[d] > 1 && (ax < 0 || x.shape[d] > x.shape[ax])) ax = static_cast<int>(d);
-    const int64_t threads = omp_get_max_threads();
+    const int64_t threads = threads::max_threads();
     if (ax < 0 || threads < 2 || x.nelms <= kParallelElements) {
       body(x.shape, int64_t{0}, int64_t{0});
       return;
     }
     const int64_t len = x.shape[ax], pieces = std::min(len, threads);
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pieces; ++p) {
+    threads::for_each(pieces, [&](int64_t p) {
       const int64_t lo = len * p / pieces, hi = len * (p + 1) / pieces;
       std::vector<int64_t> sh = x.shape;
       sh[ax] = hi - lo;
       body(sh, lo * x.strides[ax], lo * acc_strides[ax]);
-    }
+    });
   }
 
   // body(x, i0, m) over a dense row of n values of T from p, as T, or for float16 as float a chunk
@@ -181,10 +180,10 @@ struct Reduction : Kernel {
       const int64_t chunks = (x.nelms + kChunk - 1) / kChunk;
       std::vector<Acc> part(static_cast<size_t>(chunks), init);
       const uint8_t* base = a + x.offset;
-#pragma omp parallel for schedule(static)
-      for (int64_t c = 0; c < chunks; ++c)
+      threads::for_each(chunks, [&](int64_t c) {
         fold_row(base + c * kChunk * int64_t(sizeof(T)), std::min(kChunk, x.nelms - c * kChunk), part[c], f, merge,
                  init);
+      });
       for (const Acc v : part) accp[0] = merge(accp[0], v);
       return;
     }
@@ -270,8 +269,7 @@ struct RowSum : Kernel {
     // rows per float block; columns per task (1 KiB of each row, which the prefetcher streams well)
     constexpr int64_t kBlock = 8, kPiece = 1024 / sizeof(T);
     const int64_t pieces = (cols + kPiece - 1) / kPiece;
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelElements && pieces > 1)
-    for (int64_t p = 0; p < pieces; ++p) {
+    threads::for_each(pieces, [&](int64_t p) {
       const int64_t c0 = p * kPiece, n = std::min(kPiece, cols - c0);
       double t[kPiece] = {};
       float block[kPiece];
@@ -291,7 +289,7 @@ struct RowSum : Kernel {
         }
       }
       for (int64_t j = 0; j < n; ++j) ys[c0 + j] = convert<T>(mean ? t[j] / double(rows) : t[j]);
-    }
+    }, rows * cols > kParallelElements && pieces > 1);
   }
 };
 

@@ -10,6 +10,7 @@
 // roi_align averages bilinear samples of boxes; the per-sample arithmetic follows the reference
 // (weights in float64, rounded to the compute type, products and sums in it), the bin means are
 // taken in float64 and rounded once.
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -165,8 +166,7 @@ void gather_rows(uint8_t* arena, const Buffer& x, const Buffer& y, const std::ve
   }
   const int64_t n = y.shape[rank - 1], rows = y.nelms / n, ys = y.strides[rank - 1];
   const std::vector<int64_t>& last = src_off[rank - 1];
-#pragma omp parallel for schedule(static) if (y.nelms > kParallelElements)
-  for (int64_t r = 0; r < rows; ++r) {
+  threads::for_each(rows, [&](int64_t r) {
     int64_t src = x.offset, dst = y.offset, rem = r;
     for (size_t d = rank - 1; d-- > 0;) {
       const int64_t c = rem % y.shape[d];
@@ -175,7 +175,7 @@ void gather_rows(uint8_t* arena, const Buffer& x, const Buffer& y, const std::ve
       dst += c * y.strides[d];
     }
     for (int64_t j = 0; j < n; ++j) std::memcpy(arena + dst + j * ys, arena + src + last[j], Item);
-  }
+  }, y.nelms > kParallelElements);
 }
 
 unique_ptr<Kernel> nearest_kernel(const Buffer& x, const Buffer& y, const std::vector<AxisTaps>& plan) {
@@ -200,8 +200,7 @@ unique_ptr<Kernel> nearest_kernel(const Buffer& x, const Buffer& y, const std::v
 // One axis of a linear/cubic resize over a packed (pre, n_in, post) float64 array:
 // out[p, o, :] = sum over taps t, in order, of in[p, index[o, t], :] * weight[o, t].
 void resize_axis(const AxisTaps& t, int64_t pre, int64_t post, const double* in, double* out) {
-#pragma omp parallel for schedule(static) if (pre * t.n_out * post * t.taps > kParallelElements)
-  for (int64_t po = 0; po < pre * t.n_out; ++po) {
+  threads::for_each(pre * t.n_out, [&](int64_t po) {
     const int64_t p = po / t.n_out, o = po % t.n_out;
     const double* src = in + p * t.n_in * post;
     double* dst = out + po * post;
@@ -213,7 +212,7 @@ void resize_axis(const AxisTaps& t, int64_t pre, int64_t post, const double* in,
       row = src + idx[k] * post;
       for (int64_t e = 0; e < post; ++e) dst[e] = dst[e] + row[e] * w[k];
     }
-  }
+  }, pre * t.n_out * post * t.taps > kParallelElements);
 }
 
 // The transpose of resize_axis: in[p, index[o, t], :] += out_grad[p, o, :] * weight[o, t].
@@ -221,21 +220,22 @@ void resize_axis(const AxisTaps& t, int64_t pre, int64_t post, const double* in,
 // are NaN: a line (p, :, e) with a non-finite gradient is redone densely so it spreads the same way.
 void resize_axis_adjoint(const AxisTaps& t, int64_t pre, int64_t post, const double* grad, double* acc) {
   const bool parallel = pre > 1 && pre * t.n_out * post * t.taps > kParallelElements;
-  bool finite = true;
-#pragma omp parallel for schedule(static) if (parallel) reduction(&& : finite)
-  for (int64_t p = 0; p < pre; ++p) {
+  std::atomic<bool> finite{true};
+  threads::for_each(pre, [&](int64_t p) {
     double* dst = acc + p * t.n_in * post;
+    bool plane_finite = true;
     for (int64_t o = 0; o < t.n_out; ++o) {
       const double* row = grad + (p * t.n_out + o) * post;
-      for (int64_t e = 0; e < post; ++e) finite = finite && std::isfinite(row[e]);
+      for (int64_t e = 0; e < post; ++e) plane_finite = plane_finite && std::isfinite(row[e]);
       for (int64_t k = 0; k < t.taps; ++k) {
         double* d = dst + t.index[o * t.taps + k] * post;
         const double w = t.weight[o * t.taps + k];
         for (int64_t e = 0; e < post; ++e) d[e] += row[e] * w;
       }
     }
-  }
-  if (finite) return;
+    if (!plane_finite) finite.store(false, std::memory_order_relaxed);
+  }, parallel);
+  if (finite.load()) return;
   std::vector<double> m(t.n_out * t.n_in, 0.0);  // the axis's matrix: weights of taps that coincide add up
   for (int64_t o = 0; o < t.n_out; ++o)
     for (int64_t k = 0; k < t.taps; ++k) m[o * t.n_in + t.index[o * t.taps + k]] += t.weight[o * t.taps + k];
@@ -419,8 +419,7 @@ template <class W>
 void roi_align_box(const RoiSpec& rs, const Box& b, const W* image, int64_t C, int64_t H, int64_t Wd, W* out) {
   const int64_t gh = b.ys.per_bin, gw = b.xs.per_bin;
   const double count = double(gh * gw);
-#pragma omp parallel for schedule(static) if (C > 1 && C * rs.ph * rs.pw * gh * gw > kParallelElements / 4)
-  for (int64_t c = 0; c < C; ++c) {
+  threads::for_each(C, [&](int64_t c) {
     const W* img = image + c * H * Wd;
     for (int64_t i = 0; i < rs.ph; ++i)
       for (int64_t j = 0; j < rs.pw; ++j) {
@@ -441,7 +440,7 @@ void roi_align_box(const RoiSpec& rs, const Box& b, const W* image, int64_t C, i
         }
         out[(c * rs.ph + i) * rs.pw + j] = W(sum / count);
       }
-  }
+  }, C > 1 && C * rs.ph * rs.pw * gh * gw > kParallelElements / 4);
 }
 
 const RegisterKernel roi_align_op{{"roi_align"}, [](const OpInstr& ins, const std::vector<Buffer>& bufs) -> unique_ptr<Kernel> {
@@ -517,11 +516,9 @@ const RegisterKernel roi_align_grad_op{{"roi_align_grad"}, [](const OpInstr& ins
     for (int64_t r = 0; r < R; ++r) {
       const Box b = box_samples(rs, &st->in.boxes[r * 4], st->in.images[r], r, x.shape);
       const BinMatrix ay = bin_matrix(b.ys, H), ax = bin_matrix(b.xs, Wd);
-#pragma omp parallel if (C > 1 && C * rs.ph * (rs.pw + H) * Wd > kParallelElements)
-      {
+      threads::region([&](int id, int team) {
         std::vector<double> t(rs.ph * Wd);  // dy[r, c] @ A_x
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < C; ++c) {
+        for (int64_t c : threads::share(C, id, team)) {
           const double* gr = st->gv.data() + (r * C + c) * rs.ph * rs.pw;
           // Only the pixels the box samples get a share; but the reference's dense products make
           // 0 * inf and 0 * NaN NaN, so a non-finite gradient reaches the whole image.
@@ -547,7 +544,7 @@ const RegisterKernel roi_align_grad_op{{"roi_align_grad"}, [](const OpInstr& ins
             }
           }
         }
-      }
+      }, C > 1 && C * rs.ph * (rs.pw + H) * Wd > kParallelElements);
     }
     write_all(a, st->dx, st->acc);
   });

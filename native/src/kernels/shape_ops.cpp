@@ -66,10 +66,8 @@ struct Gather {
   void rows(const uint8_t* x, const int64_t* idx, uint8_t* out) const {
     const int64_t total = groups * pre * K;
     if (total == 0) return;
-#pragma omp parallel if (total * row > (1 << 18))
-    {
-      const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
-      const int64_t r0 = total * t / threads, r1 = total * (t + 1) / threads;
+    threads::region([&](int id, int team) {
+      const int64_t r0 = total * id / team, r1 = total * (id + 1) / team;
       int64_t k = r0 % K, gp = r0 / K;
       const int64_t* ix = idx + gp / pre * K;
       const uint8_t* line = x + gp * D * row;
@@ -92,7 +90,7 @@ struct Gather {
           ix = idx + gp / pre * K;
         }
       }
-    }
+    }, total * row > (1 << 18));
   }
 };
 

@@ -23,7 +23,6 @@
 // GEMMs shared out, then the output transforms, so that every thread has work.
 #include "winograd.hpp"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -115,15 +114,14 @@ void transpose_images(float* dst, const float* src, int64_t images, int64_t A, i
   constexpr int64_t kRows = 64, kCols = 256;  // of the result
   const int64_t row_pieces = (B + kRows - 1) / kRows, col_pieces = (A + kCols - 1) / kCols;
   const int64_t f = sizeof(float);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t w = 0; w < images * row_pieces * col_pieces; ++w) {
+  threads::for_each(images * row_pieces * col_pieces, [&](int64_t w) {
     const int64_t n = w / (row_pieces * col_pieces), b0 = w / col_pieces % row_pieces * kRows,
                   a0 = w % col_pieces * kCols;
     const float* from = src + n * A * B + a0 * B + b0;
     float* to = dst + n * A * B + b0 * A + a0;
     stage_transposed(reinterpret_cast<uint8_t*>(to), A * f, reinterpret_cast<const uint8_t*>(from),
                      std::min(kRows, B - b0), std::min(kCols, A - a0), f, B * f);
-  }
+  }, true, threads);
 }
 
 // The channels-last values of `v` (N images of C channels of HW values): in the arena, or, for a
@@ -205,7 +203,7 @@ class WinogradConvKernel : public Kernel {
         has_residual_(s.residual), relu_(s.relu), clip_(s.clip), static_w_(s.static_w) {
     if (s.bias) bias_at_ = s.bias->offset, bias_step_ = s.bias->strides[0] / static_cast<int64_t>(sizeof(float));
     K_ = s.y->shape[1];
-    threads_ = omp_get_max_threads();
+    threads_ = threads::max_threads();
     const int64_t f = sizeof(float);
     few_tiles_ = kPos * tl_.T * (tl_.C + K_) * f <= kFewTilesBytes || tl_.T < 2 * kBlockTiles * threads_;
     if (few_tiles_) {
@@ -247,28 +245,33 @@ class WinogradConvKernel : public Kernel {
     if (few_tiles_) {
       float *V = floats(scratch, v_at_[0]), *M = floats(scratch, m_at_[0]);
       const int64_t ldv = tl_.T * tl_.C, ldm = tl_.T * K_;
-#pragma omp parallel num_threads(static_cast<int>(threads_))
-      {
-        const int64_t th = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t t0 = tl_.T * id / th, t1 = tl_.T * (id + 1) / th;
-        tl_.input(xbase, t0, t1 - t0, V + t0 * tl_.C, ldv);
-#pragma omp barrier
-#pragma omp for schedule(dynamic, 1)
-        for (int p = 0; p < kPos; ++p) gemm(p, tl_.T, V, ldv, U, M, ldm);
-        output_tiles(arena, ybase, t0, t1 - t0, M + t0 * K_, ldm);
-      }
+      const int team = static_cast<int>(threads_);
+      // Every position's product reads all tiles' inputs: three regions, one after the other.
+      threads::region([&](int id, int th) {
+        const threads::Share s = threads::share(tl_.T, id, th);
+        tl_.input(xbase, s.first, s.last - s.first, V + s.first * tl_.C, ldv);
+      }, true, team);
+      threads::Dynamic next(kPos);
+      threads::region([&](int, int) {
+        for (int64_t p; (p = next.next()) >= 0;) gemm(static_cast<int>(p), tl_.T, V, ldv, U, M, ldm);
+      }, true, team);
+      threads::region([&](int id, int th) {
+        const threads::Share s = threads::share(tl_.T, id, th);
+        output_tiles(arena, ybase, s.first, s.last - s.first, M + s.first * K_, ldm);
+      }, true, team);
       return;
     }
     const int64_t blocks = (tl_.T + block_ - 1) / block_;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(threads_))
-    for (int64_t b = 0; b < blocks; ++b) {
-      const size_t id = static_cast<size_t>(omp_get_thread_num());
-      float *V = floats(scratch, v_at_[id]), *M = floats(scratch, m_at_[id]);
-      const int64_t t0 = b * block_, count = std::min(block_, tl_.T - t0);
-      tl_.input(xbase, t0, count, V, count * tl_.C);
-      for (int p = 0; p < kPos; ++p) gemm(p, count, V, count * tl_.C, U, M, count * K_);
-      output_tiles(arena, ybase, t0, count, M, count * K_);
-    }
+    threads::Dynamic next(blocks);
+    threads::region([&](int id, int) {
+      float *V = floats(scratch, v_at_[size_t(id)]), *M = floats(scratch, m_at_[size_t(id)]);
+      for (int64_t b; (b = next.next()) >= 0;) {
+        const int64_t t0 = b * block_, count = std::min(block_, tl_.T - t0);
+        tl_.input(xbase, t0, count, V, count * tl_.C);
+        for (int p = 0; p < kPos; ++p) gemm(p, count, V, count * tl_.C, U, M, count * K_);
+        output_tiles(arena, ybase, t0, count, M, count * K_);
+      }
+    }, true, static_cast<int>(threads_));
   }
 
   // M[p] (tiles x K) = V[p] (tiles x C) @ U[p] (C x K); ldv, ldm: the position strides.
@@ -341,8 +344,7 @@ class WinogradConvKernel : public Kernel {
   void transform_weights(const uint8_t* arena, float* U) const {
     const uint8_t* w = arena + w_.offset;
     const auto& st = w_.strides;
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(threads_))
-    for (int64_t c = 0; c < tl_.C; ++c)
+    threads::for_each(tl_.C, [&](int64_t c) {
       for (int64_t k = 0; k < K_; ++k) {
         float g[3][3], gt[kSide][3];
         for (int a = 0; a < 3; ++a)
@@ -354,6 +356,7 @@ class WinogradConvKernel : public Kernel {
           for (int j = 0; j < kSide; ++j)
             U[((i * kSide + j) * tl_.C + c) * K_ + k] = gt[i][0] * kG[j][0] + gt[i][1] * kG[j][1] + gt[i][2] * kG[j][2];
       }
+    }, true, static_cast<int>(threads_));
   }
 
   // Static weights: a transformed copy per arena, made again when the weights epoch moves on.
@@ -394,7 +397,7 @@ class WinogradConvKernel : public Kernel {
 class WinogradWeightGradKernel : public Kernel {
  public:
   WinogradWeightGradKernel(const Tiling& tiling, const View& dy, const Buffer& dw)
-      : tl_(tiling), dy_(dy), dw_(dw), K_(dw.shape[0]), threads_(omp_get_max_threads()) {
+      : tl_(tiling), dy_(dy), dw_(dw), K_(dw.shape[0]), threads_(threads::max_threads()) {
     const int64_t f = sizeof(float);
     v_at_ = scratch.reserve(kPos * tl_.T * tl_.C * f);
     z_at_ = scratch.reserve(kPos * tl_.T * K_ * f);
@@ -411,20 +414,19 @@ class WinogradWeightGradKernel : public Kernel {
     const uint8_t* dybase = stage_in(dy_, arena, floats(scratch, dy_at_), tl_.N, K_, tl_.OH * tl_.OW, th);
     float *V = floats(scratch, v_at_), *Z = floats(scratch, z_at_), *dU = floats(scratch, du_at_);
     const int64_t T = tl_.T, C = tl_.C, K = K_;
-#pragma omp parallel num_threads(th)
-    {
-      const int64_t n = omp_get_num_threads(), id = omp_get_thread_num();
-      const int64_t t0 = T * id / n, t1 = T * (id + 1) / n;
-      tl_.input(xbase, t0, t1 - t0, V + t0 * C, T * C);
-      gradient_tiles(dybase, t0, t1 - t0, Z + t0 * K, T * K);
-#pragma omp barrier
-#pragma omp for schedule(dynamic, 1)
-      for (int p = 0; p < kPos; ++p)
+    // Each position's product sums over all tiles: three regions, one after the other.
+    threads::region([&](int id, int team) {
+      const threads::Share s = threads::share(T, id, team);
+      tl_.input(xbase, s.first, s.last - s.first, V + s.first * C, T * C);
+      gradient_tiles(dybase, s.first, s.last - s.first, Z + s.first * K, T * K);
+    }, true, th);
+    threads::Dynamic next(kPos);
+    threads::region([&](int, int) {
+      for (int64_t p; (p = next.next()) >= 0;)
         sgemm_(true, false, static_cast<int>(C), static_cast<int>(K), static_cast<int>(T), 1.f, V + p * T * C,
                static_cast<int>(C), Z + p * T * K, static_cast<int>(K), 0.f, dU + p * C * K, static_cast<int>(K));
-#pragma omp for schedule(static)
-      for (int64_t c = 0; c < C; ++c) write_gradient(arena, dU, c);
-    }
+    }, true, th);
+    threads::for_each(C, [&](int64_t c) { write_gradient(arena, dU, c); }, true, th);
   }
 
  private:
