@@ -142,7 +142,7 @@ void copy_elems(uint8_t* d, int64_t ds, const uint8_t* s, int64_t ss, int64_t n)
   for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * ds, s + i * ss, N);
 }
 
-// Copies of more bytes than this are shared out over the OpenMP threads.
+// Copies of more bytes than this are shared out over the engine's threads.
 constexpr int64_t kParallelCopyBytes = int64_t(1) << 18;
 }  // namespace
 

@@ -1,7 +1,7 @@
 // The CBLAS libraries behind the float32 GEMMs of matmul, attention and Winograd convolution:
 // OpenBLAS (the scipy-openblas32 wheel, linked) and Intel's MKL (the `mkl` wheel, loaded when first
 // wanted, on Intel CPUs only). Both run single-threaded: the kernels split their work over the
-// OpenMP threads themselves, so there is one thread pool in the process.
+// engine's threads themselves (threads.hpp), so no BLAS thread pool competes with them.
 #pragma once
 
 #include <cstdint>

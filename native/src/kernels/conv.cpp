@@ -128,10 +128,10 @@ class BlockedConvKernel : public Kernel {
   // How many equal slices a batch of N is cut into: the most, up to kSlicesPerThread a thread,
   // that the threads share evenly; 1 (oneDNN splits the whole batch) when none do.
   static int64_t slices(int64_t N) {
-    const int64_t threads = threads::max_threads();
-    if (threads < 2) return 1;
-    for (int64_t k = std::min(N / threads, kSlicesPerThread); k >= 1; --k)
-      if (N % (k * threads) == 0) return k * threads;
+    const int64_t team = threads::max_threads();
+    if (team < 2) return 1;
+    for (int64_t k = std::min(N / team, kSlicesPerThread); k >= 1; --k)
+      if (N % (k * team) == 0) return k * team;
     return 1;
   }
 

@@ -2,9 +2,8 @@
 // OpenBLAS's. On AVX2 CPUs OpenBLAS computes the GEMMs of typical layers 1.3-1.6x faster than
 // oneDNN 3.2's gemm:jit, in one thread and in two; on AVX-512 ones oneDNN beats OpenBLAS up to ~1024
 // output columns, and MKL beats both on nearly every shape (sgemm_matmul).
-// The library runs single-threaded: the kernel splits the work over OpenMP threads itself (whole
-// matrices of a batch, or bands of rows or columns of one matrix), so there is one thread pool in
-// the process, as for every other kernel.
+// The library runs single-threaded: the kernel splits the work over the engine's threads itself (whole
+// matrices of a batch, or bands of rows or columns of one matrix), as every other kernel does.
 #include "gemm.hpp"
 
 
@@ -150,11 +149,11 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   g->beta = into.bias || into.accumulate ? 1.0f : 0.0f;
 
   // Offsets of every matrix of the (broadcast) batch; the output is packed.
-  const int threads = threads::max_threads();
-  g->parallel = threads > 1 && macs >= kSingleThreadWork;
+  const int team = threads::max_threads();
+  g->parallel = team > 1 && macs >= kSingleThreadWork;
   // Too few matrices to go round the threads: cut each into bands of the longer of rows and cols.
   const bool by_rows = m >= n;
-  const int64_t bands = g->parallel && batches < threads && std::max(m, n) >= threads * kMinBand ? threads : 1;
+  const int64_t bands = g->parallel && batches < team && std::max(m, n) >= team * kMinBand ? team : 1;
   for (int64_t bi = 0; bi < batches; ++bi) {
     int64_t rem = bi, ao = 0, bo = 0;
     for (size_t d = r - 2; d-- > 0;) {

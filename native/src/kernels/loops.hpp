@@ -136,7 +136,7 @@ __attribute__((noinline)) inline void stage_transposed(uint8_t* dst, int64_t pit
 
 // Loop over `shape` with N operands; `inner(ptrs, strides, n)` handles the innermost dimension.
 // Adjacent dimensions that are contiguous for every operand are merged first, and the outer
-// iterations are spread over OpenMP threads when there is enough work.
+// iterations are spread over the engine's threads when there is enough work.
 //
 // `sizes` (bytes of one value of each operand; 0: not given) lets an input read as a transposed
 // view be staged (see nd_loop_run).

@@ -197,8 +197,8 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
       // Groups are independent except for dweight/dbias, which sum over the batch: each thread sums
       // its own share (in double), and the shares are added in thread order afterwards.
       const bool parallel = g.count() > 1 && g.N * g.C * g.S > kParallelElements;
-      const int threads = parallel ? threads::max_threads() : 1;
-      st->part.assign(size_t(threads) * 2 * g.C, 0.0);
+      const int team_size = parallel ? threads::max_threads() : 1;
+      st->part.assign(size_t(team_size) * 2 * g.C, 0.0);
       threads::region([&](int id, int team) {
         double* dw = st->part.data() + size_t(id) * 2 * g.C;
         double* db = dw + g.C;
@@ -265,10 +265,10 @@ const RegisterKernel group_norm_grad_op{{"group_norm_grad"}, [](const OpInstr& i
           group_commit<T, W>(dxs + j * M, q, M);
         }
         if (pending) flush();
-      }, parallel, threads);
+      }, parallel, team_size);
       st->dwv.assign(g.C, 0);
       st->dbv.assign(g.C, 0);
-      for (int t = 0; t < threads; ++t)
+      for (int t = 0; t < team_size; ++t)
         for (int64_t c = 0; c < g.C; ++c) {
           st->dwv[c] += st->part[size_t(t) * 2 * g.C + c];
           st->dbv[c] += st->part[size_t(t) * 2 * g.C + g.C + c];

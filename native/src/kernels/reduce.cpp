@@ -93,12 +93,12 @@ struct Reduction : Kernel {
     int ax = -1;
     for (size_t d = 0; d < x.shape.size(); ++d)
       if (acc_strides[d] != 0 && x.shape[d] > 1 && (ax < 0 || x.shape[d] > x.shape[ax])) ax = static_cast<int>(d);
-    const int64_t threads = threads::max_threads();
-    if (ax < 0 || threads < 2 || x.nelms <= kParallelElements) {
+    const int64_t team = threads::max_threads();
+    if (ax < 0 || team < 2 || x.nelms <= kParallelElements) {
       body(x.shape, int64_t{0}, int64_t{0});
       return;
     }
-    const int64_t len = x.shape[ax], pieces = std::min(len, threads);
+    const int64_t len = x.shape[ax], pieces = std::min(len, team);
     threads::for_each(pieces, [&](int64_t p) {
       const int64_t lo = len * p / pieces, hi = len * (p + 1) / pieces;
       std::vector<int64_t> sh = x.shape;
