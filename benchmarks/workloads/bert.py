@@ -24,7 +24,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 
@@ -274,10 +274,16 @@ def torch_train_forward(cfg: Config, tokens, params):
     return h.reshape(-1, cfg.hidden) @ p["w_head"] + p["b_head"]
 
 
-@functools.lru_cache(maxsize=None)
+_TORCH_MASKS: Dict[Config, Any] = {}
+
+
 def _torch_mask(cfg: Config):
-    import torch
-    return torch.from_numpy(additive_mask(cfg))
+    """The additive mask as a tensor, made once per config. A plain dict, not functools.lru_cache:
+    torch.compile traces this function, and Dynamo warns that it ignores lru_cache wrappers."""
+    if cfg not in _TORCH_MASKS:
+        import torch
+        _TORCH_MASKS[cfg] = torch.from_numpy(additive_mask(cfg))
+    return _TORCH_MASKS[cfg]
 
 
 def jax_train_forward(cfg: Config, tokens, params):

@@ -45,7 +45,8 @@ UNARY = {
     "relu": (ops.relu, lambda x: np.maximum(x, 0.0)),
     "gelu": (ops.gelu, lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))),
     "geluerf": (ops.geluerf, lambda x: 0.5 * x * (1 + _np_erf(x / math.sqrt(2.0)).astype(x.dtype))),
-    "swish": (ops.swish, lambda x: x / (1 + np.exp(-x))),
+    # x sigmoid(x) with sigmoid as (1 + tanh(x / 2)) / 2: exp(-x) would overflow for x < -709
+    "swish": (ops.swish, lambda x: x * 0.5 * (1 + np.tanh(x / 2))),
     "negate": (ops.negate, np.negative),
     "exp_of_tanh": (lambda x: ops.exp(ops.tanh(x)), lambda x: np.exp(np.tanh(x))),
     "sqrt_of_abs": (lambda x: ops.sqrt(ops.abs(x)), lambda x: np.sqrt(np.abs(x))),
