@@ -5,8 +5,8 @@
 // microseconds, and a sleeping vCPU is slow to wake) and ruinous on a busy one (a thread spinning at
 // a barrier takes the core its partner needs). This team spins only while a run is under way
 // (`HotScope`, set by Engine::run) and gives the core away (sched_yield) while it spins, so that a
-// thread of ours or of another process that shares the core runs first; outside runs it sleeps at
-// once. oneDNN keeps libgomp's team; only the count of threads is shared: OpenMP's setting
+// thread of ours or of another process that shares the core runs first; outside runs it sleeps
+// after ~20 us. oneDNN keeps libgomp's team; only the count of threads is shared: OpenMP's setting
 // (OMP_NUM_THREADS, omp_set_num_threads), so the user has one knob for both.
 #pragma once
 

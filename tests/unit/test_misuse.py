@@ -111,9 +111,13 @@ def test_detach_waits_for_a_run_in_another_thread(engine_name):
 # Ctrl-C -------------------------------------------------------------------------------------------
 
 _INTERRUPT_CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     import numpy as np
     import popxl, popxl.ops as ops
+
+    # Ctrl-C raising KeyboardInterrupt, as in a Python started from a terminal: a child of a
+    # background job starts with SIGINT ignored, and Python then leaves it ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     ir = popxl.Ir()
     with ir.main_graph:
