@@ -35,7 +35,7 @@ inline void cpu_pause() {
 }
 
 // OpenMP's OMP_WAIT_POLICY, if the user set it, rules this team's idle threads too: "active" spins
-// until the next region, however long; "passive" sleeps at once.
+// until the next region, however long, without giving the core away; "passive" sleeps at once.
 enum class WaitPolicy { Default, Active, Passive };
 
 WaitPolicy wait_policy() {
@@ -120,7 +120,8 @@ class Team {
 
  private:
   // Waits busily until done() holds, giving the core to any other runnable thread every few
-  // microseconds; false once the wait has lasted longer than the current spin allowance.
+  // microseconds; false once the wait has lasted longer than the current spin allowance (never
+  // under OMP_WAIT_POLICY=active; at once under passive).
   template <class Done>
   bool spin(Done&& done) {
     const WaitPolicy policy = wait_policy();
@@ -129,11 +130,9 @@ class Team {
     for (uint32_t i = 1;; ++i) {
       if (done()) return true;
       cpu_pause();
-      if (i % 64 == 0) {
+      if (i % 64 == 0 && policy != WaitPolicy::Active) {  // active: spin on and keep the core, as libgomp
         const int64_t allowed = hot_.load(std::memory_order_relaxed) ? kHotSpinMicros : kColdSpinMicros;
-        const auto waited = std::chrono::steady_clock::now() - start;
-        if (policy == WaitPolicy::Default && waited > std::chrono::microseconds(allowed)) return done();
-        if (stop_.load(std::memory_order_relaxed)) return done();
+        if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(allowed)) return done();
         sched_yield();
       }
     }
