@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 namespace popxl {
@@ -38,8 +39,9 @@ void run_region(int team, const Work& work);
 template <class F>
 void region(F&& fn, bool parallel = true, int team = 0) {
   auto call = [](const void* f, int id, int n) { (*static_cast<const std::remove_reference_t<F>*>(f))(id, n); };
-  const int most = max_threads();
-  run_region(parallel ? (team > 0 ? std::min(team, most) : most) : 1, Work{&fn, call});
+  int size = 1;  // not parallel: the caller alone, without asking OpenMP for its count
+  if (parallel) size = team > 0 ? std::min(team, max_threads()) : max_threads();
+  run_region(size, Work{&fn, call});
 }
 
 // Thread `id` of `team`'s share of [0, n), to loop over: contiguous and as even as can be (OpenMP's
@@ -68,7 +70,7 @@ void for_each(int64_t n, F&& fn, bool parallel = true, int team = 0) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  const int64_t cap = team > 0 ? team : max_threads();
+  const int64_t cap = team > 0 ? team : std::numeric_limits<int>::max();  // region caps it at max_threads()
   region([&](int id, int t) {
     for (int64_t i : share(n, id, t)) fn(i);
   }, true, int(std::min<int64_t>(cap, n)));

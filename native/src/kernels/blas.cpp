@@ -65,15 +65,19 @@ bool load_mkl() {
   }
   void* h = dlopen((own_directory() + "/libpopxl_mkl.so").c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) return false;
+  auto unusable = [h] {  // MKL is not kept loaded when it cannot be used
+    dlclose(h);
+    return false;
+  };
   void* core = dlopen("libmkl_core.so.3", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);  // loaded with h
   char origin[4096] = {0};
   const bool located = core && dlinfo(core, RTLD_DI_ORIGIN, origin) == 0;
   if (core) dlclose(core);
-  if (!located) return false;
+  if (!located) return unusable();
   for (const char* part : {"def", "avx2", "avx512"})
-    if (!file_exists(std::string(origin) + "/libmkl_" + part + ".so.3")) return false;
+    if (!file_exists(std::string(origin) + "/libmkl_" + part + ".so.3")) return unusable();
   auto sgemm = reinterpret_cast<CblasSgemm>(dlsym(h, "cblas_sgemm"));
-  if (!sgemm) return false;
+  if (!sgemm) return unusable();
   mkl_cblas_sgemm = sgemm;
   return true;
 }
