@@ -21,6 +21,11 @@ from engine_harness import run_program
 
 native = _import_native()
 rng = np.random.default_rng(0)
+with open("/proc/cpuinfo") as _f:
+    _cpuinfo = _f.read()
+# oneDNN 3.2's matmul is its brgemm on AVX-512 CPUs (packed weights, fast thin products) and gemm:jit
+# on AVX2 ones, which OpenBLAS beats: which products go to oneDNN depends on it (gemm.cpp)
+AVX512 = bool(re.search(r"^flags\s*:.*\bavx512f\b", _cpuinfo, re.M))
 
 
 def _algorithm(m: int, k: int, n: int) -> str:
@@ -49,9 +54,10 @@ def test_mkl_leaves_small_products_and_a_few_rows_against_a_wide_matrix_to_openb
 
 
 def test_static_weights_are_kept_packed_by_onednn_and_the_kernel_says_so(each_blas):
-    """A product whose weights no op writes (an inference's) goes to oneDNN, which keeps them in
-    its own layout between calls; the kernel names that path, as the sgemm kernel names its library
-    (benchmarks/gemm_parity.py shows the name to say which path it timed)."""
+    """On AVX-512 CPUs a product whose weights no op writes (an inference's) goes to oneDNN, which
+    keeps them in its own layout between calls; the kernel names that path, as the sgemm kernel
+    names its library (benchmarks/gemm_parity.py shows the name to say which path it timed). On AVX2
+    CPUs oneDNN has no such layout for them and sgemm is the faster: it takes them."""
     import popxl
     import popxl.ops as ops
     a = rng.standard_normal((256, 64)).astype(np.float32)
@@ -64,10 +70,39 @@ def test_static_weights_are_kept_packed_by_onednn_and_the_kernel_says_so(each_bl
         ops.host_store(o, y)
     with popxl.Session(ir, "cpu") as session:
         got = session.run({s: a})[o]
-        assert re.fullmatch(r"oneDNN matmul \([^,]+, weights kept packed\)", dict(session._engine.kernel_algorithms())["matmul"])
+        algorithm = dict(session._engine.kernel_algorithms())["matmul"]
     np.testing.assert_allclose(got, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4 * np.sqrt(64))
-    # streamed weights with a thin side (a 10-class layer): oneDNN's matmul, packing nothing kept
-    assert re.fullmatch(r"oneDNN matmul \([^,]+\)", _algorithm(4096, 512, 10))
+    if AVX512:
+        assert re.fullmatch(r"oneDNN matmul \([^,]+, weights kept packed\)", algorithm)
+        # streamed weights with a thin side (a 10-class layer): oneDNN's matmul, packing nothing kept
+        assert re.fullmatch(r"oneDNN matmul \([^,]+\)", _algorithm(4096, 512, 10))
+    else:
+        assert algorithm == f"sgemm ({each_blas})"
+        assert _algorithm(4096, 512, 10) == f"sgemm ({each_blas})"
+
+
+# Products oneDNN 3.2 has only its reference implementation for on AVX2 CPUs (accumulating ones:
+# its post-ops with a transposed or batched operand), which runs them ~100x slower than a GEMM
+# (mlp_big's 10-class weight gradient, 512x256T @ 256x10 with its SGD update: 20 ms a call): sgemm
+# takes them whatever the rules of gemm.cpp would have chosen.
+@pytest.mark.parametrize("case", ["thin transposed", "batched small", "batched transposed"])
+def test_no_product_is_left_to_onednns_reference_implementation(each_blas, case):
+    from popxl.op import create_op
+    import popxl.ops as ops
+    if case == "thin transposed":
+        x, w, t = (rng.standard_normal(s).astype(np.float32) for s in [(256, 512), (256, 10), (512, 10)])
+        a = x.T
+    else:
+        x, w, t = (rng.standard_normal((16, 64, 64)).astype(np.float32) for _ in range(3))
+        a = x if case == "batched small" else x.transpose(0, 2, 1)
+
+    def update(x, w, t):
+        view = x if case == "batched small" else ops.transpose(x, (1, 0) if x.rank == 2 else (0, 2, 1))
+        return create_op("matmul_update_", [view, w, t], {"b": -0.25})[0]
+    got, eng = run_program(update, [x, w, t], "native")
+    np.testing.assert_allclose(got[0], t - 0.25 * (a.astype(np.float64) @ w), rtol=1e-5, atol=1e-4)
+    algorithm = dict(eng.kernel_algorithms())["matmul_update_"]
+    assert "ref" not in algorithm, algorithm
 
 
 def test_the_cpu_chooses_by_default():

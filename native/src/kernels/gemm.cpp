@@ -110,22 +110,27 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
   // the product (mlp_small's 8 x 784 x 32 ran 12% slower). MKL's sgemm beats both on BERT's
   // training shapes (1024 rows; 228-265 GFLOP/s against oneDNN's 78-245 and OpenBLAS's 175-224, a
   // 2-core Xeon, C++ loop) and on 768-wide layers of 64-512 rows, so with MKL none goes to oneDNN.
-  if (lib == Blas::OpenBlas && avx512() && n <= kOneDnnMaxColumns && macs >= kSingleThreadWork) return nullptr;
+  const bool may_decline = !into.only_sgemm;  // the rules below may leave the product to oneDNN
+  if (may_decline && lib == Blas::OpenBlas && avx512() && n <= kOneDnnMaxColumns && macs >= kSingleThreadWork)
+    return nullptr;
   // Except for a few rows against a wide matrix, where MKL packs the wide operand for too little
   // work (128 x 768 x 3072: MKL 140-147 GFLOP/s, OpenBLAS 172-190), and for products one thread
   // takes, where MKL's call costs more (mlp_small's 8 x 784 x 32 layers: 12% fewer steps/s).
   if (lib == Blas::Mkl && ((m < kMklMinRows && n >= kMklWide) || macs < kSingleThreadWork)) lib = Blas::OpenBlas;
+  // The next two rules hold on AVX-512 CPUs only, where oneDNN 3.2's matmul is its brgemm. On AVX2
+  // it is gemm:jit, which OpenBLAS beats on these shapes too (a 2-core AMD EPYC: BERT-base at
+  // batch 1, 224 -> 176 ms a sequence; 10-class layers of 256-4096 rows 1.1-3x).
   // Weights in static storage: oneDNN keeps them packed in its layout between calls (matmul.cpp),
   // where sgemm would pack them on every call.
-  if (into.static_weights && macs >= kSingleThreadWork) return nullptr;
+  if (may_decline && avx512() && into.static_weights && macs >= kSingleThreadWork) return nullptr;
   // A big product with a thin side (a 10-class layer, say) is mostly memory traffic, which
   // oneDNN's matmul streams 2-3x faster than sgemm's packing does.
-  if (macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
+  if (may_decline && avx512() && macs >= kSingleThreadWork && std::min({m, n, kk}) < kThinSide) return nullptr;
   // Many small matrices (attention's per-head products): oneDNN's batched matmul keeps both
   // threads busy with less packing per matrix than a sgemm call per matrix, 5-15% faster
   // (32 x (128, 64, 128): 174 vs 149 GFLOP/s on two threads); from ~100M multiply-adds a
   // matrix, sgemm is the faster again.
-  if (batches > 1 && m * n * kk < kSmallBatchedMatrix) return nullptr;
+  if (may_decline && batches > 1 && m * n * kk < kSmallBatchedMatrix) return nullptr;
   auto g = std::make_unique<GemmKernel>();
   if (!blas_layout(m, kk, a.strides[r - 2], a.strides[r - 1], g->la) ||
       !blas_layout(kk, n, b.strides[r - 2], b.strides[r - 1], g->lb))

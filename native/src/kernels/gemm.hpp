@@ -24,11 +24,14 @@ struct GemmInto {
   float alpha = 1.0f;
   // b is weights in static storage that oneDNN's matmul would keep in its own layout (matmul.cpp)
   bool static_weights = false;
+  // oneDNN has nothing but its reference implementation for this product (a thin, transposed,
+  // accumulating one on AVX2, say: 100x slower than a GEMM): sgemm takes it whatever its shape.
+  bool only_sgemm = false;
 };
 
 // A kernel computing y = a @ b (see GemmInto) for float32 operands at the given arena byte
 // offsets (y packed, dims `ydims`), or nullptr when sgemm cannot read an operand's strides or
-// oneDNN is the faster of the two for the shape (the caller then uses oneDNN).
+// oneDNN is the faster of the two for the shape (the caller then uses oneDNN; unless only_sgemm).
 std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, const std::vector<int64_t>& ydims,
                                      int64_t a_base, int64_t b_base, int64_t y_base, const GemmInto& into = {});
 

@@ -82,16 +82,16 @@ KernelFactory matmul(MatmulKind kind) {
   // Weights in static storage (an inference's): oneDNN's primitive chooses their layout, and a copy
   // in it is made when they change rather than packed by every call.
   const bool keep_b = packs_static_weights(kind, b, ins);
+  const bool f32 = kind != MatmulKind::Pow2 && a.dtype == DType::F32 && b.dtype == DType::F32 && y.dtype == DType::F32;
+  GemmInto into;
+  into.bias = bias;
+  into.residual = residual;
+  into.accumulate = update;
+  if (update) into.alpha = float(ins.attr_float("b"));
+  into.static_weights = keep_b;
   try {
-    if (kind != MatmulKind::Pow2 && a.dtype == DType::F32 && b.dtype == DType::F32 && y.dtype == DType::F32) {
-      GemmInto into;
-      into.bias = bias;
-      into.residual = residual;
-      into.accumulate = update;
-      if (update) into.alpha = float(ins.attr_float("b"));
-      into.static_weights = keep_b;
+    if (f32)
       if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, into)) return gemm;
-    }
     auto k = std::make_unique<DnnlKernel>();
     k->single_thread = prod(ydims) * A.dims[rank - 1] < kSingleThreadWork;
     SingleThreadScope scope(k->single_thread);
@@ -133,6 +133,12 @@ KernelFactory matmul(MatmulKind kind) {
       pd.emplace(cpu(), ad, bd, biasd, yd, user_scratchpad(attr));
     } else {
       pd.emplace(cpu(), ad, bd, yd, user_scratchpad(attr));
+    }
+    // oneDNN's reference implementation (its only one for some products on some CPUs) runs a
+    // hundred times slower than a GEMM: sgemm takes every such product it can read.
+    if (f32 && std::string(pd->impl_info_str()).rfind("ref", 0) == 0) {
+      into.only_sgemm = true;
+      if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, into)) return gemm;
     }
     if (keep_b) k->keep_weights(b, md(B.dims, B.strides, tb), pd->weights_desc());
     // oneDNN's name for the implementation, as convolutions report theirs (conv.cpp)
