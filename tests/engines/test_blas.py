@@ -82,26 +82,53 @@ def test_static_weights_are_kept_packed_by_onednn_and_the_kernel_says_so(each_bl
 
 
 # Products oneDNN 3.2 has only its reference implementation for on AVX2 CPUs (accumulating ones:
-# its post-ops with a transposed or batched operand), which runs them ~100x slower than a GEMM
-# (mlp_big's 10-class weight gradient, 512x256T @ 256x10 with its SGD update: 20 ms a call): sgemm
-# takes them whatever the rules of gemm.cpp would have chosen.
-@pytest.mark.parametrize("case", ["thin transposed", "batched small", "batched transposed"])
+# its post-ops with a transposed or batched operand; any with a column-strided operand), which runs
+# them ~100x slower than a GEMM (mlp_big's 10-class weight gradient, 512x256T @ 256x10 with its SGD
+# update: 20 ms a call): sgemm takes them whatever the rules of gemm.cpp would have chosen, reading
+# a packed copy of an operand whose strides it cannot take.
+@pytest.mark.parametrize("case", ["thin transposed", "batched small", "batched transposed", "strided update",
+                                  "strided bias and residual", "strided thin"])
 def test_no_product_is_left_to_onednns_reference_implementation(each_blas, case):
     from popxl.op import create_op
     import popxl.ops as ops
-    if case == "thin transposed":
-        x, w, t = (rng.standard_normal(s).astype(np.float32) for s in [(256, 512), (256, 10), (512, 10)])
-        a = x.T
-    else:
-        x, w, t = (rng.standard_normal((16, 64, 64)).astype(np.float32) for _ in range(3))
-        a = x if case == "batched small" else x.transpose(0, 2, 1)
 
-    def update(x, w, t):
-        view = x if case == "batched small" else ops.transpose(x, (1, 0) if x.rank == 2 else (0, 2, 1))
-        return create_op("matmul_update_", [view, w, t], {"b": -0.25})[0]
-    got, eng = run_program(update, [x, w, t], "native")
-    np.testing.assert_allclose(got[0], t - 0.25 * (a.astype(np.float64) @ w), rtol=1e-5, atol=1e-4)
-    algorithm = dict(eng.kernel_algorithms())["matmul_update_"]
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+    if case == "thin transposed":
+        ins, a_of = [rand(256, 512), rand(256, 10), rand(512, 10)], lambda x: x.T
+    elif case.startswith("batched"):
+        ins = [rand(16, 64, 64) for _ in range(3)]
+        a_of = (lambda x: x) if case == "batched small" else (lambda x: x.transpose(0, 2, 1))
+    elif case == "strided update":
+        ins, a_of = [rand(512, 512), rand(256, 10), rand(512, 10)], lambda x: x[:, ::2]
+    elif case == "strided bias and residual":
+        ins, a_of = [rand(512, 512), rand(256, 10), rand(10), rand(512, 10)], lambda x: x[:, ::2]
+    else:  # the right operand strided too
+        ins, a_of = [rand(1024, 512), rand(10, 512)], lambda x: x[:, ::2]
+
+    def view(x):
+        if case == "thin transposed":
+            return ops.transpose(x, (1, 0))
+        if case == "batched transposed":
+            return ops.transpose(x, (0, 2, 1))
+        return x[:, ::2] if case.startswith("strided") else x
+
+    def product(*t):
+        if case == "strided bias and residual":
+            return create_op("matmul_bias_add", [view(t[0]), *t[1:]])[0]
+        if case == "strided thin":
+            return view(t[0]) @ ops.transpose(t[1][:, ::2], (1, 0))
+        return create_op("matmul_update_", [view(t[0]), t[1], t[2]], {"b": -0.25})[0]
+    got, eng = run_program(product, ins, "native")
+    a = a_of(ins[0]).astype(np.float64)
+    if case == "strided bias and residual":
+        want = a @ ins[1] + ins[2] + ins[3]
+    elif case == "strided thin":
+        want = a @ ins[1][:, ::2].T
+    else:
+        want = ins[2] - 0.25 * (a @ ins[1])
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-4)
+    (algorithm,) = [alg for op, alg in eng.kernel_algorithms() if op.startswith("matmul")]
     assert "ref" not in algorithm, algorithm
 
 

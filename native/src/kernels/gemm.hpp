@@ -27,6 +27,10 @@ struct GemmInto {
   // oneDNN has nothing but its reference implementation for this product (a thin, transposed,
   // accumulating one on AVX2, say: 100x slower than a GEMM): sgemm takes it whatever its shape.
   bool only_sgemm = false;
+  // Operands whose strides sgemm cannot take (a column-strided view): copied packed into the
+  // kernel's scratch on every run and read there; a and b then describe those copies (offset 0).
+  const Buffer* copy_a = nullptr;
+  const Buffer* copy_b = nullptr;
 };
 
 // A kernel computing y = a @ b (see GemmInto) for float32 operands at the given arena byte

@@ -139,6 +139,14 @@ KernelFactory matmul(MatmulKind kind) {
     if (f32 && std::string(pd->impl_info_str()).rfind("ref", 0) == 0) {
       into.only_sgemm = true;
       if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, into)) return gemm;
+      // strides sgemm cannot take: it reads a packed copy of each strided operand, made every run
+      if (!a.contiguous) into.copy_a = &a;
+      if (!b.contiguous) into.copy_b = &b;
+      const MatOperand packed_a = a.contiguous ? A : promote(packed_like(a), true, rank);
+      const MatOperand packed_b = b.contiguous ? B : promote(packed_like(b), false, rank);
+      if (auto gemm = sgemm_matmul(packed_a, packed_b, ydims, a.contiguous ? a.offset : 0,
+                                   b.contiguous ? b.offset : 0, y.offset, into))
+        return gemm;
     }
     if (keep_b) k->keep_weights(b, md(B.dims, B.strides, tb), pd->weights_desc());
     // oneDNN's name for the implementation, as convolutions report theirs (conv.cpp)
