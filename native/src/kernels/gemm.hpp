@@ -24,8 +24,8 @@ struct GemmInto {
   float alpha = 1.0f;
   // b is weights in static storage that oneDNN's matmul would keep in its own layout (matmul.cpp)
   bool static_weights = false;
-  // oneDNN has nothing but its reference implementation for this product (a thin, transposed,
-  // accumulating one on AVX2, say: 100x slower than a GEMM): sgemm takes it whatever its shape.
+  // oneDNN has nothing but its reference implementation for this product (a batched accumulating
+  // one on AVX2, say: 100x slower than a GEMM): sgemm takes it whatever its shape.
   bool only_sgemm = false;
   // Operands whose strides sgemm cannot take (a column-strided view): copied packed into the
   // kernel's scratch on every run and read there; a and b then describe those copies (offset 0).

@@ -135,7 +135,7 @@ KernelFactory matmul(MatmulKind kind) {
       pd.emplace(cpu(), ad, bd, yd, user_scratchpad(attr));
     }
     // oneDNN's reference implementation (its only one for some products on some CPUs) runs a
-    // hundred times slower than a GEMM: sgemm takes every such product it can read.
+    // hundred times slower than a GEMM: sgemm takes every such float32 product.
     if (f32 && std::string(pd->impl_info_str()).rfind("ref", 0) == 0) {
       into.only_sgemm = true;
       if (auto gemm = sgemm_matmul(A, B, ydims, a.offset, b.offset, y.offset, into)) return gemm;
