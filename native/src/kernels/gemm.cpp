@@ -9,7 +9,7 @@
 
 #include <algorithm>
 #include <optional>
-#include <tuple>
+#include <utility>
 
 #include "blas.hpp"
 #include "loops.hpp"
@@ -48,18 +48,24 @@ struct GemmKernel : Kernel {
   float alpha = 1.0f, beta = 0.0f;
   std::vector<Call> calls;
   bool parallel = false;
-  std::optional<Buffer> copy_a, copy_b;  // see GemmInto
-  size_t a_copy_at = 0, b_copy_at = 0;   // their packed copies' scratch offsets
+  // An operand read from a packed copy in scratch, made at the start of every run (see GemmInto).
+  struct PackedCopy {
+    Buffer from, packed;  // the arena view, and its packed layout
+    size_t at;            // the copy's scratch offset
+    const float* make(uint8_t* arena, const ScratchLayout& scratch) const {
+      copy_buffer(scratch.at(at), packed, arena, from);
+      return reinterpret_cast<const float*>(scratch.at(at));
+    }
+  };
+  std::optional<PackedCopy> copy_a, copy_b;
   Blas lib = Blas::OpenBlas;
   Sgemm sgemm = nullptr;
 
   std::string algorithm() const override { return std::string("sgemm (") + blas_name(lib) + ")"; }
 
   void run(uint8_t* arena) override {
-    if (copy_a) copy_buffer(scratch.at(a_copy_at), packed_like(*copy_a), arena, *copy_a);
-    if (copy_b) copy_buffer(scratch.at(b_copy_at), packed_like(*copy_b), arena, *copy_b);
-    const float* A = reinterpret_cast<const float*>((copy_a ? scratch.at(a_copy_at) : arena) + a_base);
-    const float* B = reinterpret_cast<const float*>((copy_b ? scratch.at(b_copy_at) : arena) + b_base);
+    const float* A = copy_a ? copy_a->make(arena, scratch) : reinterpret_cast<const float*>(arena + a_base);
+    const float* B = copy_b ? copy_b->make(arena, scratch) : reinterpret_cast<const float*>(arena + b_base);
     float* Y = reinterpret_cast<float*>(arena + y_base);
     const float* bias = reinterpret_cast<const float*>(arena + bias_base);
     const float* R = reinterpret_cast<const float*>(arena + residual_base);
@@ -156,12 +162,9 @@ std::unique_ptr<Kernel> sgemm_matmul(const MatOperand& a, const MatOperand& b, c
     g->has_residual = true;
     g->residual_base = into.residual->offset;
   }
-  for (auto [from, copy, at] : {std::tuple(into.copy_a, &g->copy_a, &g->a_copy_at),
-                                std::tuple(into.copy_b, &g->copy_b, &g->b_copy_at)})
-    if (from) {
-      *copy = *from;
-      *at = g->scratch.reserve(static_cast<size_t>(from->nbytes()));
-    }
+  for (auto [from, copy] : {std::pair(into.copy_a, &g->copy_a), std::pair(into.copy_b, &g->copy_b)})
+    if (from)
+      copy->emplace(GemmKernel::PackedCopy{*from, packed_like(*from), g->scratch.reserve(size_t(from->nbytes()))});
   g->alpha = into.alpha;
   g->beta = into.bias || into.accumulate ? 1.0f : 0.0f;
 
