@@ -38,19 +38,31 @@ class _Formatter(logging.Formatter):
                 f"{record.levelname[0]}: {record.getMessage()}")
 
 
+class _StandardStream(logging.StreamHandler):
+    """A handler writing to ``sys.stderr`` (or ``sys.stdout``) as it is when each line is written,
+    not as it was at import: PopART's C++ logger writes to the process's streams, so redirections
+    made later (``contextlib.redirect_stderr``, a test's output capture) receive the lines."""
+
+    def __init__(self, name: str) -> None:
+        logging.Handler.__init__(self)  # StreamHandler's would store a stream
+        self._name = name
+
+    @property
+    def stream(self):
+        return getattr(sys, self._name)
+
+
 def _configure_from_environment() -> None:
     level = os.environ.get("POPART_LOG_LEVEL", "WARN").upper()  # PopART's default level
     ROOT.setLevel(LEVELS.get(level, LEVELS["WARN"]))
     dest = os.environ.get("POPART_LOG_DEST", "stderr")
-    if dest.lower() == "stdout":
-        handler: logging.Handler = logging.StreamHandler(sys.stdout)
-    elif dest.lower() == "stderr":
-        handler = logging.StreamHandler(sys.stderr)
+    if dest.lower() in ("stdout", "stderr"):
+        handler: logging.Handler = _StandardStream(dest.lower())
     else:
         try:
             handler = logging.FileHandler(dest)
         except OSError as e:  # a log file that cannot be opened must not make `import popxl` fail
-            handler = logging.StreamHandler(sys.stderr)
+            handler = _StandardStream("stderr")
             handler.setFormatter(_Formatter())
             ROOT.addHandler(handler)
             get_logger("popxl").warning("POPART_LOG_DEST=%r cannot be opened for writing (%s); logging to stderr instead.",

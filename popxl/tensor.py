@@ -12,6 +12,7 @@ import numpy as np
 
 from popxl import _hooks, _pb, dtypes
 from popxl.context import get_current_context
+from popxl.logs import get_logger
 from popxl.utils import to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -619,7 +620,8 @@ def variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None, name:
     """Create a variable in the main graph, initialised from host data.
 
     Without ``dtype`` and with ``downcast``, 64-bit data become 32-bit. A C-contiguous
-    ``np.memmap`` of the right dtype is referenced, not copied.
+    ``np.memmap`` of the right dtype is referenced, not copied; with a non-constant
+    ``replica_grouping`` it is copied, with a warning (as in PopXL).
 
     Args:
         data: The initial value (array, number, nested list or torch tensor). With several replica
@@ -667,6 +669,14 @@ def _create_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype], name
         retrieval_mode = "one_per_group"
     if retrieval_mode not in ("one_per_group", "all_replicas"):
         raise ValueError(f"retrieval_mode must be 'one_per_group' or 'all_replicas', not {retrieval_mode!r}.")
+    copied_file = None
+    if isinstance(data, np.memmap) and not rg.is_const:
+        # As PopXL: the variable gets a copy of the data, so the file is neither read nor written
+        # after this point. A read-only file's copy stays read-only: weights are not written back
+        # to the host, as with any read-only memmap (PopXL's rule too).
+        copied_file, writeable = str(data.filename), data.flags.writeable
+        data = np.array(data)
+        data.flags.writeable = writeable
     shape = data.shape
     if rg.num_groups > 1:
         if not shape or shape[0] != rg.num_groups:
@@ -680,8 +690,13 @@ def _create_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype], name
         spec = check(spec, rg)
         if spec.shape != shape:  # the check dropped a group axis of 1 (remote variables)
             data = data.reshape(spec.shape)
-    return Variable._create(g, name or "v", spec, _host_data_value=data,
-                            _replica_grouping=rg, _retrieval_mode=retrieval_mode, **extra)
+    var = Variable._create(g, name or "v", spec, _host_data_value=data,
+                           _replica_grouping=rg, _retrieval_mode=retrieval_mode, **extra)
+    if copied_file is not None:
+        get_logger("popxl").warning(
+            "Variable %s (%s): you have passed np.memmap data and a non-const replica grouping; the data "
+            "is copied, so the variable neither reads nor writes %s.", var.id, what, copied_file)
+    return var
 
 
 def constant(data: HostScalarTensor, dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,

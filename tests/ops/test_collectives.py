@@ -77,6 +77,25 @@ def test_replicated_slice_and_gather_modes():
     np.testing.assert_array_equal(out[3], data.reshape(-1))
 
 
+def test_replicated_slice_of_length_one_drops_the_axis():
+    """As in PopXL: (R, 2, 3) sliced on axis 0 over R replicas is (2, 3) on each replica (not
+    (1, 2, 3)), (3, 2) on axis 1 over 2 replicas is (3,); the gradient has the input's shape."""
+    out, y = _run_replicated(lambda x, g: coll.replicated_slice(x, 0, g), np.stack([DATA] * R))
+    assert y.shape == (2, 3)
+    np.testing.assert_array_equal(out, DATA)
+    data = np.arange(12, dtype=np.float32).reshape(2, 3, 2)
+    out, y = _run_replicated(lambda x, g: coll.replicated_slice(x, 1, g), data, replication=2)
+    assert y.shape == (3,)
+    np.testing.assert_array_equal(out, [data[0, :, 0], data[1, :, 1]])
+
+    ir = popxl.Ir(replication=R)
+    with ir.main_graph:
+        x = popxl.variable(np.ones((R, 3), np.float32))
+        graph = ir.create_graph(lambda t: coll.replicated_slice(t), x)
+        grad = popxl.transforms.autodiff(graph)
+        assert graph.outputs[0].shape == (3,) and grad.graph.outputs[0].shape == (R, 3)
+
+
 def test_single_replica_collectives_are_copies_and_errors():
     data = np.arange(6, dtype=np.float32).reshape(1, 6)  # the host buffer drops the size-1 replica dim
     ir = popxl.Ir()

@@ -317,10 +317,11 @@ def test_replica_sharded_variable_groups_and_shard_over(eng):
     np.testing.assert_array_equal(sess.get_tensor_data(svar), single)
 
 
-def test_every_variable_kind_with_a_non_constant_grouping(eng, tmp_path):
+def test_every_variable_kind_with_a_non_constant_grouping(eng, tmp_path, capsys):
     """On-chip, remote, remote replica-sharded and replica-sharded variables with groups
     [0, 0, 1, 1, 0, 0, 1, 1]; the sharded ones are sharded over const_rg's groups of 2 (pairs of
-    neighbours), gathered and re-sliced over const_rg. Host data is a np.memmap, kept in place."""
+    neighbours), gathered and re-sliced over const_rg. Host data is a np.memmap, which PopXL copies
+    (with a warning naming the variable) for a non-constant grouping: the files stay as they were."""
     ir = popxl.Ir(replication=8)
     rg = ir.replica_grouping_from_assignments([0, 0, 1, 1, 0, 0, 1, 1])
     sub = rg.const_rg  # [0, 0, 1, 1, 2, 2, 3, 3]
@@ -351,8 +352,12 @@ def test_every_variable_kind_with_a_non_constant_grouping(eng, tmp_path):
     for k, stream in outs.items():
         np.testing.assert_array_equal(res[stream], expected[k], err_msg=k)
     np.testing.assert_array_equal(sess.get_tensor_data(rrts), np.arange(12).reshape(2, 6) * 3 + 1)
-    assert sess.get_tensor_data(rts) is data["rts"]  # written back into the memmap itself
-    np.testing.assert_array_equal(data["rts"], np.arange(12).reshape(2, 6) * 4 + 1)
+    np.testing.assert_array_equal(sess.get_tensor_data(rts), np.arange(12).reshape(2, 6) * 4 + 1)
+    for i, (k, d) in enumerate(data.items()):  # the files are not written back
+        np.testing.assert_array_equal(d, np.arange(12).reshape(2, 6) * (i + 1), err_msg=k)
+    warned = [line for line in capsys.readouterr().err.splitlines()
+              if "you have passed np.memmap data and a non-const replica grouping" in line]
+    assert len(warned) == 4 and all(f"Variable {v.id} (" in w for v, w in zip((on, rem, rrts, rts), warned)), warned
 
 
 def test_replica_sharded_buffer_shapes():

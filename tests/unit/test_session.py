@@ -245,6 +245,25 @@ def test_read_only_memmap_variable(tmp_path):
     np.testing.assert_array_equal(np.fromfile(tmp_path / "v.bin", np.float32), np.ones(4))
 
 
+def test_read_only_memmap_with_a_non_constant_grouping_stays_read_only(tmp_path):
+    """PopXL copies a memmap given with a non-constant grouping, but the copy of a read-only one
+    still cannot take the weights back, as the memmap itself could not."""
+    path = tmp_path / "v.bin"
+    np.arange(4, dtype=np.float32).tofile(path)
+    ir = popxl.Ir(replication=4)
+    rg = ir.replica_grouping_from_assignments([0, 1, 1, 0])
+    with ir.main_graph:
+        v = popxl.variable(np.memmap(path, dtype=np.float32, mode="r", shape=(2, 2)), replica_grouping=rg)
+        ops.add_(v, popxl.constant(np.ones(2, np.float32)))
+    s = popxl.Session(ir, "ipu_model")
+    assert s.weights_to_host_on_exit is False
+    with s:
+        s.run()
+        with pytest.raises(RuntimeError, match="read-only"):
+            s.weights_to_host()
+    np.testing.assert_array_equal(np.fromfile(path, np.float32), np.arange(4))
+
+
 def test_get_tensor_data_type_errors():
     ir, _, _, v = _stream_ir()
     with ir.main_graph:

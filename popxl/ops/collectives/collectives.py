@@ -280,8 +280,8 @@ register(OpDef("replicated_slice", _replicated_slice_infer,
 def replicated_slice(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] = None) -> Tensor:
     """This replica's equal slice of a tensor along an axis.
 
-    PopXL drops the axis when the slice has length 1; that makes the rank depend on the group size,
-    which is treated as a bug here: the axis stays.
+    As in PopXL, a slice of length 1 (an axis as long as the group) loses the axis: (4, 3) sliced
+    over 4 replicas gives (3,) on each.
 
     Args:
         t: The tensor sliced.
@@ -289,7 +289,8 @@ def replicated_slice(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] 
         group: The replicas communicating; default all replicas (``ir.replica_grouping()``).
 
     Returns:
-        A new tensor, ``t``'s shape with ``axis`` divided by the group size.
+        A new tensor, ``t``'s shape with ``axis`` divided by the group size, or without ``axis``
+        where that leaves 1.
 
     Raises:
         TypeError: If ``t`` is not a Tensor, or ``group`` is not a ReplicaGrouping.
@@ -300,7 +301,10 @@ def replicated_slice(t: Tensor, axis: int = 0, group: Optional[ReplicaGrouping] 
         ax = normalize_axes(t.rank, axis)[0]
     except (ValueError, TypeError) as e:
         raise type(e)(f"ops.collectives.replicated_slice: {e} (tensor {t.id!r} of shape {t.shape}) (at {user_location()})") from None
-    return create_op("replicated_slice", [t], {"axis": ax, "groups": _assignment(group)})[0]
+    y = create_op("replicated_slice", [t], {"axis": ax, "groups": _assignment(group)})[0]
+    if y.shape[ax] != 1:
+        return y
+    return create_op("reshape", [y], {"shape": y.shape[:ax] + y.shape[ax + 1:]})[0]
 
 
 @grad_rule("replicated_slice")
