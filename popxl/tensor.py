@@ -674,7 +674,7 @@ def _create_variable(data: HostScalarTensor, dtype: Optional[dtypes.dtype], name
         # As PopXL: the variable gets a copy of the data, so the file is neither read nor written
         # after this point. A read-only file's copy stays read-only: weights are not written back
         # to the host, as with any read-only memmap (PopXL's rule too).
-        copied_file, writeable = str(data.filename), data.flags.writeable
+        copied_file, writeable = str(data.filename or "its file"), data.flags.writeable
         data = np.array(data)
         data.flags.writeable = writeable
     shape = data.shape
