@@ -87,3 +87,27 @@ def test_off_is_silent(tmp_path):
     r = run(tmp_path, POPART_LOG_LEVEL="OFF")
     assert r.returncode == 0, r.stderr
     assert r.stdout == "" and r.stderr == ""
+
+
+def test_lines_go_to_the_stream_current_when_written():
+    """A redirection made after import (contextlib.redirect_stderr / redirect_stdout) receives the
+    lines, as PopART's C++ logger's go to the process's streams whatever Python did at import."""
+    program = textwrap.dedent("""
+        import contextlib, io, sys
+        import popxl
+        from popxl.logs import get_logger
+        for dest in ("stderr", "stdout"):
+            buf = io.StringIO()
+            with getattr(contextlib, f"redirect_{dest}")(buf):
+                get_logger("popxl").warning("caught %s", dest)
+            print(dest, repr(buf.getvalue()), file=sys.__stdout__)
+    """)
+    for dest in ("stderr", "stdout"):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POPART_LOG")}
+        env["POPART_LOG_DEST"] = dest
+        r = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        seen = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.startswith(("stderr ", "stdout ")))
+        assert f"W: caught {dest}" in seen[dest], r.stdout
+        other = "stdout" if dest == "stderr" else "stderr"
+        assert seen[other] == "''", r.stdout  # nothing in the stream not chosen
